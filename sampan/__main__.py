@@ -1,0 +1,3 @@
+from sampan.cli import main
+
+main()

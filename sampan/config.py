@@ -1,0 +1,457 @@
+"""Experiment configuration: YAML -> strict pydantic models.
+
+Precedence, lowest to highest: package defaults (the field defaults below) < preset
+(``preset: criteo``) < config file < ``--set key=value`` overrides. Unknown keys fail at load
+time with the nearest valid key; wrong types name the expected type. The resolved config is
+what :func:`dump_config` writes into every run directory and checkpoint.
+
+Example::
+
+    >>> cfg = load_config(None, overrides=["train.epochs=1"])   # the built-in default
+    >>> cfg.model.name, cfg.train.epochs
+    ('deepfm', 1)
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import types
+import typing
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializeAsAny,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+
+class ConfigError(ValueError):
+    """A config file or override is invalid. The message lists every problem found."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+# ----------------------------------------------------------------------------------- data
+class SplitConfig(_Strict):
+    """How rows of ``data.train`` are divided when no separate valid/test files are given.
+
+    ``sequential`` keeps file order (first ``train`` fraction, then ``valid``, then ``test``);
+    ``random`` assigns each row independently with ``seed``.
+    """
+
+    method: Literal["sequential", "random"] = "sequential"
+    train: float = Field(0.8, ge=0.0, le=1.0)
+    valid: float = Field(0.1, ge=0.0, le=1.0)
+    test: float = Field(0.1, ge=0.0, le=1.0)
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _sums_to_one(self) -> SplitConfig:
+        total = self.train + self.valid + self.test
+        if abs(total - 1.0) > 1e-6:
+            raise ValueError(
+                f"split fractions train+valid+test must add up to 1.0, got {total:g} "
+                f"({self.train:g}+{self.valid:g}+{self.test:g})"
+            )
+        if self.train <= 0:
+            raise ValueError("split.train must be > 0")
+        return self
+
+
+class SyntheticConfig(_Strict):
+    """The built-in Criteo-shaped generator with a known labelling model (see data/synthetic.py)."""
+
+    rows: int = Field(200_000, gt=0)
+    seed: int = 2024
+    zipf_a: float = Field(1.2, gt=1.0)
+    missing_rate: float = Field(0.1, ge=0.0, lt=1.0)
+
+
+class DataConfig(_Strict):
+    """Where the raw rows come from and how to parse them."""
+
+    train: str | list[str] | None = None
+    valid: str | list[str] | None = None
+    test: str | list[str] | None = None
+    format: Literal["auto", "csv", "tsv", "parquet", "synthetic"] = "auto"
+    delimiter: str | None = None
+    header: bool = True
+    columns: list[str] | None = None
+    encoding: str = "utf-8"
+    block_size: int = Field(4 << 20, gt=0, description="bytes read per chunk")
+    split: SplitConfig = SplitConfig()
+    max_bad_fraction: float = Field(0.01, ge=0.0, le=1.0)
+    synthetic: SyntheticConfig = SyntheticConfig()
+    oracle_column: str | None = None
+
+    @model_validator(mode="after")
+    def _has_source(self) -> DataConfig:
+        if self.format != "synthetic" and not self.train:
+            raise ValueError("data.train is required (a file path, a list of paths, or use "
+                             "format: synthetic for the built-in generator)")
+        if self.delimiter is not None and len(self.delimiter) != 1:
+            raise ValueError(f"data.delimiter must be one character, got {self.delimiter!r}")
+        return self
+
+
+# ------------------------------------------------------------------------------- features
+class CategoricalFeature(_Strict):
+    """A categorical column mapped to ids of the fused embedding table.
+
+    Ids: 0 is reserved (padding), 1 is the shared OOV id, vocabulary ids follow. Values seen
+    fewer than ``min_count`` times in the train split, or beyond ``max_size``, are OOV. With
+    ``hash_buckets > 0`` OOV values are spread over that many buckets by a stable hash instead
+    of sharing one id; with ``vocab: false`` every value is hashed.
+    """
+
+    name: str
+    column: str | None = None
+    min_count: int = Field(1, ge=1)
+    max_size: int | None = Field(None, gt=0)
+    hash_buckets: int = Field(0, ge=0)
+    vocab: bool = True
+
+    @model_validator(mode="after")
+    def _hash_or_vocab(self) -> CategoricalFeature:
+        if not self.vocab and self.hash_buckets <= 0:
+            raise ValueError(f"feature {self.name!r}: vocab: false needs hash_buckets > 0")
+        return self
+
+
+class NumericFeature(_Strict):
+    """A numeric column: fill missing -> clip -> signed log1p -> standardize (in that order)."""
+
+    name: str
+    column: str | None = None
+    fill: float | Literal["mean"] = 0.0
+    clip: tuple[float | None, float | None] | None = None
+    log1p: bool = False
+    standardize: bool = False
+
+
+class FeaturesConfig(_Strict):
+    """Which columns are features and how they are encoded.
+
+    List entries may be plain column names; they then take ``categorical_defaults`` /
+    ``numeric_defaults``.
+    """
+
+    label: str | list[str] = "label"
+    group: str | None = None
+    categorical_defaults: dict[str, Any] = Field(default_factory=dict)
+    numeric_defaults: dict[str, Any] = Field(default_factory=dict)
+    categorical: list[CategoricalFeature] = Field(default_factory=list)
+    numeric: list[NumericFeature] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _expand_shorthand(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for kind in ("categorical", "numeric"):
+            defaults = data.get(f"{kind}_defaults") or {}
+            items = data.get(kind)
+            if isinstance(items, list):
+                data[kind] = [
+                    {**defaults, "name": it} if isinstance(it, str)
+                    else ({**defaults, **it} if isinstance(it, dict) else it)
+                    for it in items
+                ]
+        return data
+
+    @model_validator(mode="after")
+    def _unique(self) -> FeaturesConfig:
+        names = [f.name for f in self.categorical] + [f.name for f in self.numeric]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"feature names must be unique; repeated: {', '.join(dup)}")
+        if not names:
+            raise ValueError("features: declare at least one categorical or numeric feature")
+        for kind, model in (("categorical_defaults", CategoricalFeature),
+                            ("numeric_defaults", NumericFeature)):
+            for key in getattr(self, kind):
+                if key not in model.model_fields or key == "name":
+                    near = difflib.get_close_matches(key, list(model.model_fields), n=1)
+                    hint = f"; did you mean {near[0]!r}?" if near else ""
+                    raise ValueError(f"features.{kind}: unknown key {key!r}{hint}")
+        return self
+
+    @property
+    def labels(self) -> list[str]:
+        return [self.label] if isinstance(self.label, str) else list(self.label)
+
+
+# ---------------------------------------------------------------------------------- model
+class ModelConfig(_Strict):
+    """Options shared by every model; each model's nested ``Config`` adds its own."""
+
+    name: str = "deepfm"
+    embedding_dim: int = Field(16, gt=0)
+    embedding_init_std: float = Field(1e-2, gt=0)
+
+
+# ---------------------------------------------------------------------------------- train
+class EarlyStoppingConfig(_Strict):
+    metric: Literal["auc", "logloss", "gauc", "loss"] = "auc"
+    patience: int = Field(2, ge=1, description="evaluations without improvement before stop")
+    min_delta: float = Field(1e-4, ge=0.0)
+    enabled: bool = True
+
+
+class TrainConfig(_Strict):
+    """The training loop: optimisation, schedule, evaluation, checkpoints."""
+
+    epochs: int = Field(5, ge=1)
+    max_steps: int | None = Field(None, gt=0)
+    batch_size: int = Field(1024, gt=0)
+    eval_batch_size: int = Field(16384, gt=0)
+    optimizer: Literal["adam", "adamw", "sgd"] = "adam"
+    lr: float = Field(1e-3, gt=0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    sparse_optimizer: Literal["adam", "adagrad", "rowwise_adagrad"] = "adam"
+    sparse_lr: float | None = Field(None, gt=0, description="defaults to lr")
+    embedding_l2: float = Field(0.0, ge=0.0, description="L2 on embedding rows used in a batch")
+    schedule: Literal["constant", "cosine"] = "cosine"
+    warmup_steps: int = Field(0, ge=0)
+    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0)
+    clip_grad_norm: float | None = Field(None, gt=0)
+    eval_every_steps: int | None = Field(None, gt=0, description="None: once per epoch")
+    early_stopping: EarlyStoppingConfig = EarlyStoppingConfig()
+    checkpoint_every_steps: int | None = Field(None, gt=0)
+    shuffle: Literal["rows", "blocks", "none"] = "rows"
+    amp: Literal["none", "bf16"] = "none"
+    device: str = "auto"
+    threads: int | None = Field(None, gt=0)
+    prefetch: int = Field(2, ge=0)
+    log_every_steps: int = Field(50, gt=0)
+    tensorboard: bool = True
+    progress: bool = True
+
+
+# ----------------------------------------------------------------------------- experiment
+class ExperimentConfig(_Strict):
+    """One experiment: data -> features -> model -> training."""
+
+    name: str = "experiment"
+    seed: int = 42
+    output_dir: str = "runs"
+    preset: Literal["criteo"] | None = None
+    data: DataConfig = DataConfig(format="synthetic")
+    features: FeaturesConfig
+    model: SerializeAsAny[ModelConfig] = ModelConfig()
+    train: TrainConfig = TrainConfig()
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _model_name_only(cls, v: Any) -> Any:
+        # Phase 1 checks only the name; phase 2 (load_config) validates the model's own options.
+        if isinstance(v, dict):
+            return {"name": v.get("name", "deepfm")}
+        return v
+
+
+# ---------------------------------------------------------------------------- presets
+def _criteo_preset() -> dict[str, Any]:
+    ints = [f"I{i}" for i in range(1, 14)]
+    cats = [f"C{i}" for i in range(1, 27)]
+    return {
+        "data": {"format": "tsv", "header": False, "columns": ["label", *ints, *cats]},
+        "features": {
+            "label": "label",
+            "numeric_defaults": {"fill": 0.0, "clip": [0.0, None], "log1p": True,
+                                 "standardize": True},
+            "numeric": ints,
+            "categorical_defaults": {"min_count": 2},
+            "categorical": cats,
+        },
+    }
+
+
+PRESETS: dict[str, typing.Callable[[], dict[str, Any]]] = {"criteo": _criteo_preset}
+
+
+# ---------------------------------------------------------------------------- loading
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """Recursively merge ``over`` into a copy of ``base`` (dicts merge, everything else replaces)."""
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def apply_override(raw: dict[str, Any], item: str) -> None:
+    """Apply one ``a.b.c=value`` override in place; the value is parsed as YAML.
+
+    List elements are addressed by index: ``features.categorical.0.min_count=5``.
+    """
+    if "=" not in item:
+        raise ConfigError(f"--set expects key=value, got {item!r}")
+    key, _, text = item.partition("=")
+    key = key.strip()
+    try:
+        value = yaml.safe_load(text) if text.strip() else None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"--set {key}: value {text!r} is not valid YAML ({e})") from None
+    parts = key.split(".")
+    node: Any = raw
+    for i, part in enumerate(parts[:-1]):
+        where = ".".join(parts[: i + 1])
+        if isinstance(node, list):
+            idx = _list_index(part, node, where)
+            node = node[idx]
+        else:
+            if not isinstance(node.get(part), (dict, list)):
+                node[part] = {}
+            node = node[part]
+    last = parts[-1]
+    if isinstance(node, list):
+        node[_list_index(last, node, key)] = value
+    else:
+        node[last] = value
+
+
+def _list_index(part: str, node: list[Any], where: str) -> int:
+    if not part.lstrip("-").isdigit() or not -len(node) <= int(part) < len(node):
+        raise ConfigError(f"--set {where}: {part!r} is not an index of a list of {len(node)}")
+    return int(part)
+
+
+def builtin_config_path(name: str = "default") -> Path:
+    """Path of a config shipped inside the package (``sampan train`` uses ``default``)."""
+    return Path(str(resources.files("sampan") / "configs" / f"{name}.yaml"))
+
+
+def load_config(
+    path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    raw: dict[str, Any] | None = None,
+) -> ExperimentConfig:
+    """Load, merge and validate a config.
+
+    ``path=None`` (and no ``raw``) loads the built-in default experiment (DeepFM on the
+    synthetic Criteo-shaped data). Raises :class:`ConfigError` listing every problem.
+    """
+    if raw is None:
+        file = Path(path) if path is not None else builtin_config_path()
+        if not file.exists():
+            raise ConfigError(f"config file {str(file)!r} does not exist")
+        try:
+            raw = yaml.safe_load(file.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{file}: not valid YAML: {e}") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{file}: top level must be a mapping, got {type(raw).__name__}")
+    raw = copy.deepcopy(raw)
+    for item in overrides or []:
+        apply_override(raw, item)
+    preset = raw.get("preset")
+    if preset is not None:
+        if preset not in PRESETS:
+            raise ConfigError(f"unknown preset {preset!r}; known presets: {', '.join(PRESETS)}")
+        raw = deep_merge(PRESETS[preset](), raw)
+    try:
+        cfg = ExperimentConfig.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e, ExperimentConfig)) from None
+
+    from sampan.models.registry import UnknownModelError, get_model_class
+
+    model_raw = raw.get("model") or {}
+    if not isinstance(model_raw, dict):
+        raise ConfigError(f"model: expected a mapping, got {type(model_raw).__name__}")
+    try:
+        model_cls = get_model_class(cfg.model.name)
+    except UnknownModelError as e:
+        raise ConfigError(f"model.name: {e}") from None
+    try:
+        cfg.model = model_cls.Config.model_validate(model_raw)
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e, model_cls.Config, prefix=("model",))) from None
+    return cfg
+
+
+def dump_config(cfg: ExperimentConfig) -> str:
+    """The fully resolved config as YAML (what runs and checkpoints record)."""
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+
+
+# --------------------------------------------------------------------- error messages
+def format_validation_error(
+    err: ValidationError, root: type[BaseModel], prefix: tuple[Any, ...] = ()
+) -> str:
+    """Turn pydantic's errors into one line per problem, with the nearest valid key."""
+    lines = []
+    for e in err.errors():
+        loc = tuple(x for x in e["loc"] if not (isinstance(x, str) and "[" in x))
+        where = _loc_str(prefix + loc)
+        if e["type"] == "extra_forbidden":
+            valid = _keys_at(root, loc[:-1])
+            near = difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.5)
+            hint = f"did you mean {near[0]!r}? " if near else ""
+            parent = _loc_str(prefix + loc[:-1]) or "top level"
+            lines.append(f"unknown key {loc[-1]!r} in {parent}: {hint}"
+                         f"valid keys are: {', '.join(valid)}")
+        elif e["type"] == "missing":
+            lines.append(f"{where}: required key is missing")
+        else:
+            got = e.get("input")
+            shown = "" if isinstance(got, dict) else f" (got {got!r})"
+            lines.append(f"{where or 'config'}: {e['msg']}{shown}")
+    return "invalid config:\n  - " + "\n  - ".join(lines)
+
+
+def _loc_str(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for x in loc:
+        out += f"[{x}]" if isinstance(x, int) else (f".{x}" if out else str(x))
+    return out
+
+
+def _keys_at(root: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """Field names of the pydantic model reached by following ``loc`` from ``root``."""
+    tp: Any = root
+    for part in loc:
+        tp = _unwrap(tp, want_item=isinstance(part, int))
+        if isinstance(part, str) and isinstance(tp, type) and issubclass(tp, BaseModel):
+            field = tp.model_fields.get(part)
+            if field is None:
+                return []
+            tp = field.annotation
+    tp = _unwrap(tp, want_item=False)
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        return list(tp.model_fields)
+    return []
+
+
+def _unwrap(tp: Any, want_item: bool) -> Any:
+    """Strip Optional / Annotated / list[...] down to the model class inside."""
+    for _ in range(6):
+        origin = typing.get_origin(tp)
+        if origin is Annotated:
+            tp = typing.get_args(tp)[0]
+        elif origin in (Union, types.UnionType):
+            args = [a for a in typing.get_args(tp) if a is not type(None)]
+            models = [a for a in args if isinstance(a, type) and issubclass(a, BaseModel)]
+            lists = [a for a in args if typing.get_origin(a) is list]
+            tp = models[0] if models and not want_item else (lists[0] if lists else args[0])
+        elif origin is list and want_item:
+            tp = typing.get_args(tp)[0]
+            want_item = False
+        else:
+            break
+    return tp

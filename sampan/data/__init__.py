@@ -1,0 +1,1 @@
+"""Data: sources -> FeaturePipeline -> processed store -> BatchLoader."""

@@ -1,0 +1,156 @@
+"""FeaturePipeline: raw typed columns -> the model's tensors. Used by training AND prediction.
+
+``fit`` streams over the train split once (vocabularies and statistics); ``transform`` turns a
+table into the arrays of the Batch contract. The fitted state is saved as ``pipeline.json``
+plus one ``.npy`` per vocabulary, and loading it back gives byte-identical transforms.
+
+Example::
+
+    >>> from sampan.config import FeaturesConfig
+    >>> fc = FeaturesConfig(categorical=["c"], numeric=["x"])
+    >>> pipe = FeaturePipeline(fc)
+    >>> pipe.fit([pa.table({"label": [1.0, 0.0], "c": ["a", "b"], "x": [1.0, None]})])
+    >>> out = pipe.transform(pa.table({"label": [1.0], "c": ["b"], "x": [3.0]}))
+    >>> out["sparse"].tolist(), out["dense"].tolist(), out["labels"].tolist()
+    ([[3]], [[3.0]], [[1.0]])
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from sampan.config import FeaturesConfig
+from sampan.data.sources import ColumnRoles, DataError
+from sampan.data.transforms import CategoricalEncoder, NotFittedError, NumericEncoder, stable_hash
+from sampan.schema import DataSchema, SparseFeatureSpec
+
+PIPELINE_FILE = "pipeline.json"
+FORMAT_VERSION = 1
+
+
+class FeaturePipeline:
+    """Ordered categorical and numeric encoders plus label / group extraction."""
+
+    def __init__(self, features: FeaturesConfig, extra_numeric: list[str] | None = None):
+        self.features = features
+        self.categorical = [CategoricalEncoder(f) for f in features.categorical]
+        self.numeric = [NumericEncoder(f) for f in features.numeric]
+        self.extra_numeric = list(extra_numeric or [])  # carried through untransformed
+        self.fitted_rows_ = 0
+        self.is_fitted = False
+
+    # -- which raw columns are needed
+    def roles(self, with_labels: bool = True) -> ColumnRoles:
+        labels = self.features.labels if with_labels else []
+        numeric = labels + [f.column or f.name for f in self.features.numeric] + self.extra_numeric
+        cats = [f.column or f.name for f in self.features.categorical]
+        if self.features.group:
+            cats.append(self.features.group)
+        return ColumnRoles(numeric=numeric, categorical=cats, required=labels)
+
+    # -- fitting
+    def partial_fit(self, table: pa.Table) -> None:
+        for enc in self.categorical:
+            enc.partial_fit(_col(table, enc.spec.column or enc.spec.name))
+        for enc in self.numeric:
+            enc.partial_fit(_col(table, enc.spec.column or enc.spec.name))
+        self.fitted_rows_ += table.num_rows
+
+    def finalize(self) -> None:
+        for enc in self.categorical:
+            enc.finalize()
+        for enc in self.numeric:
+            enc.finalize()
+        self.is_fitted = True
+
+    def fit(self, tables: Iterable[pa.Table]) -> FeaturePipeline:
+        for t in tables:
+            self.partial_fit(t)
+        self.finalize()
+        return self
+
+    # -- transforming
+    def transform(self, table: pa.Table, with_labels: bool = True) -> dict[str, np.ndarray]:
+        """Arrays for ``table``: ``dense [n, Nd] f32``, ``sparse [n, F] i64``,
+        ``labels [n, T] f32`` (when ``with_labels``), ``group [n] i64`` (when configured),
+        and each extra numeric column ``[n] f64`` by name."""
+        if not self.is_fitted:
+            raise NotFittedError("FeaturePipeline.transform called before fit")
+        n = table.num_rows
+        out: dict[str, np.ndarray] = {}
+        sparse = np.empty((n, len(self.categorical)), dtype=np.int64)
+        for j, enc in enumerate(self.categorical):
+            sparse[:, j] = enc.transform(_col(table, enc.spec.column or enc.spec.name))
+        dense = np.empty((n, len(self.numeric)), dtype=np.float32)
+        for j, enc in enumerate(self.numeric):
+            dense[:, j] = enc.transform(_col(table, enc.spec.column or enc.spec.name))
+        out["sparse"], out["dense"] = sparse, dense
+        if with_labels:
+            labels = np.empty((n, len(self.features.labels)), dtype=np.float32)
+            for j, name in enumerate(self.features.labels):
+                y = _col(table, name).to_numpy(zero_copy_only=False)
+                bad = ~((y >= 0) & (y <= 1))
+                if bad.any():
+                    raise DataError(f"label {name!r} must be in [0, 1]; found {y[bad][0]!r} "
+                                    f"({int(bad.sum())} rows)")
+                labels[:, j] = y
+            out["labels"] = labels
+        if self.features.group:
+            out["group"] = stable_hash(_col(table, self.features.group)).view(np.int64)
+        for name in self.extra_numeric:
+            if name in table.column_names:
+                out[name] = _col(table, name).to_numpy(zero_copy_only=False).astype(np.float64)
+        return out
+
+    def schema(self) -> DataSchema:
+        return DataSchema(
+            dense=[e.spec.name for e in self.numeric],
+            sparse=[SparseFeatureSpec(e.spec.name, e.cardinality) for e in self.categorical],
+            labels=self.features.labels,
+            has_group=self.features.group is not None,
+        )
+
+    # -- persistence
+    def save(self, directory: str | Path) -> Path:
+        if not self.is_fitted:
+            raise NotFittedError("cannot save an unfitted FeaturePipeline")
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        state = {
+            "format_version": FORMAT_VERSION,
+            "features": self.features.model_dump(mode="json"),
+            "extra_numeric": self.extra_numeric,
+            "fitted_rows": self.fitted_rows_,
+            "categorical": [e.state(d) for e in self.categorical],
+            "numeric": [e.state(d) for e in self.numeric],
+            "schema": self.schema().to_json(),
+        }
+        path = d / PIPELINE_FILE
+        path.write_text(json.dumps(state, indent=1))
+        return path
+
+    @classmethod
+    def load(cls, directory: str | Path) -> FeaturePipeline:
+        d = Path(directory)
+        state: dict[str, Any] = json.loads((d / PIPELINE_FILE).read_text())
+        if state.get("format_version") != FORMAT_VERSION:
+            raise ValueError(f"{d / PIPELINE_FILE}: format_version {state.get('format_version')} "
+                             f"is not supported (expected {FORMAT_VERSION})")
+        pipe = cls(FeaturesConfig.model_validate(state["features"]), state["extra_numeric"])
+        pipe.categorical = [CategoricalEncoder.from_state(s, d) for s in state["categorical"]]
+        pipe.numeric = [NumericEncoder.from_state(s, d) for s in state["numeric"]]
+        pipe.fitted_rows_ = state["fitted_rows"]
+        pipe.is_fitted = True
+        return pipe
+
+
+def _col(table: pa.Table, name: str) -> pa.Array:
+    if name not in table.column_names:
+        raise DataError(f"column {name!r} is missing; available: {table.column_names}")
+    return table.column(name).combine_chunks()

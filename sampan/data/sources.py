@@ -1,0 +1,327 @@
+"""Raw files -> a stream of typed pyarrow Tables, with bad rows counted and quarantined.
+
+Every source yields tables holding only the columns the experiment needs, typed by role:
+``float64`` for labels and numeric features, ``string`` for categorical ones. A row that
+cannot be read (wrong field count, unparsable number, bad encoding, missing label) is
+written to the rejects file with its file name, line number and reason; the
+:class:`RejectLog` keeps the counts so that ``rows read = rows kept + rows rejected``.
+
+Line numbers are physical, 1-based lines of the (decompressed) file, header included,
+assuming one record per line. Parquet rows are numbered from 1.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from sampan.config import DataConfig
+
+LINE_COLUMN = "_line"  # source line number of each kept row, carried next to the data
+_NUMBER_RE = r"^[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?$"
+
+
+class DataError(ValueError):
+    """The input data cannot be used as configured (missing file, column, too many bad rows)."""
+
+
+@dataclass
+class ColumnRoles:
+    """Which raw columns are read, and as what type."""
+
+    numeric: list[str] = field(default_factory=list)  # labels and numeric features: float64
+    categorical: list[str] = field(default_factory=list)  # string
+    required: list[str] = field(default_factory=list)  # rows missing these are rejected
+
+    @property
+    def all(self) -> list[str]:
+        seen: dict[str, None] = {}
+        for c in self.numeric + self.categorical:
+            seen.setdefault(c, None)
+        return list(seen)
+
+
+class RejectLog:
+    """Counts rows read / kept / rejected by reason and writes rejected rows as JSON lines."""
+
+    def __init__(self, path: Path | None):
+        self.path = path
+        self.read = 0
+        self.kept = 0
+        self.reasons: Counter[str] = Counter()
+        self._fh: IO[str] | None = None
+
+    @property
+    def rejected(self) -> int:
+        return sum(self.reasons.values())
+
+    def reject(self, file: str, line: int | None, reason: str, column: str | None,
+               text: str) -> None:
+        self.reasons[reason] += 1
+        if self.path is None:
+            return
+        if self._fh is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        rec = {"file": file, "line": line, "reason": reason, "column": column, "text": text}
+        self._fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+    def check(self, max_bad_fraction: float) -> None:
+        """Fail when the share of rejected rows is above ``max_bad_fraction``."""
+        if self.read and self.rejected / self.read > max_bad_fraction:
+            where = f"; see {self.path}" if self.path else ""
+            raise DataError(
+                f"{self.rejected} of {self.read} rows ({self.rejected / self.read:.2%}) were "
+                f"rejected, above data.max_bad_fraction={max_bad_fraction:g}. Reasons: "
+                f"{dict(self.reasons)}{where}"
+            )
+
+    def summary(self) -> dict[str, Any]:
+        return {"read": self.read, "kept": self.kept, "rejected": self.rejected,
+                "reasons": dict(self.reasons)}
+
+
+def expand_paths(spec: str | list[str]) -> list[Path]:
+    """Files named by a path, a glob, a directory, or a list of those; sorted, must exist."""
+    items = [spec] if isinstance(spec, str) else list(spec)
+    out: list[Path] = []
+    for item in items:
+        p = Path(os.path.expanduser(item))
+        if p.is_dir():
+            out.extend(sorted(q for q in p.iterdir() if q.is_file() and not q.name.startswith(".")))
+        elif any(ch in item for ch in "*?["):
+            matches = sorted(Path(m) for m in glob.glob(os.path.expanduser(item)))
+            if not matches:
+                raise DataError(f"no file matches {item!r}")
+            out.extend(matches)
+        elif p.exists():
+            out.append(p)
+        else:
+            raise DataError(f"data file {item!r} does not exist")
+    return out
+
+
+def detect_format(path: Path, fmt: str) -> str:
+    if fmt != "auto":
+        return fmt
+    name = path.name.lower()
+    for ext in (".gz", ".zst", ".zstd", ".bz2"):
+        if name.endswith(ext):
+            name = name[: -len(ext)]
+    if name.endswith(".parquet") or name.endswith(".pq"):
+        return "parquet"
+    if name.endswith(".tsv") or name.endswith(".txt") or name.endswith(".data"):
+        return "tsv"
+    return "csv"
+
+
+def iter_source(cfg: DataConfig, paths: list[Path], roles: ColumnRoles,
+                log: RejectLog) -> Iterator[pa.Table]:
+    """Typed, validated tables from ``paths`` (read in chunks; memory stays bounded)."""
+    for path in paths:
+        fmt = detect_format(path, cfg.format)
+        if fmt == "parquet":
+            yield from _iter_parquet(cfg, path, roles, log)
+        elif fmt in ("csv", "tsv"):
+            yield from _iter_text(cfg, path, fmt, roles, log)
+        else:
+            raise DataError(f"{path}: format {fmt!r} cannot be read from a file")
+
+
+# ------------------------------------------------------------------------------ text files
+def _iter_text(cfg: DataConfig, path: Path, fmt: str, roles: ColumnRoles,
+               log: RejectLog) -> Iterator[pa.Table]:
+    delimiter = cfg.delimiter or ("\t" if fmt == "tsv" else ",")
+    skipped: list[int] = []
+    skipped_text: list[tuple[int, str, str]] = []
+
+    def on_invalid(row: Any) -> str:
+        skipped.append(row.number)
+        skipped_text.append((row.number, row.text,
+                             f"expected {row.expected_columns} fields, got {row.actual_columns}"))
+        return "skip"
+
+    if cfg.header:
+        names = _read_header(path, delimiter, cfg.encoding)
+        if cfg.columns is not None:
+            if len(cfg.columns) != len(names):
+                raise DataError(f"{path}: data.columns names {len(cfg.columns)} columns but the "
+                                f"header has {len(names)}: {names}")
+            names = list(cfg.columns)
+        skip_rows, first_line = 1, 2
+    else:
+        if not cfg.columns:
+            raise DataError(f"{path}: data.header is false, so data.columns must list the "
+                            "column names in file order")
+        names, skip_rows, first_line = list(cfg.columns), 0, 1
+    missing = [c for c in roles.all if c not in names]
+    if missing:
+        raise DataError(f"{path}: column(s) {missing} not found; the file has {names}")
+
+    read_opts = pacsv.ReadOptions(
+        column_names=names, skip_rows=skip_rows, block_size=cfg.block_size, use_threads=False,
+        encoding="utf8" if cfg.encoding.lower().replace("-", "") == "utf8" else cfg.encoding,
+    )
+    parse_opts = pacsv.ParseOptions(
+        delimiter=delimiter, quote_char=False if fmt == "tsv" else '"',
+        ignore_empty_lines=False, invalid_row_handler=on_invalid,
+    )
+    conv_opts = pacsv.ConvertOptions(
+        include_columns=roles.all, column_types={c: pa.binary() for c in roles.all},
+        null_values=[""], strings_can_be_null=True, quoted_strings_can_be_null=True,
+    )
+    stream = pa.input_stream(str(path), compression="detect")
+    try:
+        reader = pacsv.open_csv(stream, read_options=read_opts, parse_options=parse_opts,
+                                convert_options=conv_opts)
+    except pa.ArrowInvalid as e:
+        stream.close()
+        raise DataError(f"{path}: cannot read as {fmt.upper()}: {e}") from None
+    delivered = 0
+    reported = 0
+    try:
+        for batch in reader:
+            for line, text, why in skipped_text[reported:]:
+                log.read += 1
+                log.reject(str(path), line, "wrong_field_count", None, f"{why}: {text}")
+            reported = len(skipped_text)
+            n = batch.num_rows
+            if n == 0:
+                continue
+            s = np.asarray(skipped, dtype=np.int64)
+            s.sort()
+            before = s - first_line - np.arange(len(s))
+            idx = np.arange(delivered, delivered + n)
+            lines = first_line + idx + np.searchsorted(before, idx, side="right")
+            delivered += n
+            table = pa.Table.from_batches([batch])
+            out = _validate(table, roles, lines, str(path), log, delimiter)
+            if out.num_rows:
+                yield out
+        for line, text, why in skipped_text[reported:]:
+            log.read += 1
+            log.reject(str(path), line, "wrong_field_count", None, f"{why}: {text}")
+    except pa.ArrowInvalid as e:
+        raise DataError(f"{path}: unreadable after line {first_line + delivered}: {e}") from None
+    finally:
+        stream.close()
+
+
+def _read_header(path: Path, delimiter: str, encoding: str) -> list[str]:
+    with pa.input_stream(str(path), compression="detect") as f:
+        head = f.read(1 << 16)
+    line = head.split(b"\n", 1)[0].rstrip(b"\r")
+    try:
+        text = line.decode(encoding)
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: header is not valid {encoding}: {e}") from None
+    return [c.strip().strip('"') for c in text.split(delimiter)]
+
+
+# --------------------------------------------------------------------------------- parquet
+def _iter_parquet(cfg: DataConfig, path: Path, roles: ColumnRoles,
+                  log: RejectLog) -> Iterator[pa.Table]:
+    pf = pq.ParquetFile(path)
+    names = pf.schema_arrow.names
+    missing = [c for c in roles.all if c not in names]
+    if missing:
+        raise DataError(f"{path}: column(s) {missing} not found; the file has {names}")
+    start = 1
+    for batch in pf.iter_batches(batch_size=65536, columns=roles.all):
+        table = pa.Table.from_batches([batch])
+        lines = np.arange(start, start + table.num_rows)
+        start += table.num_rows
+        cols = {}
+        for c in roles.all:
+            col = table.column(c)
+            cols[c] = col if pa.types.is_binary(col.type) or pa.types.is_string(col.type) \
+                else col.cast(pa.string())
+        out = _validate(pa.table(cols), roles, lines, str(path), log, ",")
+        if out.num_rows:
+            yield out
+
+
+# ------------------------------------------------------------------------------ validation
+def _validate(table: pa.Table, roles: ColumnRoles, lines: np.ndarray, file: str,
+              log: RejectLog, delimiter: str) -> pa.Table:
+    """Cast raw string/binary columns to their role types; reject the rows that fail."""
+    n = table.num_rows
+    log.read += n
+    bad = np.zeros(n, dtype=bool)
+    reasons: dict[int, tuple[str, str]] = {}
+
+    def mark(rows: np.ndarray, reason: str, column: str) -> None:
+        for r in rows[~bad[rows]].tolist():  # error path only: one entry per rejected row
+            reasons[r] = (reason, column)
+        bad[rows] = True
+
+    strings: dict[str, pa.Array] = {}
+    for c in roles.all:
+        col = table.column(c).combine_chunks()
+        if pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type):
+            try:
+                col = col.cast(pa.string())
+            except pa.ArrowInvalid:
+                rows = np.array([i for i, v in enumerate(col.to_pylist())
+                                 if v is not None and not _is_utf8(v)], dtype=np.int64)
+                mark(rows, "bad_encoding", c)
+                col = pa.array([None if (v is None or not _is_utf8(v)) else v.decode("utf-8")
+                                for v in col.to_pylist()], pa.string())
+        strings[c] = col
+
+    for c in roles.numeric:
+        col = strings[c]
+        ok = pc.fill_null(pc.match_substring_regex(col, _NUMBER_RE), True).to_numpy(
+            zero_copy_only=False)
+        if not ok.all():
+            mark(np.nonzero(~ok)[0], "unparsable_number", c)
+    for c in roles.required:
+        nulls = col_is_null(strings[c])
+        if nulls.any():
+            mark(np.nonzero(nulls)[0], "missing_value", c)
+
+    if bad.any():
+        for r in sorted(reasons):
+            reason, column = reasons[r]
+            text = delimiter.join("" if strings[c][r].as_py() is None else strings[c][r].as_py()
+                                  for c in roles.all)
+            log.reject(file, int(lines[r]), reason, column, text)
+        keep = pa.array(~bad)
+        strings = {c: pc.filter(a, keep) for c, a in strings.items()}
+        lines = lines[~bad]
+    cols = {}
+    for c in roles.all:
+        cols[c] = strings[c].cast(pa.float64()) if c in roles.numeric else strings[c]
+    cols[LINE_COLUMN] = pa.array(np.asarray(lines, dtype=np.int64))
+    out = pa.table(cols)
+    log.kept += out.num_rows
+    return out
+
+
+def col_is_null(col: pa.Array) -> np.ndarray:
+    return pc.is_null(col).to_numpy(zero_copy_only=False)
+
+
+def _is_utf8(v: bytes) -> bool:
+    try:
+        v.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True

@@ -1,0 +1,259 @@
+"""The processed dataset on disk, and the one function that builds it from raw files.
+
+Layout of ``<run>/data``::
+
+    manifest.json          schema, rows per split, sources, reject counts, what was fitted on
+    rejects.jsonl          every rejected raw row: file, line, reason, column, text
+    pipeline/              the fitted FeaturePipeline (pipeline.json + vocab .npy files)
+    train/ valid/ test/    one .npy per Batch field, rows aligned:
+        dense.npy  [N, Nd] float32      sparse.npy [N, F] int64
+        labels.npy [N, T]  float32      group.npy  [N] int64   (when features.group is set)
+        oracle.npy [N]     float64      (when data.oracle_column is set)
+
+The arrays are opened memory-mapped, so the loader slices them without reading a whole
+split into memory.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from sampan.config import ExperimentConfig
+from sampan.data.pipeline import FeaturePipeline
+from sampan.data.sources import LINE_COLUMN, DataError, RejectLog, expand_paths, iter_source
+from sampan.data.splits import ROLE_CODES, assign, split_fractions
+from sampan.data.synthetic import iter_synthetic
+from sampan.schema import DataSchema
+
+SPLITS = ("train", "valid", "test")
+FIELDS = ("dense", "sparse", "labels", "group", "oracle")
+
+
+@dataclass
+class SplitArrays:
+    """Row-aligned arrays of one split (memory-mapped when loaded from disk)."""
+
+    dense: np.ndarray
+    sparse: np.ndarray
+    labels: np.ndarray | None = None
+    group: np.ndarray | None = None
+    oracle: np.ndarray | None = None
+    line: np.ndarray | None = None  # source line numbers (files read for eval / predict)
+
+    def __len__(self) -> int:
+        return int(self.sparse.shape[0])
+
+    @classmethod
+    def load(cls, directory: Path, mmap: bool = True) -> SplitArrays:
+        mode = "r" if mmap else None
+        arrays = {f: np.load(directory / f"{f}.npy", mmap_mode=mode, allow_pickle=False)
+                  for f in FIELDS if (directory / f"{f}.npy").exists()}
+        return cls(**arrays)
+
+    @classmethod
+    def concat(cls, parts: list[dict[str, np.ndarray]], oracle: str | None) -> SplitArrays:
+        def cat(key: str) -> np.ndarray | None:
+            if not parts or key not in parts[0]:
+                return None
+            return np.concatenate([p[key] for p in parts])
+
+        if not parts:
+            raise DataError("no rows left to use after reading the input")
+        return cls(dense=cat("dense"), sparse=cat("sparse"), labels=cat("labels"),
+                   group=cat("group"), oracle=cat(oracle) if oracle else None)
+
+
+@dataclass
+class Store:
+    """An opened processed dataset: schema, pipeline and the three splits."""
+
+    root: Path
+    manifest: dict[str, Any]
+
+    @classmethod
+    def open(cls, root: str | Path) -> Store:
+        root = Path(root)
+        path = root / "manifest.json"
+        if not path.exists():
+            raise DataError(f"{root} holds no processed data (no manifest.json)")
+        return cls(root, json.loads(path.read_text()))
+
+    @property
+    def schema(self) -> DataSchema:
+        return DataSchema.from_json(self.manifest["schema"])
+
+    def split(self, name: str) -> SplitArrays | None:
+        if self.manifest["splits"][name]["rows"] == 0:
+            return None
+        return SplitArrays.load(self.root / name)
+
+    def pipeline(self) -> FeaturePipeline:
+        return FeaturePipeline.load(self.root / "pipeline")
+
+
+def _source_tables(cfg: ExperimentConfig, spec: str | list[str] | None,
+                   pipe: FeaturePipeline, log: RejectLog) -> Iterator[pa.Table]:
+    if cfg.data.format == "synthetic":
+        cols = pipe.roles().all
+        for t in iter_synthetic(cfg.data.synthetic):
+            log.read += t.num_rows
+            log.kept += t.num_rows
+            yield t.select(cols)
+        return
+    yield from iter_source(cfg.data, expand_paths(spec), pipe.roles(), log)
+
+
+def build_store(cfg: ExperimentConfig, root: str | Path, echo: Any = print) -> Store:
+    """Read, validate, split, fit the pipeline on train, transform and write every split."""
+    root = Path(root)
+    if root.exists():
+        shutil.rmtree(root)
+    (root / "staging").mkdir(parents=True)
+    extra = [cfg.data.oracle_column] if cfg.data.oracle_column else []
+    if cfg.data.format == "synthetic" and not extra:
+        extra = ["oracle_p"]
+    pipe = FeaturePipeline(cfg.features, extra_numeric=extra)
+    log = RejectLog(root / "rejects.jsonl")
+
+    # 1. Stage: raw -> validated Arrow IPC (the only pass over the raw text).
+    explicit = [r for r in SPLITS if r == "train" or getattr(cfg.data, r)]
+    staged: dict[str, tuple[Path, int]] = {}
+    try:
+        for role in explicit:
+            path = root / "staging" / f"{role}.arrow"
+            n = _stage(_source_tables(cfg, getattr(cfg.data, role), pipe, log), path)
+            staged[role] = (path, n)
+    finally:
+        log.close()
+    log.check(cfg.data.max_bad_fraction)
+    if staged["train"][1] == 0:
+        raise DataError("the training data has no usable rows")
+
+    # 2. Which rows of the train source go where.
+    carve = [r for r in SPLITS if r not in explicit or r == "train"]
+    fractions = split_fractions(cfg.data.split, carve)
+    n_src = staged["train"][1]
+
+    def batches(role: str) -> Iterator[pa.Table]:
+        src = "train" if role in carve else role
+        path, n = staged[src]
+        start = 0
+        with pa.memory_map(str(path)) as mm:
+            reader = pa.ipc.open_file(mm)
+            for i in range(reader.num_record_batches):
+                b = reader.get_batch(i)
+                t = pa.Table.from_batches([b])
+                if src == "train":
+                    codes = assign(cfg.data.split.method, fractions, cfg.data.split.seed, n_src,
+                                   start, b.num_rows)
+                    t = t.filter(pa.array(codes == ROLE_CODES[role]))
+                start += b.num_rows
+                if t.num_rows:
+                    yield t
+
+    # 3. Fit on the train split only (the leakage guard: valid/test never reach fit).
+    pipe.fit(batches("train"))
+    pipe.save(root / "pipeline")
+
+    # 4. Transform every split into memory-mapped arrays.
+    codes = assign(cfg.data.split.method, fractions, cfg.data.split.seed, n_src, 0, n_src)
+    rows = {r: (int((codes == ROLE_CODES[r]).sum()) if r in carve else staged[r][1])
+            for r in SPLITS}
+    del codes
+    for role in SPLITS:
+        _write_split(pipe, batches(role), root / role, rows[role], extra[0] if extra else None)
+    shutil.rmtree(root / "staging")
+
+    sources = {r: (cfg.data.synthetic.model_dump() if cfg.data.format == "synthetic"
+                   else [str(p) for p in expand_paths(getattr(cfg.data, r))])
+               for r in explicit}
+    manifest = {
+        "schema": pipe.schema().to_json(),
+        "splits": {r: {"rows": rows[r], "from": "train source" if r in carve else "own files"}
+                   for r in SPLITS},
+        "split": {"method": cfg.data.split.method, "fractions": fractions},
+        "sources": sources,
+        "rejects": log.summary(),
+        "fitted_on": {"split": "train", "rows": pipe.fitted_rows_},
+        "oracle": bool(cfg.data.oracle_column or cfg.data.format == "synthetic"),
+    }
+    (root / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    echo(f"data: read {log.read:,} rows, kept {log.kept:,}, rejected {log.rejected:,}"
+         + (f" {dict(log.reasons)} -> {log.path}" if log.rejected else ""))
+    echo("data: " + ", ".join(f"{r} {rows[r]:,}" for r in SPLITS) + " rows; "
+         f"{len(pipe.categorical)} categorical, {len(pipe.numeric)} numeric features; "
+         f"embedding rows {sum(s.cardinality for s in pipe.schema().sparse):,}")
+    return Store.open(root)
+
+
+def _stage(tables: Iterator[pa.Table], path: Path) -> int:
+    n = 0
+    writer = None
+    try:
+        for t in tables:
+            if writer is None:
+                writer = pa.ipc.new_file(str(path), t.schema)
+            writer.write_table(t)
+            n += t.num_rows
+    finally:
+        if writer is not None:
+            writer.close()
+    if writer is None:
+        path.write_bytes(b"")
+    return n
+
+
+def _write_split(pipe: FeaturePipeline, tables: Iterator[pa.Table], out: Path, n: int,
+                 oracle: str | None) -> int:
+    """Transform ``tables`` chunk by chunk straight into the split's memory-mapped arrays."""
+    out.mkdir(parents=True, exist_ok=True)
+    schema = pipe.schema()
+    shapes = {"dense": (n, schema.num_dense), "sparse": (n, schema.num_sparse),
+              "labels": (n, schema.num_tasks), "group": (n,), "oracle": (n,)}
+    dtypes = {"dense": np.float32, "sparse": np.int64, "labels": np.float32,
+              "group": np.int64, "oracle": np.float64}
+    keys = ["dense", "sparse", "labels"] + (["group"] if schema.has_group else []) \
+        + (["oracle"] if oracle else [])
+    mms = {k: np.lib.format.open_memmap(out / f"{k}.npy", mode="w+", dtype=dtypes[k],
+                                        shape=shapes[k]) for k in keys}
+    pos = 0
+    for t in tables:
+        arrays = pipe.transform(t)
+        if oracle:
+            arrays["oracle"] = arrays.pop(oracle)
+        for k in keys:
+            mms[k][pos:pos + t.num_rows] = arrays[k]
+        pos += t.num_rows
+    if pos != n:
+        raise RuntimeError(f"{out.name}: wrote {pos} rows, expected {n}")
+    for mm in mms.values():
+        mm.flush()
+    return n
+
+
+def transform_files(cfg: ExperimentConfig, pipe: FeaturePipeline, spec: str | list[str],
+                    with_labels: bool, rejects: Path | None = None) -> tuple[SplitArrays,
+                                                                             RejectLog]:
+    """Read raw files as configured and transform them in memory (for eval and predict)."""
+    log = RejectLog(rejects)
+    roles = pipe.roles(with_labels=with_labels)
+    parts = []
+    try:
+        for t in iter_source(cfg.data, expand_paths(spec), roles, log):
+            arrays = pipe.transform(t, with_labels=with_labels)
+            arrays["line"] = t.column(LINE_COLUMN).to_numpy()
+            parts.append(arrays)
+    finally:
+        log.close()
+    log.check(cfg.data.max_bad_fraction)
+    data = SplitArrays.concat(parts, None)
+    data.line = np.concatenate([p["line"] for p in parts])
+    return data, log

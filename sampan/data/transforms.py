@@ -1,0 +1,257 @@
+"""Column transforms with a streaming ``partial_fit`` / ``finalize`` / ``transform`` life cycle.
+
+Fitted state ends in ``_``, is set only by fitting, and is saved as JSON plus ``.npy`` files
+(never pickle). ``transform`` before fitting raises :class:`NotFittedError`. Every method works
+on whole Arrow / NumPy columns; nothing loops over rows in Python.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sampan.config import CategoricalFeature, NumericFeature
+
+PAD_ID = 0
+OOV_ID = 1
+FIRST_VOCAB_ID = 2
+
+_FNV_OFFSET = np.uint64(0xCBF29CE484222325)
+_FNV_PRIME = np.uint64(0x100000001B3)
+
+
+class NotFittedError(RuntimeError):
+    """``transform`` was called before the transform was fitted."""
+
+
+def stable_hash(values: pa.Array, seed: int = 0) -> np.ndarray:
+    """64-bit FNV-1a of each string's UTF-8 bytes, finished with a splitmix64 mix.
+
+    Stable across processes, platforms and Python versions (unlike ``hash()``). Nulls hash
+    like the empty string. Vectorised over rows; the Python loop runs over byte positions.
+
+    >>> int(stable_hash(pa.array(["a"]))[0]) == int(stable_hash(pa.array(["a"]))[0])
+    True
+    """
+    arr = values.cast(pa.large_string()) if not pa.types.is_large_string(values.type) else values
+    arr = pc.fill_null(arr, "")
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    n = len(arr)
+    bufs = arr.buffers()
+    offsets = np.frombuffer(bufs[1], dtype=np.int64, count=arr.offset + n + 1)[arr.offset:]
+    data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.empty(0, np.uint8)
+    starts = offsets[:-1]
+    lens = offsets[1:] - starts
+    seed_mix = np.uint64((seed * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF)
+    h = np.full(n, _FNV_OFFSET ^ seed_mix, dtype=np.uint64)
+    maxlen = int(lens.max()) if n else 0
+    with np.errstate(over="ignore"):
+        for j in range(maxlen):
+            rows = np.nonzero(lens > j)[0] if j else None
+            if rows is None:
+                h ^= data[starts].astype(np.uint64)
+                h *= _FNV_PRIME
+            else:
+                h[rows] = (h[rows] ^ data[starts[rows] + j].astype(np.uint64)) * _FNV_PRIME
+        # splitmix64 finaliser: spreads low-entropy FNV states before the modulo.
+        h ^= h >> np.uint64(30)
+        h *= np.uint64(0xBF58476D1CE4E5B9)
+        h ^= h >> np.uint64(27)
+        h *= np.uint64(0x94D049BB133111EB)
+        h ^= h >> np.uint64(31)
+    return h
+
+
+class CategoricalEncoder:
+    """Maps a string column to ids: ``0`` padding, ``1`` OOV, then the vocabulary.
+
+    Fit counts values over the train split in a streaming pass; ``min_count`` and
+    ``max_size`` decide the vocabulary (most frequent first, ties by value). Missing values
+    are the empty string, a category like any other.
+
+    >>> enc = CategoricalEncoder(CategoricalFeature(name="c", min_count=2))
+    >>> enc.partial_fit(pa.array(["a", "b", "a", None, None])); enc.finalize()
+    >>> enc.transform(pa.array(["a", "b", None, "zzz"])).tolist()
+    [2, 1, 3, 1]
+    """
+
+    def __init__(self, spec: CategoricalFeature):
+        self.spec = spec
+        self._parts: list[pa.Table] = []
+        self._pending = 0
+        self.vocab_: np.ndarray | None = None
+        self.counts_: np.ndarray | None = None
+        self.oov_count_: int | None = None
+        self._lookup: pa.Array | None = None
+
+    # -- fitting
+    def partial_fit(self, values: pa.Array) -> None:
+        if not self.spec.vocab:
+            return
+        vc = pc.value_counts(pc.fill_null(values, ""))
+        self._parts.append(pa.table({"v": vc.field("values"), "c": vc.field("counts")}))
+        self._pending += len(vc)
+        if self._pending > 2_000_000:  # bound memory: merge the partial counts
+            self._parts = [self._merged()]
+            self._pending = len(self._parts[0])
+
+    def _merged(self) -> pa.Table:
+        if not self._parts:
+            return pa.table({"v": pa.array([], pa.string()), "c": pa.array([], pa.int64())})
+        t = pa.concat_tables(self._parts)
+        return t.group_by("v").aggregate([("c", "sum")]).rename_columns(["v", "c"])
+
+    def finalize(self) -> None:
+        if not self.spec.vocab:
+            self.vocab_ = np.array([], dtype="U1")
+            self.counts_ = np.array([], dtype=np.int64)
+            self.oov_count_ = 0
+            return
+        t = self._merged()
+        self._parts = []
+        counts = t.column("c").to_numpy()
+        keep = counts >= self.spec.min_count
+        values = t.column("v").filter(pa.array(keep))
+        counts = counts[keep]
+        values_np = np.asarray(values.to_numpy(zero_copy_only=False), dtype=str)
+        order = np.lexsort((values_np, -counts))  # most frequent first; ties by value
+        if self.spec.max_size is not None:
+            order = order[: self.spec.max_size]
+        self.vocab_ = values_np[order]
+        self.counts_ = counts[order]
+        self.oov_count_ = int(t.column("c").to_numpy().sum() - self.counts_.sum())
+        self._lookup = None
+
+    # -- state
+    @property
+    def cardinality(self) -> int:
+        """Number of ids this feature can produce (its rows in the embedding table)."""
+        self._check()
+        return FIRST_VOCAB_ID + len(self.vocab_) + self.spec.hash_buckets
+
+    def _check(self) -> None:
+        if self.vocab_ is None:
+            raise NotFittedError(f"categorical feature {self.spec.name!r} is not fitted")
+
+    def transform(self, values: pa.Array) -> np.ndarray:
+        """Ids for ``values`` as int64, shape ``[len(values)]``."""
+        self._check()
+        values = pc.fill_null(values, "")
+        if self._lookup is None:
+            self._lookup = pa.array(self.vocab_, pa.string())
+        if len(self._lookup):
+            idx = pc.index_in(values, value_set=self._lookup)
+            ids = pc.fill_null(idx, -1).to_numpy().astype(np.int64)
+            known = ids >= 0
+            ids += FIRST_VOCAB_ID
+        else:
+            ids = np.zeros(len(values), dtype=np.int64)
+            known = np.zeros(len(values), dtype=bool)
+        if self.spec.hash_buckets:
+            unknown = np.nonzero(~known)[0]
+            if len(unknown):
+                h = stable_hash(pc.take(values, pa.array(unknown)), seed=0)
+                base = FIRST_VOCAB_ID + len(self.vocab_)
+                ids[unknown] = base + (h % np.uint64(self.spec.hash_buckets)).astype(np.int64)
+        else:
+            ids[~known] = OOV_ID
+        return ids
+
+    def state(self, directory: Path) -> dict[str, Any]:
+        self._check()
+        fname = f"vocab_{self.spec.name}.npy"
+        np.save(directory / fname, self.vocab_, allow_pickle=False)
+        np.save(directory / f"counts_{self.spec.name}.npy", self.counts_, allow_pickle=False)
+        return {"spec": self.spec.model_dump(mode="json"), "vocab_file": fname,
+                "vocab_size": int(len(self.vocab_)), "oov_count": self.oov_count_}
+
+    @classmethod
+    def from_state(cls, d: dict[str, Any], directory: Path) -> CategoricalEncoder:
+        enc = cls(CategoricalFeature.model_validate(d["spec"]))
+        enc.vocab_ = np.load(directory / d["vocab_file"], allow_pickle=False)
+        enc.counts_ = np.load(directory / f"counts_{enc.spec.name}.npy", allow_pickle=False)
+        enc.oov_count_ = d["oov_count"]
+        return enc
+
+
+class NumericEncoder:
+    """fill missing -> clip -> signed log1p -> standardize; statistics from one streaming pass.
+
+    >>> enc = NumericEncoder(NumericFeature(name="x", fill="mean", standardize=True))
+    >>> enc.partial_fit(pa.array([1.0, 3.0, None])); enc.finalize()
+    >>> enc.fill_, [round(v, 4) for v in enc.transform(pa.array([None, 3.0])).tolist()]
+    (2.0, [0.0, 1.2247])
+    """
+
+    def __init__(self, spec: NumericFeature):
+        self.spec = spec
+        self._raw_sum = 0.0
+        self._n = 0
+        self._n_missing = 0
+        self._t_sum = 0.0
+        self._t_sumsq = 0.0
+        self.fill_: float | None = None
+        self.mean_: float | None = None
+        self.std_: float | None = None
+        self.missing_rate_: float | None = None
+
+    def _shape(self, x: np.ndarray) -> np.ndarray:
+        """clip + log1p (no fill, no standardize): the part whose statistics we collect."""
+        if self.spec.clip is not None:
+            lo, hi = self.spec.clip
+            x = np.clip(x, -np.inf if lo is None else lo, np.inf if hi is None else hi)
+        if self.spec.log1p:
+            x = np.sign(x) * np.log1p(np.abs(x))
+        return x
+
+    def partial_fit(self, values: pa.Array) -> None:
+        x = pc.drop_null(values).to_numpy(zero_copy_only=False).astype(np.float64)
+        self._n_missing += len(values) - len(x)
+        self._n += len(x)
+        self._raw_sum += float(x.sum())
+        t = self._shape(x)
+        self._t_sum += float(t.sum())
+        self._t_sumsq += float(np.square(t).sum())
+
+    def finalize(self) -> None:
+        if self.spec.fill == "mean":
+            self.fill_ = self._raw_sum / self._n if self._n else 0.0
+        else:
+            self.fill_ = float(self.spec.fill)
+        # Missing values enter the statistics as the filled, shaped value.
+        tf = float(self._shape(np.array([self.fill_]))[0])
+        n = self._n + self._n_missing
+        s = self._t_sum + self._n_missing * tf
+        ss = self._t_sumsq + self._n_missing * tf * tf
+        self.mean_ = s / n if n else 0.0
+        var = ss / n - self.mean_**2 if n else 0.0
+        self.std_ = float(np.sqrt(max(var, 0.0)))
+        self.missing_rate_ = self._n_missing / n if n else 0.0
+
+    def transform(self, values: pa.Array) -> np.ndarray:
+        """Transformed values as float32, shape ``[len(values)]``."""
+        if self.fill_ is None:
+            raise NotFittedError(f"numeric feature {self.spec.name!r} is not fitted")
+        x = pc.fill_null(values.cast(pa.float64()), self.fill_).to_numpy(zero_copy_only=False)
+        x = self._shape(x)
+        if self.spec.standardize:
+            x = (x - self.mean_) / (self.std_ if self.std_ > 1e-12 else 1.0)
+        return x.astype(np.float32)
+
+    def state(self, directory: Path) -> dict[str, Any]:
+        if self.fill_ is None:
+            raise NotFittedError(f"numeric feature {self.spec.name!r} is not fitted")
+        return {"spec": self.spec.model_dump(mode="json"), "fill": self.fill_, "mean": self.mean_,
+                "std": self.std_, "missing_rate": self.missing_rate_}
+
+    @classmethod
+    def from_state(cls, d: dict[str, Any], directory: Path) -> NumericEncoder:
+        enc = cls(NumericFeature.model_validate(d["spec"]))
+        enc.fill_, enc.mean_, enc.std_ = d["fill"], d["mean"], d["std"]
+        enc.missing_rate_ = d["missing_rate"]
+        return enc

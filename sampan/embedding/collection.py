@@ -1,0 +1,82 @@
+"""EmbeddingCollection: every sparse feature's table fused into one tensor.
+
+Feature ``f``'s ids ``[0, rows_f)`` live at rows ``[offset_f, offset_f + rows_f)`` of a single
+``[sum(rows), D]`` weight, so a batch needs one gather for all fields. In training the batch's
+ids are deduplicated first; autograd then produces one gradient row per *unique* id
+(``[U, D]``), and the sparse optimizer updates exactly those rows. No dense ``[rows, D]``
+gradient is ever materialised.
+
+Example::
+
+    >>> from sampan.schema import TableSpec
+    >>> emb = EmbeddingCollection([TableSpec("a", 5, 4, ("a",)), TableSpec("b", 3, 4, ("b",))])
+    >>> emb(torch.tensor([[1, 2], [4, 0]])).shape      # ids [B, F] -> [B, F, D]
+    torch.Size([2, 2, 4])
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sampan.schema import TableSpec
+
+
+class EmbeddingCollection(nn.Module):
+    """One fused table for ``tables`` (all of one dim), looked up by ``ids [B, F]``.
+
+    The weight is a ``Parameter`` with ``requires_grad=False``: dense optimizers skip it, and
+    its updates come only from a sparse optimizer reading :meth:`pop_lookups`.
+    """
+
+    def __init__(self, tables: list[TableSpec], init_std: float = 0.01):
+        super().__init__()
+        dims = {t.dim for t in tables}
+        if len(dims) != 1:
+            raise ValueError(f"a fused EmbeddingCollection needs one dim, got {sorted(dims)}")
+        self.tables = list(tables)
+        self.dim = dims.pop()
+        rows = [t.rows for t in tables]
+        self.num_rows = sum(rows)
+        offsets = torch.tensor([0, *rows[:-1]], dtype=torch.int64).cumsum(0)
+        self.register_buffer("offsets", offsets, persistent=False)
+        self.weight = nn.Parameter(torch.empty(self.num_rows, self.dim), requires_grad=False)
+        nn.init.normal_(self.weight, 0.0, init_std)
+        self._lookups: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """``ids [B, F]`` (each column in its feature's range) -> ``[B, F, D]``."""
+        b, f = ids.shape
+        flat = (ids + self.offsets).reshape(-1)
+        if not (self.training and torch.is_grad_enabled()):
+            return F.embedding(flat, self.weight).view(b, f, self.dim)
+        uniq, inverse = torch.unique(flat, return_inverse=True)
+        rows = self.weight.detach().index_select(0, uniq).requires_grad_()
+        self._lookups.append((uniq, rows))
+        return F.embedding(inverse, rows).view(b, f, self.dim)
+
+    def pop_lookups(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Unique row ids ``[U]`` and their summed gradients ``[U, D]`` since the last call.
+
+        Several lookups in one step are merged so each row is updated once.
+        """
+        looks = [(u, r.grad) for u, r in self._lookups if r.grad is not None]
+        self._lookups.clear()
+        if not looks:
+            return None
+        if len(looks) == 1:
+            return looks[0]
+        ids = torch.cat([u for u, _ in looks])
+        grads = torch.cat([g for _, g in looks])
+        uniq, inv = torch.unique(ids, return_inverse=True)
+        merged = torch.zeros(len(uniq), self.dim, dtype=grads.dtype, device=grads.device)
+        merged.index_add_(0, inv, grads)
+        return uniq, merged
+
+    def clear_lookups(self) -> None:
+        """Forget pending gradients (e.g. after a step skipped for a non-finite loss)."""
+        self._lookups.clear()
+
+    def extra_repr(self) -> str:
+        return f"features={len(self.tables)}, rows={self.num_rows}, dim={self.dim}"

@@ -1,0 +1,52 @@
+"""DeepFM (Guo et al., 2017): an FM and an MLP sharing the same field embeddings."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import Field
+from torch import nn
+
+from sampan.config import ModelConfig
+from sampan.data.loader import Batch
+from sampan.layers import MLP, FeatureEmbedding, fm_interaction
+from sampan.models.registry import register_model
+from sampan.schema import DataSchema
+
+
+@register_model("deepfm")
+class DeepFM(nn.Module):
+    """``logit = linear + FM(v) + MLP([v_1 .. v_F, dense])``; ``Batch -> [B, 1]``.
+
+    Shapes: ``v [B, F + Nd, D]`` (numeric fields embedded when ``embed_dense``), MLP input
+    ``F * D + Nd``.
+
+    >>> from sampan.schema import SparseFeatureSpec
+    >>> s = DataSchema(dense=["x"], sparse=[SparseFeatureSpec("a", 5), SparseFeatureSpec("b", 3)])
+    >>> m = DeepFM(s, DeepFM.Config(embedding_dim=4, mlp=[8]))
+    >>> m(Batch(dense=torch.ones(2, 1), sparse=torch.ones(2, 2, dtype=torch.long))).shape
+    torch.Size([2, 1])
+    """
+
+    class Config(ModelConfig):
+        name: Literal["deepfm"] = "deepfm"
+        mlp: list[int] = Field(default_factory=lambda: [256, 128])
+        dropout: float = Field(0.0, ge=0.0, lt=1.0)
+        batch_norm: bool = False
+        embed_dense: bool = True
+
+    def __init__(self, schema: DataSchema, cfg: Config):
+        super().__init__()
+        if schema.num_tasks != 1:
+            raise ValueError(f"deepfm predicts one label; got {schema.num_tasks}: {schema.labels}")
+        self.features = FeatureEmbedding(schema, cfg.embedding_dim, cfg.embedding_init_std,
+                                         embed_dense=cfg.embed_dense)
+        in_dim = schema.num_sparse * cfg.embedding_dim + schema.num_dense
+        self.mlp = MLP(in_dim, cfg.mlp, out=1, dropout=cfg.dropout, batch_norm=cfg.batch_norm)
+        self.num_sparse = schema.num_sparse
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        linear, v = self.features(batch)
+        deep_in = torch.cat([v[:, : self.num_sparse].flatten(1), batch.dense], dim=1)
+        return linear + fm_interaction(v) + self.mlp(deep_in)

@@ -1,0 +1,35 @@
+"""Factorisation machine (Rendle, 2010): linear terms plus factorised pairwise interactions."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import nn
+
+from sampan.config import ModelConfig
+from sampan.data.loader import Batch
+from sampan.layers import FeatureEmbedding, fm_interaction
+from sampan.models.registry import register_model
+from sampan.schema import DataSchema
+
+
+@register_model("fm")
+class FM(nn.Module):
+    """``logit = linear + sum_{i<j} <v_i, v_j>`` over sparse fields (and numeric fields
+    scaled by their value when ``embed_dense``); ``Batch -> [B, 1]``."""
+
+    class Config(ModelConfig):
+        name: Literal["fm"] = "fm"
+        embed_dense: bool = True
+
+    def __init__(self, schema: DataSchema, cfg: Config):
+        super().__init__()
+        if schema.num_tasks != 1:
+            raise ValueError(f"fm predicts one label; got {schema.num_tasks}: {schema.labels}")
+        self.features = FeatureEmbedding(schema, cfg.embedding_dim, cfg.embedding_init_std,
+                                         embed_dense=cfg.embed_dense)
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        linear, v = self.features(batch)
+        return linear + fm_interaction(v)

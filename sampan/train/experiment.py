@@ -1,0 +1,156 @@
+"""One experiment end to end: config -> processed data -> model -> training -> test metrics.
+
+A run directory holds everything needed to evaluate, predict, resume or export later::
+
+    config.yaml        the resolved config (defaults < preset < file < --set)
+    data/              processed store and the fitted pipeline (see sampan.data.store)
+    checkpoints/       last.pt (resume), best.pt (best validation weights)
+    metrics.jsonl      train loss / valid metrics over time
+    results.json       final valid and test metrics (and the oracle AUC when known)
+    tensorboard/       scalars, when tensorboard is installed
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from sampan.config import ExperimentConfig, dump_config, load_config
+from sampan.data.store import Store, SplitArrays, build_store, transform_files
+from sampan.models import build_model
+from sampan.train import checkpoint as ckpt
+from sampan.train.metrics import auc
+from sampan.train.trainer import BEST, LAST, Trainer, probabilities
+
+
+def new_run_dir(cfg: ExperimentConfig) -> Path:
+    base = Path(cfg.output_dir) / cfg.name
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    path = base / stamp
+    k = 1
+    while path.exists():
+        k += 1
+        path = base / f"{stamp}-{k}"
+    return path
+
+
+def run_experiment(cfg: ExperimentConfig, run_dir: str | Path | None = None,
+                   resume: bool = False, console: Console | None = None) -> dict[str, Any]:
+    """Prepare data (unless resuming), train, evaluate on test; returns ``results.json``."""
+    console = console or Console()
+    run = Path(run_dir) if run_dir is not None else new_run_dir(cfg)
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    ckpt.seed_everything(cfg.seed)
+    if resume:
+        if not (run / "checkpoints" / LAST).exists():
+            raise FileNotFoundError(f"{run} has no checkpoints/{LAST} to resume from")
+        store = Store.open(run / "data")
+    else:
+        run.mkdir(parents=True, exist_ok=True)
+        (run / "config.yaml").write_text(dump_config(cfg))
+        console.print(f"[bold]run[/] {run}")
+        store = build_store(cfg, run / "data", echo=console.print)
+    train, valid, test = store.split("train"), store.split("valid"), store.split("test")
+    if train is None:
+        raise ValueError("the train split is empty; check data.split")
+
+    torch.manual_seed(cfg.seed)  # model init depends only on the seed
+    model = build_model(cfg.model, store.schema)
+    n_params = sum(p.numel() for p in model.parameters())
+    console.print(f"model {cfg.model.name}: {n_params:,} parameters on "
+                  f"{cfg.train.device if cfg.train.device != 'auto' else 'auto device'}")
+    trainer = Trainer(model, cfg, run, train, valid, console=console)
+    t0 = time.perf_counter()
+    state = trainer.fit(resume=resume)
+    train_time = time.perf_counter() - t0
+
+    results: dict[str, Any] = {"model": cfg.model.name, "steps": state.step,
+                               "best_step": state.best_step, "stopped_early": state.stopped_early,
+                               "train_seconds": round(train_time, 2)}
+    if valid is not None:
+        results["valid"] = trainer.evaluate(valid)
+    if test is not None:
+        results["test"] = trainer.evaluate(test)
+        if test.oracle is not None:
+            results["test"]["oracle_auc"] = auc(torch.tensor(np.asarray(test.oracle)),
+                                                torch.tensor(np.asarray(test.labels[:, 0])))
+    (run / "results.json").write_text(json.dumps(results, indent=1))
+    print_results(results, console)
+    console.print(f"run directory: {run}")
+    results["run_dir"] = str(run)
+    return results
+
+
+def print_results(results: dict[str, Any], console: Console) -> None:
+    table = Table(title=f"{results['model']}: best step {results['best_step']} of "
+                        f"{results['steps']}, {results['train_seconds']} s")
+    table.add_column("split")
+    for col in ("AUC", "LogLoss", "GAUC", "oracle AUC", "rows"):
+        table.add_column(col, justify="right")
+    for split in ("valid", "test"):
+        m = results.get(split)
+        if not m:
+            continue
+        table.add_row(split, f"{m['auc']:.4f}", f"{m['logloss']:.4f}",
+                      f"{m['gauc']:.4f}" if "gauc" in m else "-",
+                      f"{m['oracle_auc']:.4f}" if "oracle_auc" in m else "-",
+                      f"{int(m['rows']):,}")
+    console.print(table)
+    test = results.get("test", {})
+    if "oracle_auc" in test:
+        console.print(f"test AUC {test['auc']:.4f} vs oracle AUC {test['oracle_auc']:.4f} "
+                      f"(gap {test['oracle_auc'] - test['auc']:.4f})")
+
+
+# --------------------------------------------------------------- using a finished run
+class RunArtifacts:
+    """A finished run opened for evaluation and prediction (best weights, saved pipeline)."""
+
+    def __init__(self, run_dir: str | Path):
+        self.run = Path(run_dir)
+        if not (self.run / "config.yaml").exists():
+            raise FileNotFoundError(f"{self.run} is not a Sampan run directory (no config.yaml)")
+        self.cfg = load_config(self.run / "config.yaml")
+        self.store = Store.open(self.run / "data")
+        self.pipeline = self.store.pipeline()
+        self.model = build_model(self.cfg.model, self.store.schema)
+        weights = self.run / "checkpoints" / BEST
+        if not weights.exists():
+            weights = self.run / "checkpoints" / LAST
+        self.model.load_state_dict(ckpt.load(weights)["model"])
+        self.trainer = Trainer(self.model, self.cfg, self.run, self.store.split("train")
+                               or self._empty(), None, console=Console(quiet=True))
+
+    def _empty(self) -> SplitArrays:
+        s = self.store.schema
+        return SplitArrays(dense=np.zeros((0, s.num_dense), np.float32),
+                           sparse=np.zeros((0, s.num_sparse), np.int64))
+
+    def read(self, files: str | list[str], with_labels: bool) -> SplitArrays:
+        data, log = transform_files(self.cfg, self.pipeline, files, with_labels,
+                                    rejects=self.run / "rejects-input.jsonl")
+        self.last_log = log
+        self.read_lines = data.line
+        return data
+
+    def evaluate(self, split_or_files: str | list[str]) -> dict[str, float]:
+        if isinstance(split_or_files, str) and split_or_files in ("train", "valid", "test"):
+            data = self.store.split(split_or_files)
+            if data is None:
+                raise ValueError(f"the {split_or_files} split of {self.run} is empty")
+        else:
+            data = self.read(split_or_files, with_labels=True)
+        return self.trainer.evaluate(data)
+
+    def predict(self, files: str | list[str]) -> np.ndarray:
+        """Probabilities ``[N, T]`` for raw rows (labels not needed)."""
+        data = self.read(files, with_labels=False)
+        return probabilities(self.trainer.predict_logits(data))

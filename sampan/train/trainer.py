@@ -1,0 +1,290 @@
+"""Trainer: the training loop, evaluation, early stopping and checkpoints.
+
+The step order is the whole algorithm and is visible in :meth:`Trainer._train_step`:
+autocast -> forward -> loss -> backward -> clip -> sparse step -> dense step -> zero grads.
+Behaviour comes from ``TrainConfig`` flags, never from subclasses.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from rich.console import Console
+from torch import nn
+
+from sampan.config import ExperimentConfig, dump_config
+from sampan.data.loader import Batch, BatchLoader
+from sampan.data.store import SplitArrays
+from sampan.embedding import EmbeddingCollection, make_sparse_optimizer
+from sampan.tasks import binary_loss
+from sampan.train import checkpoint as ckpt
+from sampan.train.logging import MetricsLog, make_progress
+from sampan.train.metrics import MetricAccumulator
+from sampan.train.schedules import lr_factor
+
+LAST = "last.pt"
+BEST = "best.pt"
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"train.device={name!r} but CUDA is not available on this machine")
+    return dev
+
+
+@dataclass
+class TrainState:
+    """Counters that say where training is; saved in every checkpoint."""
+
+    step: int = 0
+    epoch: int = 0
+    batch: int = 0  # next batch index within `epoch`
+    best: float | None = None
+    best_step: int = 0
+    bad_evals: int = 0
+    stopped_early: bool = False
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+class Trainer:
+    """Trains ``model`` on ``train`` and evaluates on ``valid``, writing into ``run_dir``.
+
+    Example::
+
+        trainer = Trainer(model, cfg, run_dir, train_split, valid_split)
+        trainer.fit()                       # or trainer.fit(resume=True)
+        test_metrics = trainer.evaluate(test_split)
+    """
+
+    def __init__(self, model: nn.Module, cfg: ExperimentConfig, run_dir: str | Path,
+                 train: SplitArrays, valid: SplitArrays | None,
+                 console: Console | None = None):
+        self.cfg = cfg
+        self.tc = cfg.train
+        self.run_dir = Path(run_dir)
+        self.console = console or Console()
+        self.device = resolve_device(self.tc.device)
+        self.model = model.to(self.device)
+        self.train_data, self.valid_data = train, valid
+        self.loader = BatchLoader(train, self.tc.batch_size, shuffle=self.tc.shuffle,
+                                  seed=cfg.seed, prefetch=self.tc.prefetch,
+                                  pin_memory=self.device.type == "cuda")
+        self.total_steps = self.tc.max_steps or self.tc.epochs * len(self.loader)
+
+        collections = [m for m in model.modules() if isinstance(m, EmbeddingCollection)]
+        self.dense_params = [p for p in model.parameters() if p.requires_grad]
+        self.sparse_opt = make_sparse_optimizer(
+            self.tc.sparse_optimizer, collections, lr=self.tc.sparse_lr or self.tc.lr,
+            embedding_l2=self.tc.embedding_l2) if collections else None
+        self.dense_opt = self._dense_optimizer()
+        self.base_lrs = [[g["lr"] for g in o.param_groups] for o in self._optimizers()]
+        self.state = TrainState()
+        self.metrics = MetricsLog(self.run_dir, self.tc.tensorboard, self.console)
+        es = self.tc.early_stopping
+        self.maximize = es.metric in ("auc", "gauc")
+        self.best_model: dict[str, torch.Tensor] | None = None
+
+    def _dense_optimizer(self) -> torch.optim.Optimizer | None:
+        if not self.dense_params:
+            return None
+        tc = self.tc
+        if tc.optimizer == "adam":
+            return torch.optim.Adam(self.dense_params, lr=tc.lr, weight_decay=tc.weight_decay)
+        if tc.optimizer == "adamw":
+            return torch.optim.AdamW(self.dense_params, lr=tc.lr, weight_decay=tc.weight_decay)
+        return torch.optim.SGD(self.dense_params, lr=tc.lr, momentum=0.9,
+                               weight_decay=tc.weight_decay)
+
+    def _optimizers(self) -> list[torch.optim.Optimizer]:
+        return [o for o in (self.sparse_opt, self.dense_opt) if o is not None]
+
+    # ------------------------------------------------------------------- the step
+    def _set_lr(self) -> None:
+        f = lr_factor(self.state.step, self.total_steps, self.tc.warmup_steps, self.tc.schedule,
+                      self.tc.min_lr_ratio)
+        for opt, bases in zip(self._optimizers(), self.base_lrs):
+            for g, base in zip(opt.param_groups, bases):
+                g["lr"] = base * f
+
+    def _train_step(self, batch: Batch) -> torch.Tensor:
+        self._set_lr()
+        with torch.autocast(self.device.type, dtype=torch.bfloat16,
+                            enabled=self.tc.amp == "bf16"):
+            logits = self.model(batch)
+            loss = binary_loss(logits, batch.labels)
+        loss.backward()
+        if self.tc.clip_grad_norm is not None and self.dense_params:
+            # Clips the dense parameters; embedding rows are bounded by their optimizer.
+            torch.nn.utils.clip_grad_norm_(self.dense_params, self.tc.clip_grad_norm)
+        if self.sparse_opt is not None:
+            self.sparse_opt.step()
+        if self.dense_opt is not None:
+            self.dense_opt.step()
+            self.dense_opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    # -------------------------------------------------------------------- fitting
+    def fit(self, resume: bool = False) -> TrainState:
+        """Train until ``epochs`` / ``max_steps`` or early stop; restores the best weights."""
+        if resume:
+            self._restore(self.run_dir / "checkpoints" / LAST)
+        st = self.state
+        progress = make_progress(self.console, self.tc.progress)
+        n_batches = len(self.loader)
+        with progress:
+            task = progress.add_task("train", total=self.total_steps, completed=st.step,
+                                     loss="-", speed="-")
+            while st.epoch < self.tc.epochs and not self._done():
+                self.model.train()
+                self.loader.set_position(st.epoch, st.batch)
+                loss_sum = torch.zeros((), device=self.device)
+                loss_n, t0, seen = 0, time.perf_counter(), 0
+                for batch in self.loader:
+                    batch = batch.to(self.device, non_blocking=True)
+                    loss_sum += self._train_step(batch)
+                    loss_n += 1
+                    seen += batch.size
+                    st.step += 1
+                    st.batch += 1
+                    if st.step % self.tc.log_every_steps == 0 or st.batch == n_batches:
+                        speed = seen / max(time.perf_counter() - t0, 1e-9)
+                        mean_loss = (loss_sum / loss_n).item()  # the only host sync, every N
+                        self.metrics.write({"step": st.step, "epoch": st.epoch, "split": "train",
+                                            "loss": mean_loss, "samples_per_s": speed,
+                                            "lr": self.base_lrs[-1][0] * lr_factor(
+                                                st.step - 1, self.total_steps,
+                                                self.tc.warmup_steps, self.tc.schedule,
+                                                self.tc.min_lr_ratio)})
+                        progress.update(task, completed=st.step, loss=f"{mean_loss:.4f}",
+                                        speed=f"{speed:,.0f}")
+                        loss_sum.zero_()
+                        loss_n, t0, seen = 0, time.perf_counter(), 0
+                    if self.tc.eval_every_steps and st.step % self.tc.eval_every_steps == 0:
+                        self._evaluate_and_track()
+                        self.model.train()
+                    if self.tc.checkpoint_every_steps and \
+                            st.step % self.tc.checkpoint_every_steps == 0:
+                        self.save_checkpoint()
+                    if self._done():
+                        break
+                if st.batch >= n_batches:  # a full epoch, not a max_steps / early stop cut
+                    if not self.tc.eval_every_steps:
+                        self._evaluate_and_track()
+                    st.epoch += 1
+                    st.batch = 0
+                self.save_checkpoint()
+        self.metrics.close()
+        if self.best_model is not None:
+            self.model.load_state_dict(self.best_model)
+        return st
+
+    def _done(self) -> bool:
+        st = self.state
+        return st.stopped_early or (self.tc.max_steps is not None and st.step >= self.tc.max_steps)
+
+    def _evaluate_and_track(self) -> None:
+        st = self.state
+        if self.valid_data is None:
+            return
+        m = self.evaluate(self.valid_data)
+        es = self.tc.early_stopping
+        value = m.get(es.metric, math.nan)
+        improved = st.best is None or (
+            value > st.best + es.min_delta if self.maximize else value < st.best - es.min_delta)
+        if improved and not math.isnan(value):
+            st.best, st.best_step, st.bad_evals = value, st.step, 0
+            self.best_model = copy.deepcopy({k: v.detach().clone()
+                                             for k, v in self.model.state_dict().items()})
+            ckpt.save_atomic({"model": self.best_model, "step": st.step, "metrics": m},
+                             self.run_dir / "checkpoints" / BEST)
+        else:
+            st.bad_evals += 1
+            if es.enabled and st.bad_evals >= es.patience:
+                st.stopped_early = True
+        record = {"step": st.step, "epoch": st.epoch, "split": "valid", **m,
+                  "best": st.best, "best_step": st.best_step}
+        st.history.append(record)
+        self.metrics.write(record)
+        mark = "*" if improved else " "
+        gauc = f" gauc {m['gauc']:.4f}" if "gauc" in m else ""
+        self.console.print(f"  step {st.step:>6} epoch {st.epoch}  valid auc {m['auc']:.4f} "
+                           f"logloss {m['logloss']:.4f}{gauc} {mark}"
+                           + ("  (early stop)" if st.stopped_early else ""))
+
+    # ----------------------------------------------------------------- evaluation
+    @torch.no_grad()
+    def predict_logits(self, data: SplitArrays) -> torch.Tensor:
+        """Logits ``[N, T]`` for every row of ``data``, in order."""
+        self.model.eval()
+        out = []
+        for batch in BatchLoader(data, self.tc.eval_batch_size, shuffle="none",
+                                 prefetch=self.tc.prefetch):
+            batch = batch.to(self.device, non_blocking=True)
+            with torch.autocast(self.device.type, dtype=torch.bfloat16,
+                                enabled=self.tc.amp == "bf16"):
+                out.append(self.model(batch).float())
+        return torch.cat(out) if out else torch.empty(0, 1)
+
+    @torch.no_grad()
+    def evaluate(self, data: SplitArrays) -> dict[str, float]:
+        """AUC, LogLoss (and GAUC when groups exist) of the current model on ``data``."""
+        self.model.eval()
+        acc = MetricAccumulator()
+        for batch in BatchLoader(data, self.tc.eval_batch_size, shuffle="none",
+                                 prefetch=self.tc.prefetch):
+            batch = batch.to(self.device, non_blocking=True)
+            with torch.autocast(self.device.type, dtype=torch.bfloat16,
+                                enabled=self.tc.amp == "bf16"):
+                logits = self.model(batch)
+            acc.update(logits, batch.labels, batch.group)
+        return acc.compute()
+
+    # ---------------------------------------------------------------- checkpoints
+    def save_checkpoint(self) -> Path:
+        st = self.state
+        path = self.run_dir / "checkpoints" / LAST
+        ckpt.save_atomic({
+            "model": self.model.state_dict(),
+            "sparse_opt": self.sparse_opt.state_dict() if self.sparse_opt else None,
+            "dense_opt": self.dense_opt.state_dict() if self.dense_opt else None,
+            "state": {"step": st.step, "epoch": st.epoch, "batch": st.batch, "best": st.best,
+                      "best_step": st.best_step, "bad_evals": st.bad_evals,
+                      "stopped_early": st.stopped_early, "history": st.history},
+            "rng": ckpt.rng_state(),
+            "config": dump_config(self.cfg),
+        }, path)
+        return path
+
+    def _restore(self, path: Path) -> None:
+        c = ckpt.load(path, self.device)
+        self.model.load_state_dict(c["model"])
+        if self.sparse_opt is not None:
+            self.sparse_opt.load_state_dict(c["sparse_opt"])
+        if self.dense_opt is not None:
+            self.dense_opt.load_state_dict(c["dense_opt"])
+        s = c["state"]
+        self.state = TrainState(step=s["step"], epoch=s["epoch"], batch=s["batch"],
+                                best=s["best"], best_step=s["best_step"],
+                                bad_evals=s["bad_evals"], stopped_early=s["stopped_early"],
+                                history=list(s["history"]))
+        best = self.run_dir / "checkpoints" / BEST
+        if best.exists():
+            self.best_model = ckpt.load(best, self.device)["model"]
+        ckpt.set_rng_state(c["rng"])
+        self.metrics.truncate_after(self.state.step)
+        self.console.print(f"resumed from {path} at step {self.state.step} "
+                           f"(epoch {self.state.epoch}, batch {self.state.batch})")
+
+
+def probabilities(logits: torch.Tensor) -> np.ndarray:
+    return torch.sigmoid(logits.double()).cpu().numpy()
