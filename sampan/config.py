@@ -121,6 +121,9 @@ class CategoricalFeature(_Strict):
     max_size: int | None = Field(None, gt=0)
     hash_buckets: int = Field(0, ge=0)
     vocab: bool = True
+    bucketize: Literal["none", "log_squared"] = Field(
+        "none", description="for a numeric column used as a category: log_squared maps x > 2 "
+        "to floor(ln(x)^2), the discretisation of the Criteo competition winners")
 
     @model_validator(mode="after")
     def _hash_or_vocab(self) -> CategoricalFeature:
@@ -222,7 +225,7 @@ class TrainConfig(_Strict):
     weight_decay: float = Field(0.0, ge=0.0)
     sparse_optimizer: Literal["adam", "adagrad", "rowwise_adagrad"] = "adam"
     sparse_lr: float | None = Field(None, gt=0, description="defaults to lr")
-    embedding_l2: float = Field(0.0, ge=0.0, description="L2 on embedding rows used in a batch")
+    embedding_l2: float = Field(1e-4, ge=0.0, description="L2 on embedding rows used in a batch")
     schedule: Literal["constant", "cosine"] = "cosine"
     warmup_steps: int = Field(0, ge=0)
     min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0)
@@ -273,8 +276,11 @@ def _criteo_preset() -> dict[str, Any]:
             "numeric_defaults": {"fill": 0.0, "clip": [0.0, None], "log1p": True,
                                  "standardize": True},
             "numeric": ints,
-            "categorical_defaults": {"min_count": 2},
-            "categorical": cats,
+            "categorical_defaults": {"min_count": 3},
+            # The counts also enter as categories, discretised as floor(ln(x)^2): the
+            # Criteo winners' trick, worth about +0.01 AUC on small data.
+            "categorical": cats + [{"name": f"{c}_bin", "column": c, "bucketize": "log_squared"}
+                                   for c in ints],
         },
     }
 

@@ -50,7 +50,7 @@ class _TruthModel:
 
         self.w = [rng.normal(0, 0.7 if f in INFORMATIVE else 0.0, size=v) * shrink(v)
                   for f, v in enumerate(VOCAB_SIZES)]
-        self.v = {f: rng.normal(0, 0.7, size=(VOCAB_SIZES[f], LATENT)) * shrink(
+        self.v = {f: rng.normal(0, 0.5, size=(VOCAB_SIZES[f], LATENT)) * shrink(
             VOCAB_SIZES[f])[:, None] for pair in PAIRS for f in pair}
         self.beta = rng.normal(0, 0.25, size=NUM_NUMERIC) * (rng.random(NUM_NUMERIC) < 0.6)
         self.mu = rng.uniform(0.5, 3.0, size=NUM_NUMERIC)

@@ -67,6 +67,18 @@ def stable_hash(values: pa.Array, seed: int = 0) -> np.ndarray:
     return h
 
 
+def _as_string(values: pa.Array) -> pa.Array:
+    """Categorical ids may come from numeric columns (e.g. an integer count used as a category)."""
+    if pa.types.is_string(values.type) or pa.types.is_large_string(values.type):
+        return values
+    if pa.types.is_floating(values.type):
+        # 3.0 -> "3": integral floats read as the integers they were written as.
+        as_int = values.cast(pa.int64(), safe=False)
+        integral = pc.equal(as_int.cast(values.type), values)
+        return pc.if_else(integral, as_int.cast(pa.string()), values.cast(pa.string()))
+    return values.cast(pa.string())
+
+
 class CategoricalEncoder:
     """Maps a string column to ids: ``0`` padding, ``1`` OOV, then the vocabulary.
 
@@ -89,11 +101,19 @@ class CategoricalEncoder:
         self.oov_count_: int | None = None
         self._lookup: pa.Array | None = None
 
+    def _prepare(self, values: pa.Array) -> pa.Array:
+        if self.spec.bucketize == "log_squared":
+            x = values.cast(pa.float64())
+            big = pc.greater(x, 2.0)
+            logsq = pc.floor(pc.power(pc.ln(pc.if_else(big, x, 3.0)), 2))
+            values = pc.if_else(big, logsq, pc.floor(x))
+        return _as_string(values)
+
     # -- fitting
     def partial_fit(self, values: pa.Array) -> None:
         if not self.spec.vocab:
             return
-        vc = pc.value_counts(pc.fill_null(values, ""))
+        vc = pc.value_counts(pc.fill_null(self._prepare(values), ""))
         self._parts.append(pa.table({"v": vc.field("values"), "c": vc.field("counts")}))
         self._pending += len(vc)
         if self._pending > 2_000_000:  # bound memory: merge the partial counts
@@ -141,7 +161,7 @@ class CategoricalEncoder:
     def transform(self, values: pa.Array) -> np.ndarray:
         """Ids for ``values`` as int64, shape ``[len(values)]``."""
         self._check()
-        values = pc.fill_null(values, "")
+        values = pc.fill_null(self._prepare(values), "")
         if self._lookup is None:
             self._lookup = pa.array(self.vocab_, pa.string())
         if len(self._lookup):

@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sampan.config import ExperimentConfig, dump_config, load_config
-from sampan.data.store import Store, SplitArrays, build_store, transform_files
+from sampan.data.store import SplitArrays, Store, build_store, transform_files
 from sampan.models import build_model
 from sampan.train import checkpoint as ckpt
 from sampan.train.metrics import auc
