@@ -290,7 +290,7 @@ PRESETS: dict[str, typing.Callable[[], dict[str, Any]]] = {"criteo": _criteo_pre
 
 # ---------------------------------------------------------------------------- loading
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    """Recursively merge ``over`` into a copy of ``base`` (dicts merge, everything else replaces)."""
+    """Merge ``over`` into a copy of ``base``: dicts merge recursively, other values replace."""
     out = copy.deepcopy(base)
     for k, v in over.items():
         if isinstance(v, dict) and isinstance(out.get(k), dict):

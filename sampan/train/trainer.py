@@ -112,8 +112,8 @@ class Trainer:
     def _set_lr(self) -> None:
         f = lr_factor(self.state.step, self.total_steps, self.tc.warmup_steps, self.tc.schedule,
                       self.tc.min_lr_ratio)
-        for opt, bases in zip(self._optimizers(), self.base_lrs):
-            for g, base in zip(opt.param_groups, bases):
+        for opt, bases in zip(self._optimizers(), self.base_lrs, strict=True):
+            for g, base in zip(opt.param_groups, bases, strict=True):
                 g["lr"] = base * f
 
     def _train_step(self, batch: Batch) -> torch.Tensor:
