@@ -319,7 +319,11 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
         where = ".".join(parts[: i + 1])
         if isinstance(node, list):
             idx = _list_index(part, node, where)
+            if isinstance(node[idx], str):  # shorthand feature entry "C1" -> {"name": "C1"}
+                node[idx] = {"name": node[idx]}
             node = node[idx]
+        elif not isinstance(node, dict):
+            raise ConfigError(f"--set {key}: {'.'.join(parts[:i])!r} is not a mapping")
         else:
             if not isinstance(node.get(part), (dict, list)):
                 node[part] = {}
@@ -362,14 +366,19 @@ def load_config(
             raise ConfigError(f"{file}: not valid YAML: {e}") from None
         if not isinstance(raw, dict):
             raise ConfigError(f"{file}: top level must be a mapping, got {type(raw).__name__}")
-    raw = copy.deepcopy(raw)
+    # The preset may itself be set by an override, so find it first; then merge preset < file
+    # and apply the overrides last (they may address list items the preset created).
+    probe = copy.deepcopy(raw)
     for item in overrides or []:
-        apply_override(raw, item)
-    preset = raw.get("preset")
+        apply_override(probe, item)
+    preset = probe.get("preset")
     if preset is not None:
         if preset not in PRESETS:
             raise ConfigError(f"unknown preset {preset!r}; known presets: {', '.join(PRESETS)}")
         raw = deep_merge(PRESETS[preset](), raw)
+    raw = copy.deepcopy(raw)
+    for item in overrides or []:
+        apply_override(raw, item)
     try:
         cfg = ExperimentConfig.model_validate(raw)
     except ValidationError as e:

@@ -46,9 +46,12 @@ class FeaturePipeline:
         self.is_fitted = False
 
     # -- which raw columns are needed
-    def roles(self, with_labels: bool = True) -> ColumnRoles:
+    def roles(self, with_labels: bool = True, with_extra: bool = True) -> ColumnRoles:
+        """Raw columns to read; ``with_extra=False`` leaves out pass-through columns such as
+        the synthetic oracle, which new data does not have."""
         labels = self.features.labels if with_labels else []
-        numeric = labels + [f.column or f.name for f in self.features.numeric] + self.extra_numeric
+        numeric = labels + [f.column or f.name for f in self.features.numeric]
+        numeric += self.extra_numeric if with_extra else []
         cats = [f.column or f.name for f in self.features.categorical]
         if self.features.group:
             cats.append(self.features.group)

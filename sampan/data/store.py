@@ -244,10 +244,13 @@ def transform_files(cfg: ExperimentConfig, pipe: FeaturePipeline, spec: str | li
                                                                              RejectLog]:
     """Read raw files as configured and transform them in memory (for eval and predict)."""
     log = RejectLog(rejects)
-    roles = pipe.roles(with_labels=with_labels)
+    roles = pipe.roles(with_labels=with_labels, with_extra=False)
+    # A run trained on the built-in generator reads files in the generator's column layout.
+    data_cfg = cfg.data if cfg.data.format != "synthetic" else cfg.data.model_copy(
+        update={"format": "auto"})
     parts = []
     try:
-        for t in iter_source(cfg.data, expand_paths(spec), roles, log):
+        for t in iter_source(data_cfg, expand_paths(spec), roles, log):
             arrays = pipe.transform(t, with_labels=with_labels)
             arrays["line"] = t.column(LINE_COLUMN).to_numpy()
             parts.append(arrays)

@@ -38,8 +38,14 @@ class MetricsLog:
         """Drop records past ``step`` (a resumed run rewrites what came after its checkpoint)."""
         if not self.path.exists():
             return
-        keep = [line for line in self.path.read_text().splitlines()
-                if line.strip() and json.loads(line).get("step", 0) <= step]
+        keep = []
+        for line in self.path.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:  # a line cut short when the run was killed
+                continue
+            if rec.get("step", 0) <= step:
+                keep.append(line)
         self.path.write_text("".join(line + "\n" for line in keep))
 
     def write(self, record: dict[str, Any]) -> None:

@@ -1,0 +1,123 @@
+import pytest
+import yaml
+
+from sampan.config import ConfigError, dump_config, load_config
+
+
+def write(tmp_path, data):
+    p = tmp_path / "exp.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+BASE = {"preset": "criteo", "data": {"format": "synthetic"}}
+
+
+def test_builtin_default_is_deepfm_on_synthetic():
+    cfg = load_config(None)
+    assert cfg.model.name == "deepfm"
+    assert cfg.data.format == "synthetic"
+    assert len(cfg.features.numeric) == 13
+    # C1..C26 plus the 13 log^2-binned counts of the Criteo preset
+    assert len(cfg.features.categorical) == 39
+
+
+def test_misspelt_top_level_section_names_nearest_key(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        load_config(write(tmp_path, {**BASE, "trian": {"epochs": 1}}))
+    msg = str(e.value)
+    assert "'trian'" in msg and "did you mean 'train'" in msg and "top level" in msg
+
+
+def test_misspelt_nested_key_names_where_and_nearest(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        load_config(write(tmp_path, {**BASE, "train": {"bach_size": 64}}))
+    msg = str(e.value)
+    assert "unknown key 'bach_size' in train" in msg
+    assert "did you mean 'batch_size'" in msg
+
+
+def test_misspelt_key_inside_a_list_item(tmp_path):
+    data = {"data": {"format": "synthetic"},
+            "features": {"categorical": [{"name": "C1", "min_cout": 3}]}}
+    with pytest.raises(ConfigError) as e:
+        load_config(write(tmp_path, data))
+    msg = str(e.value)
+    assert "features.categorical[0]" in msg and "did you mean 'min_count'" in msg
+
+
+def test_misspelt_model_option_checked_against_that_model(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        load_config(write(tmp_path, {**BASE, "model": {"name": "deepfm", "mpl": [8]}}))
+    assert "unknown key 'mpl' in model" in str(e.value)
+    assert "did you mean 'mlp'" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        load_config(write(tmp_path, {**BASE, "model": {"name": "lr", "mlp": [8]}}))
+    assert "unknown key 'mlp' in model" in str(e.value)
+
+
+def test_unknown_model_lists_known_models(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        load_config(write(tmp_path, {**BASE, "model": {"name": "deepfn"}}))
+    msg = str(e.value)
+    assert "'deepfn'" in msg and "Did you mean 'deepfm'" in msg and "lr" in msg
+
+
+def test_wrong_type_names_expected_type(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        load_config(write(tmp_path, {**BASE, "train": {"epochs": "many"}}))
+    msg = str(e.value)
+    assert "train.epochs" in msg and "integer" in msg and "'many'" in msg
+
+
+def test_precedence_defaults_file_set(tmp_path):
+    path = write(tmp_path, {**BASE, "train": {"epochs": 7, "batch_size": 32}})
+    cfg = load_config(path, overrides=["train.epochs=2", "model.mlp=[8, 4]"])
+    assert cfg.train.epochs == 2  # --set beats the file
+    assert cfg.train.batch_size == 32  # the file beats the default
+    assert cfg.train.lr == 1e-3  # package default
+    assert cfg.model.mlp == [8, 4]  # YAML-parsed value
+
+
+def test_set_into_list_by_index_and_bad_index(tmp_path):
+    path = write(tmp_path, BASE)
+    cfg = load_config(path, overrides=["features.categorical.0.min_count=9"])
+    assert cfg.features.categorical[0].min_count == 9
+    assert cfg.features.categorical[1].min_count == 3
+    with pytest.raises(ConfigError, match="not an index"):
+        load_config(path, overrides=["features.categorical.99.min_count=9"])
+    with pytest.raises(ConfigError, match="key=value"):
+        load_config(path, overrides=["train.epochs"])
+
+
+def test_split_fractions_must_add_up(tmp_path):
+    data = {**BASE, "data": {"format": "synthetic",
+                             "split": {"train": 0.8, "valid": 0.3, "test": 0.1}}}
+    with pytest.raises(ConfigError, match="add up to 1.0"):
+        load_config(write(tmp_path, data))
+
+
+def test_file_source_required_unless_synthetic(tmp_path):
+    with pytest.raises(ConfigError, match="data.train is required"):
+        load_config(write(tmp_path, {"preset": "criteo", "data": {"format": "csv"}}))
+
+
+def test_shorthand_defaults_and_their_validation(tmp_path):
+    data = {"data": {"format": "synthetic"},
+            "features": {"categorical_defaults": {"min_count": 4}, "categorical": ["a", "b"],
+                         "numeric_defaults": {"log1p": True}, "numeric": ["x"]}}
+    cfg = load_config(write(tmp_path, data))
+    assert [f.min_count for f in cfg.features.categorical] == [4, 4]
+    assert cfg.features.numeric[0].log1p is True
+    data["features"]["categorical_defaults"] = {"min_cnt": 4}
+    with pytest.raises(ConfigError, match="did you mean 'min_count'"):
+        load_config(write(tmp_path, data))
+
+
+def test_resolved_config_round_trips(tmp_path):
+    cfg = load_config(None, overrides=["train.epochs=1", "model.embedding_dim=8"])
+    p = tmp_path / "resolved.yaml"
+    p.write_text(dump_config(cfg))
+    again = load_config(p)
+    assert again.model_dump() == cfg.model_dump()
+    assert again.model.mlp == cfg.model.mlp

@@ -1,0 +1,190 @@
+"""The fused table against per-feature nn.Embedding, and the sparse optimizers against
+PyTorch's own SparseAdam / Adagrad on identical gradients."""
+
+import pytest
+import torch
+from torch import nn
+
+from sampan.embedding import (
+    EmbeddingCollection,
+    SparseAdagrad,
+    SparseAdam,
+    SparseRowWiseAdagrad,
+)
+from sampan.schema import TableSpec
+
+ROWS = [7, 3, 11]
+DIM = 4
+
+
+def make():
+    torch.manual_seed(0)
+    tables = [TableSpec(f"t{i}", r, DIM, (f"t{i}",)) for i, r in enumerate(ROWS)]
+    return EmbeddingCollection(tables, init_std=0.5)
+
+
+def batches(n=6, b=9, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    # Few distinct ids so rows repeat inside a batch (exercises deduplication).
+    return [torch.stack([torch.randint(0, r, (b,), generator=g) for r in ROWS], dim=1)
+            for _ in range(n)]
+
+
+def reference_tables(coll):
+    """Independent per-feature tables copied from the fused weight."""
+    out, start = [], 0
+    for r in ROWS:
+        e = nn.Embedding(r, DIM, sparse=True)
+        e.weight.data.copy_(coll.weight.data[start:start + r])
+        out.append(e)
+        start += r
+    return out
+
+
+def loss_of(vectors, target):
+    # A loss with different weights per field and per dim, so gradients are not uniform.
+    w = torch.arange(1, vectors.shape[1] * DIM + 1, dtype=torch.float32).view(1, -1, DIM)
+    return ((vectors * w).sum(dim=(1, 2)) - target).square().mean()
+
+
+def test_lookup_matches_separate_tables():
+    coll = make()
+    refs = reference_tables(coll)
+    ids = batches(1)[0]
+    coll.eval()
+    got = coll(ids)
+    want = torch.stack([refs[f](ids[:, f]) for f in range(len(ROWS))], dim=1)
+    torch.testing.assert_close(got, want)
+    coll.train()
+    torch.testing.assert_close(coll(ids), want)
+
+
+def test_gradients_are_per_unique_row_and_equal_dense_gradients():
+    coll = make()
+    refs = reference_tables(coll)
+    ids = batches(1)[0]
+    target = torch.linspace(-1, 1, ids.shape[0])
+    loss_of(coll(ids), target).backward()
+    rows, grad = coll.pop_lookups()
+    assert rows.unique().numel() == rows.numel()  # one entry per distinct row
+    dense_ref = torch.cat([torch.zeros(r, DIM) for r in ROWS])
+    ref_vecs = torch.stack([refs[f](ids[:, f]) for f in range(len(ROWS))], dim=1)
+    loss_of(ref_vecs, target).backward()
+    start = 0
+    for f, r in enumerate(ROWS):
+        dense_ref[start:start + r] = refs[f].weight.grad.to_dense()
+        start += r
+    full = torch.zeros_like(dense_ref)
+    full[rows] = grad
+    torch.testing.assert_close(full, dense_ref)
+    assert coll.pop_lookups() is None  # consumed
+
+
+def run_pair(ours_factory, ref_factory, steps=6):
+    coll = make()
+    refs = reference_tables(coll)
+    ours = ours_factory([coll])
+    ref = ref_factory([e.weight for e in refs])
+    for k, ids in enumerate(batches(steps)):
+        target = torch.full((ids.shape[0],), float(k % 3) - 1)
+        loss_of(coll(ids), target).backward()
+        ours.step()
+        ref.zero_grad()
+        vecs = torch.stack([refs[f](ids[:, f]) for f in range(len(ROWS))], dim=1)
+        loss_of(vecs, target).backward()
+        ref.step()
+    want = torch.cat([e.weight.data for e in refs])
+    return coll.weight.data, want
+
+
+def test_sparse_adam_matches_torch_sparse_adam():
+    got, want = run_pair(lambda c: SparseAdam(c, lr=0.05),
+                         lambda p: torch.optim.SparseAdam(p, lr=0.05))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_sparse_adagrad_matches_torch_adagrad():
+    got, want = run_pair(lambda c: SparseAdagrad(c, lr=0.1),
+                         lambda p: torch.optim.Adagrad(p, lr=0.1))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_rowwise_adagrad_matches_hand_formula():
+    coll = make()
+    w = coll.weight.data.clone()
+    acc = torch.zeros(w.shape[0])
+    opt = SparseRowWiseAdagrad([coll], lr=0.1, eps=1e-10)
+    for ids in batches(3):
+        loss_of(coll(ids), torch.zeros(ids.shape[0])).backward()
+        rows, grad = coll._lookups[0][0], coll._lookups[0][1].grad
+        # Hand formula on a private copy: s += mean(g^2); w -= lr * g / (sqrt(s) + eps)
+        acc[rows] += grad.square().mean(1)
+        w[rows] -= 0.1 * grad / (acc[rows].sqrt() + 1e-10).unsqueeze(1)
+        opt.step()
+    torch.testing.assert_close(coll.weight.data, w)
+
+
+def test_embedding_l2_adds_l2_times_row_to_gradient():
+    coll = make()
+    w0 = coll.weight.data.clone()
+    ids = batches(1)[0]
+    opt = SparseAdagrad([coll], lr=0.1, embedding_l2=0.5)
+    loss_of(coll(ids), torch.zeros(ids.shape[0])).backward()
+    rows, grad = coll._lookups[0][0], coll._lookups[0][1].grad.clone()
+    opt.step()
+    g = grad + 0.5 * w0[rows]
+    expect = w0.clone()
+    expect[rows] -= 0.1 * g / (g.square().sqrt() + 1e-10)
+    torch.testing.assert_close(coll.weight.data, expect)
+    untouched = torch.ones(w0.shape[0], dtype=torch.bool)
+    untouched[rows] = False
+    assert torch.equal(coll.weight.data[untouched], w0[untouched])
+
+
+def test_two_lookups_in_one_step_are_merged():
+    coll = make()
+    ids = batches(1)[0]
+    (coll(ids).sum() + coll(ids).sum()).backward()
+    rows, grad = coll.pop_lookups()
+    assert rows.unique().numel() == rows.numel()
+    single = make()
+    (2 * single(ids).sum()).backward()
+    rows2, grad2 = single.pop_lookups()
+    torch.testing.assert_close(rows, rows2)
+    torch.testing.assert_close(grad, grad2)
+
+
+def test_weight_is_not_a_dense_parameter_and_state_dict_round_trips():
+    coll = make()
+    assert [p for p in coll.parameters() if p.requires_grad] == []
+    other = make()
+    nn.init.zeros_(other.weight)
+    other.load_state_dict(coll.state_dict())
+    assert torch.equal(other.weight, coll.weight)
+
+
+def test_mixed_dims_are_rejected():
+    with pytest.raises(ValueError, match="one dim"):
+        EmbeddingCollection([TableSpec("a", 3, 4, ("a",)), TableSpec("b", 3, 8, ("b",))])
+
+
+def test_optimizer_state_dict_round_trip_continues_identically():
+    def train(steps_before, steps_after, reload):
+        coll = make()
+        opt = SparseAdam([coll], lr=0.05)
+        bs = batches(steps_before + steps_after)
+        for ids in bs[:steps_before]:
+            loss_of(coll(ids), torch.zeros(ids.shape[0])).backward()
+            opt.step()
+        if reload:
+            state, weights = opt.state_dict(), coll.state_dict()
+            coll = make()
+            coll.load_state_dict(weights)
+            opt = SparseAdam([coll], lr=0.05)
+            opt.load_state_dict(state)
+        for ids in bs[steps_before:]:
+            loss_of(coll(ids), torch.zeros(ids.shape[0])).backward()
+            opt.step()
+        return coll.weight.data
+
+    torch.testing.assert_close(train(3, 3, True), train(3, 3, False), rtol=0, atol=0)

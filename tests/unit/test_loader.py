@@ -1,0 +1,71 @@
+import numpy as np
+import pytest
+
+from sampan.data.loader import BatchLoader
+from sampan.data.store import SplitArrays
+
+
+def data(n=103):
+    ids = np.arange(n, dtype=np.int64)
+    return SplitArrays(dense=ids[:, None].astype(np.float32), sparse=np.stack([ids, ids * 2], 1),
+                       labels=(ids % 2)[:, None].astype(np.float32), group=ids // 10)
+
+
+def rows_of(loader):
+    return [b.sparse[:, 0].numpy() for b in loader]
+
+
+@pytest.mark.parametrize("shuffle", ["rows", "blocks", "none"])
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_every_row_once_per_epoch_and_aligned(shuffle, prefetch):
+    d = data()
+    loader = BatchLoader(d, batch_size=10, shuffle=shuffle, seed=3, prefetch=prefetch,
+                         block_rows=16)
+    assert len(loader) == 11
+    batches = list(loader)
+    seen = np.concatenate([b.sparse[:, 0].numpy() for b in batches])
+    assert sorted(seen.tolist()) == list(range(103))
+    for b in batches:  # every field of a row travels together
+        ids = b.sparse[:, 0]
+        assert (b.sparse[:, 1] == ids * 2).all()
+        assert (b.dense[:, 0] == ids.float()).all()
+        assert (b.labels[:, 0] == (ids % 2).float()).all()
+        assert (b.group == ids // 10).all()
+    if shuffle == "none":
+        assert seen.tolist() == list(range(103))
+
+
+def test_shuffle_depends_on_seed_and_epoch_only():
+    a = BatchLoader(data(), 10, seed=1)
+    b = BatchLoader(data(), 10, seed=1, prefetch=0)
+    first = np.concatenate(rows_of(a))
+    assert np.array_equal(first, np.concatenate(rows_of(b)))
+    assert not np.array_equal(first, np.arange(103))
+    a.set_position(1)
+    assert not np.array_equal(np.concatenate(rows_of(a)), first)
+    c = BatchLoader(data(), 10, seed=2)
+    assert not np.array_equal(np.concatenate(rows_of(c)), first)
+
+
+def test_resume_position_gives_the_remaining_batches():
+    full = rows_of(BatchLoader(data(), 10, seed=5))
+    loader = BatchLoader(data(), 10, seed=5)
+    loader.set_position(0, 4)
+    rest = rows_of(loader)
+    assert len(rest) == len(full) - 4
+    for x, y in zip(rest, full[4:], strict=True):
+        assert np.array_equal(np.sort(x), np.sort(y))
+
+
+def test_drop_last_and_early_break_do_not_hang():
+    loader = BatchLoader(data(), 10, drop_last=True, prefetch=1)
+    assert len(loader) == 10
+    for i, _ in enumerate(loader):
+        if i == 2:
+            break
+    assert len(list(loader)) == 10
+
+
+def test_bad_shuffle_name():
+    with pytest.raises(ValueError, match="shuffle"):
+        BatchLoader(data(), 10, shuffle="random")

@@ -1,0 +1,200 @@
+"""Ranking / calibration metrics against hand-computed values and scikit-learn."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sklearn.metrics import log_loss, roc_auc_score
+
+from sampan.train.metrics import MetricAccumulator, auc, gauc, logloss
+
+TOL = 1e-9
+
+
+def _t(x, dtype=torch.float64) -> torch.Tensor:
+    return torch.tensor(x, dtype=dtype)
+
+
+# ------------------------------------------------------------------------------------ auc
+def test_auc_docstring_case() -> None:
+    # positives {0.35, 0.8} vs negatives {0.1, 0.4}: 3 of 4 pairs ordered correctly
+    assert auc(_t([0.1, 0.4, 0.35, 0.8]), _t([0, 0, 1, 1])) == pytest.approx(0.75, abs=TOL)
+
+
+def test_auc_tie_between_positive_and_negative_counts_half() -> None:
+    # pos {0.5, 0.9}, neg {0.5, 0.2}: (0.5~0.5)=0.5, (0.5>0.2)=1, (0.9>0.5)=1, (0.9>0.2)=1
+    assert auc(_t([0.5, 0.5, 0.2, 0.9]), _t([1, 0, 0, 1])) == pytest.approx(3.5 / 4, abs=TOL)
+
+
+def test_auc_all_tied_is_half() -> None:
+    assert auc(_t([0.3] * 6), _t([1, 0, 1, 0, 0, 1])) == pytest.approx(0.5, abs=TOL)
+
+
+def test_auc_perfect_and_reversed() -> None:
+    s = _t([0.1, 0.2, 0.3, 0.4])
+    assert auc(s, _t([0, 0, 1, 1])) == pytest.approx(1.0, abs=TOL)
+    assert auc(s, _t([1, 1, 0, 0])) == pytest.approx(0.0, abs=TOL)
+
+
+def test_auc_labels_thresholded_at_half() -> None:
+    # soft labels: > 0.5 positive; same ranking as the docstring case
+    assert auc(_t([0.1, 0.4, 0.35, 0.8]), _t([0.2, 0.5, 0.7, 1.0])) == pytest.approx(0.75)
+
+
+@pytest.mark.parametrize("labels", [[0, 0, 0], [1, 1, 1]])
+def test_auc_single_class_is_nan(labels) -> None:
+    assert math.isnan(auc(_t([0.1, 0.5, 0.9]), _t(labels)))
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 1)), min_size=2, max_size=80))
+def test_auc_matches_sklearn_hypothesis(rows) -> None:
+    scores = np.array([r[0] for r in rows], dtype=np.float64) / 5.0  # few values: many ties
+    labels = np.array([r[1] for r in rows])
+    got = auc(torch.from_numpy(scores), torch.from_numpy(labels))
+    if labels.min() == labels.max():
+        assert math.isnan(got)
+    else:
+        assert got == pytest.approx(roc_auc_score(labels, scores), abs=TOL)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_auc_matches_sklearn_seeded(seed) -> None:
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(50, 3000))
+    scores = np.round(rng.normal(size=n), 1)  # rounding creates many ties
+    labels = (rng.random(n) < 1 / (1 + np.exp(-scores))).astype(np.int64)
+    got = auc(torch.from_numpy(scores), torch.from_numpy(labels))
+    assert got == pytest.approx(roc_auc_score(labels, scores), abs=TOL)
+
+
+def test_auc_accepts_2d_float32() -> None:
+    rng = np.random.default_rng(7)
+    scores = rng.integers(0, 10, size=(200, 1)).astype(np.float32)
+    labels = rng.integers(0, 2, size=(200, 1)).astype(np.float32)
+    got = auc(torch.from_numpy(scores), torch.from_numpy(labels))
+    assert got == pytest.approx(roc_auc_score(labels.ravel(), scores.ravel()), abs=TOL)
+
+
+# -------------------------------------------------------------------------------- logloss
+@pytest.mark.parametrize("seed", range(4))
+def test_logloss_matches_sklearn(seed) -> None:
+    rng = np.random.default_rng(100 + seed)
+    n = 1000
+    logits = rng.normal(scale=3.0, size=n)
+    labels = (rng.random(n) < 0.3).astype(np.float64)
+    probs = 1.0 / (1.0 + np.exp(-logits))
+    expected = log_loss(labels, probs, labels=[0, 1])
+    assert logloss(torch.from_numpy(logits), torch.from_numpy(labels)) == pytest.approx(
+        expected, abs=TOL)
+
+
+def test_logloss_hand_value() -> None:
+    # logit 0 -> p = 0.5 -> loss ln 2 whatever the label
+    assert logloss(_t([0.0, 0.0]), _t([1.0, 0.0])) == pytest.approx(math.log(2), abs=1e-12)
+    # a very confident right answer stays finite and near 0; a confident wrong one ~ |logit|
+    assert logloss(_t([100.0]), _t([1.0])) == pytest.approx(0.0, abs=1e-12)
+    assert logloss(_t([-100.0]), _t([1.0])) == pytest.approx(100.0, rel=1e-12)
+
+
+# ----------------------------------------------------------------------------------- gauc
+def test_gauc_hand_example() -> None:
+    # group 1: pos {0.9, 0.5}, neg {0.1}                      -> AUC 1.0,   3 rows
+    # group 2: pos {0.3, 0.2}, neg {0.3, 0.8}: only a tie 0.5 -> AUC 0.125, 4 rows
+    # group 3: all positive                                    -> skipped
+    rows = [  # (group, score, label), interleaved
+        (2, 0.3, 1), (1, 0.1, 0), (3, 0.7, 1), (2, 0.3, 0), (1, 0.9, 1),
+        (2, 0.8, 0), (3, 0.4, 1), (1, 0.5, 1), (2, 0.2, 1),
+    ]
+    g = torch.tensor([r[0] for r in rows])
+    s = _t([r[1] for r in rows])
+    y = _t([r[2] for r in rows])
+    r = gauc(s, y, g)
+    assert r.value == pytest.approx((3 * 1.0 + 4 * 0.125) / 7, abs=TOL)
+    assert r.groups_used == 2
+    assert r.groups_skipped == 1
+
+
+def test_gauc_all_groups_single_class() -> None:
+    r = gauc(_t([0.1, 0.2, 0.3]), _t([1, 1, 0]), torch.tensor([5, 5, 9]))
+    assert math.isnan(r.value)
+    assert (r.groups_used, r.groups_skipped) == (0, 2)
+
+
+def _gauc_reference(scores, labels, groups) -> tuple[float, int, int]:
+    num = den = 0.0
+    used = skipped = 0
+    for gval in np.unique(groups):
+        m = groups == gval
+        if labels[m].min() == labels[m].max():
+            skipped += 1
+            continue
+        num += m.sum() * roc_auc_score(labels[m], scores[m])
+        den += m.sum()
+        used += 1
+    return num / den, used, skipped
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_gauc_matches_loop_reference(seed) -> None:
+    rng = np.random.default_rng(200 + seed)
+    n = 2000
+    groups = rng.integers(-150, 150, size=n) * 7919  # negative and sparse ids
+    scores = rng.integers(0, 8, size=n).astype(np.float64)  # heavy ties, also across groups
+    labels = (rng.random(n) < 0.25).astype(np.float64)
+    expected, used, skipped = _gauc_reference(scores, labels, groups)
+    assert skipped > 0  # the data exercise the skip path
+    r = gauc(torch.from_numpy(scores), torch.from_numpy(labels), torch.from_numpy(groups))
+    assert r.value == pytest.approx(expected, abs=TOL)
+    assert (r.groups_used, r.groups_skipped) == (used, skipped)
+
+
+# ------------------------------------------------------------------------ MetricAccumulator
+def test_accumulator_empty() -> None:
+    assert MetricAccumulator().compute() == {}
+
+
+def test_accumulator_equals_metrics_on_concatenation() -> None:
+    rng = np.random.default_rng(3)
+    sizes = [37, 1, 250, 64]
+    acc = MetricAccumulator()
+    zs, ys, gs = [], [], []
+    for n in sizes:
+        z = np.round(rng.normal(size=(n, 2)), 1).astype(np.float32)
+        y = (rng.random((n, 2)) < 0.4).astype(np.float32)
+        g = rng.integers(0, 20, size=n)
+        acc.update(torch.from_numpy(z), torch.from_numpy(y), torch.from_numpy(g))
+        zs.append(z)
+        ys.append(y)
+        gs.append(g)
+    z, y, g = np.concatenate(zs), np.concatenate(ys), np.concatenate(gs)
+    out = acc.compute()
+    z64 = z.astype(np.float64)
+    p = 1.0 / (1.0 + np.exp(-z64))
+    assert out["rows"] == sum(sizes)
+    assert out["auc"] == pytest.approx(roc_auc_score(y[:, 0], z64[:, 0]), abs=TOL)
+    assert out["logloss"] == pytest.approx(log_loss(y[:, 0], p[:, 0], labels=[0, 1]), abs=TOL)
+    assert out["ctr"] == pytest.approx(y[:, 0].mean(), abs=1e-6)
+    assert out["pred_ctr"] == pytest.approx(p[:, 0].mean(), abs=1e-9)
+    for t in range(2):
+        assert out[f"auc_{t}"] == pytest.approx(roc_auc_score(y[:, t], z64[:, t]), abs=TOL)
+        assert out[f"logloss_{t}"] == pytest.approx(
+            log_loss(y[:, t], p[:, t], labels=[0, 1]), abs=TOL)
+    expected, used, skipped = _gauc_reference(z64[:, 0], y[:, 0], g)
+    assert out["gauc"] == pytest.approx(expected, abs=TOL)
+    assert (out["gauc_groups"], out["gauc_skipped"]) == (used, skipped)
+
+
+def test_accumulator_single_task_has_no_per_task_keys_and_no_gauc_without_groups() -> None:
+    acc = MetricAccumulator()
+    acc.update(_t([[0.5], [-1.0]], torch.float32), _t([[1.0], [0.0]], torch.float32))
+    acc.update(_t([[2.0]], torch.float32), _t([[0.0]], torch.float32))
+    out = acc.compute()
+    assert set(out) == {"auc", "logloss", "rows", "ctr", "pred_ctr"}
+    # pos {0.5}, neg {-1.0, 2.0}: one of two pairs ordered correctly
+    assert out["auc"] == pytest.approx(0.5, abs=TOL)
