@@ -52,7 +52,10 @@ class FeaturePipeline:
         labels = self.features.labels if with_labels else []
         numeric = labels + [f.column or f.name for f in self.features.numeric]
         numeric += self.extra_numeric if with_extra else []
-        cats = [f.column or f.name for f in self.features.categorical]
+        # Categories binned from numbers are read (and validated) as numbers.
+        numeric += [f.column or f.name for f in self.features.categorical
+                    if f.bucketize != "none"]
+        cats = [f.column or f.name for f in self.features.categorical if f.bucketize == "none"]
         if self.features.group:
             cats.append(self.features.group)
         return ColumnRoles(numeric=numeric, categorical=cats, required=labels)

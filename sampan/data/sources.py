@@ -228,6 +228,8 @@ def _read_header(path: Path, delimiter: str, encoding: str) -> list[str]:
     with pa.input_stream(str(path), compression="detect") as f:
         head = f.read(1 << 16)
     line = head.split(b"\n", 1)[0].rstrip(b"\r")
+    if encoding.lower().replace("-", "").replace("_", "") == "utf8":
+        encoding = "utf-8-sig"  # a byte-order mark is not part of the first column's name
     try:
         text = line.decode(encoding)
     except UnicodeDecodeError as e:
@@ -248,12 +250,7 @@ def _iter_parquet(cfg: DataConfig, path: Path, roles: ColumnRoles,
         table = pa.Table.from_batches([batch])
         lines = np.arange(start, start + table.num_rows)
         start += table.num_rows
-        cols = {}
-        for c in roles.all:
-            col = table.column(c)
-            cols[c] = col if pa.types.is_binary(col.type) or pa.types.is_string(col.type) \
-                else col.cast(pa.string())
-        out = _validate(pa.table(cols), roles, lines, str(path), log, ",")
+        out = _validate(table, roles, lines, str(path), log, ",")
         if out.num_rows:
             yield out
 
@@ -273,8 +270,18 @@ def _validate(table: pa.Table, roles: ColumnRoles, lines: np.ndarray, file: str,
         bad[rows] = True
 
     strings: dict[str, pa.Array] = {}
+    typed: dict[str, pa.Array] = {}  # numeric columns that arrive typed (Parquet)
     for c in roles.all:
         col = table.column(c).combine_chunks()
+        if c in roles.numeric and (pa.types.is_integer(col.type) or pa.types.is_floating(col.type)
+                                   or pa.types.is_boolean(col.type)):
+            x = col.cast(pa.float64())
+            typed[c] = pc.if_else(pc.is_nan(x), pa.scalar(None, pa.float64()), x)  # NaN: missing
+            strings[c] = x.cast(pa.string())  # for the text of rejected rows only
+            continue
+        if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)
+                or pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type)):
+            col = col.cast(pa.string())
         if pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type):
             try:
                 col = col.cast(pa.string())
@@ -287,13 +294,15 @@ def _validate(table: pa.Table, roles: ColumnRoles, lines: np.ndarray, file: str,
         strings[c] = col
 
     for c in roles.numeric:
+        if c in typed:
+            continue
         col = strings[c]
         ok = pc.fill_null(pc.match_substring_regex(col, _NUMBER_RE), True).to_numpy(
             zero_copy_only=False)
         if not ok.all():
             mark(np.nonzero(~ok)[0], "unparsable_number", c)
     for c in roles.required:
-        nulls = col_is_null(strings[c])
+        nulls = col_is_null(typed.get(c, strings[c]))
         if nulls.any():
             mark(np.nonzero(nulls)[0], "missing_value", c)
 
@@ -305,10 +314,14 @@ def _validate(table: pa.Table, roles: ColumnRoles, lines: np.ndarray, file: str,
             log.reject(file, int(lines[r]), reason, column, text)
         keep = pa.array(~bad)
         strings = {c: pc.filter(a, keep) for c, a in strings.items()}
+        typed = {c: pc.filter(a, keep) for c, a in typed.items()}
         lines = lines[~bad]
     cols = {}
     for c in roles.all:
-        cols[c] = strings[c].cast(pa.float64()) if c in roles.numeric else strings[c]
+        if c in typed:
+            cols[c] = typed[c]
+        else:
+            cols[c] = strings[c].cast(pa.float64()) if c in roles.numeric else strings[c]
     cols[LINE_COLUMN] = pa.array(np.asarray(lines, dtype=np.int64))
     out = pa.table(cols)
     log.kept += out.num_rows

@@ -51,13 +51,10 @@ def stable_hash(values: pa.Array, seed: int = 0) -> np.ndarray:
     h = np.full(n, _FNV_OFFSET ^ seed_mix, dtype=np.uint64)
     maxlen = int(lens.max()) if n else 0
     with np.errstate(over="ignore"):
+        rows = np.arange(n)
         for j in range(maxlen):
-            rows = np.nonzero(lens > j)[0] if j else None
-            if rows is None:
-                h ^= data[starts].astype(np.uint64)
-                h *= _FNV_PRIME
-            else:
-                h[rows] = (h[rows] ^ data[starts[rows] + j].astype(np.uint64)) * _FNV_PRIME
+            rows = rows[lens[rows] > j]  # strings still longer than j bytes
+            h[rows] = (h[rows] ^ data[starts[rows] + j].astype(np.uint64)) * _FNV_PRIME
         # splitmix64 finaliser: spreads low-entropy FNV states before the modulo.
         h ^= h >> np.uint64(30)
         h *= np.uint64(0xBF58476D1CE4E5B9)
@@ -72,10 +69,13 @@ def _as_string(values: pa.Array) -> pa.Array:
     if pa.types.is_string(values.type) or pa.types.is_large_string(values.type):
         return values
     if pa.types.is_floating(values.type):
-        # 3.0 -> "3": integral floats read as the integers they were written as.
-        as_int = values.cast(pa.int64(), safe=False)
-        integral = pc.equal(as_int.cast(values.type), values)
-        return pc.if_else(integral, as_int.cast(pa.string()), values.cast(pa.string()))
+        # 3.0 -> "3": integral floats read as the integers they were written as. Values
+        # beyond int64 precision, NaN and inf keep their float spelling.
+        x = values.cast(pa.float64())
+        integral = pc.and_(pc.is_finite(x), pc.less(pc.abs(x), 2.0**53))
+        integral = pc.and_(integral, pc.equal(pc.floor(x), x))
+        as_int = pc.if_else(integral, x, 0.0).cast(pa.int64())
+        return pc.if_else(integral, as_int.cast(pa.string()), x.cast(pa.string()))
     return values.cast(pa.string())
 
 

@@ -244,10 +244,22 @@ def test_small_blocks_keep_line_numbers(tmp_path, header, gz) -> None:
     assert log.kept == len(kept)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: _read_header keeps a UTF-8 byte-order mark, so the "
-                   "first column is named '\\ufefflabel'")
 def test_utf8_bom_header(tmp_path) -> None:
     p = tmp_path / "bom.csv"
     p.write_bytes(b"\xef\xbb\xbflabel,x,c\n1,2,a\n")
     table, _, _ = _read(DataConfig(train=str(p)), p)
     assert table.column("label").to_pylist() == [1.0]
+
+
+def test_parquet_typed_numbers_nan_is_missing_and_ints_are_read(tmp_path) -> None:
+    path = tmp_path / "typed.parquet"
+    pq.write_table(pa.table({"label": pa.array([1, 0, 1], pa.int8()),
+                             "x": pa.array([1.5, float("nan"), None]),
+                             "c": pa.array([7, 8, 7], pa.int64())}), path)
+    log = RejectLog(None)
+    roles = ColumnRoles(numeric=["label", "x"], categorical=["c"], required=["label"])
+    t = pa.concat_tables(iter_source(DataConfig(train=str(path)), [path], roles, log))
+    assert log.summary() == {"read": 3, "kept": 3, "rejected": 0, "reasons": {}}
+    assert t.column("label").to_pylist() == [1.0, 0.0, 1.0]
+    assert t.column("x").to_pylist() == [1.5, None, None]
+    assert t.column("c").to_pylist() == ["7", "8", "7"]
