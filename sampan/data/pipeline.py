@@ -9,7 +9,7 @@ Example::
     >>> from sampan.config import FeaturesConfig
     >>> fc = FeaturesConfig(categorical=["c"], numeric=["x"])
     >>> pipe = FeaturePipeline(fc)
-    >>> pipe.fit([pa.table({"label": [1.0, 0.0], "c": ["a", "b"], "x": [1.0, None]})])
+    >>> _ = pipe.fit([pa.table({"label": [1.0, 0.0], "c": ["a", "b"], "x": [1.0, None]})])
     >>> out = pipe.transform(pa.table({"label": [1.0], "c": ["b"], "x": [3.0]}))
     >>> out["sparse"].tolist(), out["dense"].tolist(), out["labels"].tolist()
     ([[3]], [[3.0]], [[1.0]])

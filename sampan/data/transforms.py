@@ -88,8 +88,10 @@ class CategoricalEncoder:
 
     >>> enc = CategoricalEncoder(CategoricalFeature(name="c", min_count=2))
     >>> enc.partial_fit(pa.array(["a", "b", "a", None, None])); enc.finalize()
+    >>> enc.vocab_.tolist()          # count 2 each; ties broken by value
+    ['', 'a']
     >>> enc.transform(pa.array(["a", "b", None, "zzz"])).tolist()
-    [2, 1, 3, 1]
+    [3, 1, 2, 1]
     """
 
     def __init__(self, spec: CategoricalFeature):

@@ -1,0 +1,72 @@
+"""Trainer behaviour driven by config flags, in-process on tiny synthetic data."""
+
+import json
+
+import pytest
+import torch
+
+from sampan.config import load_config
+from sampan.train.experiment import RunArtifacts, run_experiment
+from sampan.train.schedules import lr_factor
+from tests.conftest import tiny_config
+
+
+def run(tmp_path, name="run", rows=2000, **train):
+    cfg = load_config(raw=tiny_config(tmp_path, rows=rows, **train))
+    results = run_experiment(cfg, run_dir=tmp_path / name)
+    records = [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+    return results, records
+
+
+def test_max_steps_eval_every_steps_and_checkpoint_every_steps(tmp_path):
+    results, records = run(tmp_path, max_steps=10, eval_every_steps=4, checkpoint_every_steps=3,
+                           log_every_steps=2, early_stopping={"enabled": False})
+    assert results["steps"] == 10
+    assert [r["step"] for r in records if r["split"] == "valid"] == [4, 8]
+    # 1,600 train rows / 256 = 7 batches an epoch: every 2nd step plus the end of epoch 0
+    assert [r["step"] for r in records if r["split"] == "train"] == [2, 4, 6, 7, 8, 10]
+    state = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)
+    assert state["state"]["step"] == 10
+    assert "deepfm" in state["config"]
+
+
+def test_schedule_is_applied_to_both_optimizers(tmp_path):
+    results, records = run(tmp_path, max_steps=12, warmup_steps=4, log_every_steps=1,
+                           lr=0.01, early_stopping={"enabled": False})
+    lrs = [r["lr"] for r in records if r["split"] == "train"]
+    want = [0.01 * lr_factor(s, 12, 4, "cosine") for s in range(12)]
+    assert lrs == pytest.approx(want)
+
+
+def test_early_stopping_keeps_best_weights(tmp_path):
+    # A huge learning rate makes validation AUC fall after the first epoch.
+    results, records = run(tmp_path, epochs=6, lr=0.3, sparse_lr=0.3,
+                           early_stopping={"patience": 1, "metric": "logloss"})
+    valid = [r for r in records if r["split"] == "valid"]
+    assert results["stopped_early"]
+    assert len(valid) < 6
+    best = min(valid, key=lambda r: r["logloss"])
+    assert results["best_step"] == best["step"]
+    # the final validation metrics are those of the restored best weights
+    assert results["valid"]["logloss"] == pytest.approx(best["logloss"], abs=1e-9)
+    art = RunArtifacts(tmp_path / "run")
+    assert art.evaluate("valid")["logloss"] == pytest.approx(best["logloss"], abs=1e-9)
+
+
+def test_bf16_autocast_trains_on_cpu(tmp_path):
+    results, _ = run(tmp_path, amp="bf16", epochs=1)
+    assert 0.5 < results["test"]["auc"] < 1.0
+
+
+@pytest.mark.parametrize("opt", ["adagrad", "rowwise_adagrad"])
+def test_other_sparse_optimizers_learn(tmp_path, opt):
+    results, _ = run(tmp_path, sparse_optimizer=opt, sparse_lr=0.05, epochs=2)
+    assert results["test"]["auc"] > 0.6
+
+
+def test_tensorboard_scalars_when_installed(tmp_path):
+    pytest.importorskip("tensorboard")
+    cfg = tiny_config(tmp_path, rows=1000, epochs=1)
+    cfg["train"]["tensorboard"] = True
+    run_experiment(load_config(raw=cfg), run_dir=tmp_path / "tb")
+    assert list((tmp_path / "tb" / "tensorboard").glob("events.out.tfevents.*"))
