@@ -70,7 +70,7 @@ def train(
         else:
             cfg = load_config(config, overrides=set_ or [])
             run_experiment(cfg, run_dir=run_dir, console=console)
-    except (ConfigError, DataError, FileNotFoundError) as e:
+    except (ConfigError, DataError, FileNotFoundError, FileExistsError) as e:
         _fail(str(e))
 
 
@@ -93,6 +93,10 @@ def eval_(
         metrics = art.evaluate(data if data else split)
     except (ConfigError, DataError, FileNotFoundError, ValueError) as e:
         _fail(str(e))
+    if data:
+        log = art.last_log
+        err.print(f"read {log.read:,} rows, kept {log.kept:,}, rejected {log.rejected:,}"
+                  + (f" {dict(log.reasons)} -> {log.path}" if log.rejected else ""))
     console.print_json(json.dumps(metrics))
 
 
@@ -100,7 +104,8 @@ def eval_(
 def predict(
     run_dir: Annotated[Path, typer.Argument(help="A finished run directory.")],
     inputs: Annotated[list[str], typer.Argument(
-        help="Raw file(s) in the run's input format; the label column may be absent.")],
+        help="Raw file(s) in the run's input format. The label may be empty; in files with "
+             "a header the label column may also be left out.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="CSV to write: line,probability.")],
 ) -> None:
     """Score raw rows through the run's saved feature pipeline and best model."""

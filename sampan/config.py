@@ -163,8 +163,15 @@ class FeaturesConfig(_Strict):
         if not isinstance(data, dict):
             return data
         data = dict(data)
-        for kind in ("categorical", "numeric"):
+        for kind, model in (("categorical", CategoricalFeature), ("numeric", NumericFeature)):
             defaults = data.get(f"{kind}_defaults") or {}
+            if not isinstance(defaults, dict):
+                continue  # reported by field validation
+            for key in defaults:
+                if key not in model.model_fields or key == "name":
+                    near = difflib.get_close_matches(key, list(model.model_fields), n=1)
+                    hint = f"; did you mean {near[0]!r}?" if near else ""
+                    raise ValueError(f"features.{kind}_defaults: unknown key {key!r}{hint}")
             items = data.get(kind)
             if isinstance(items, list):
                 data[kind] = [
@@ -180,15 +187,10 @@ class FeaturesConfig(_Strict):
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"feature names must be unique; repeated: {', '.join(dup)}")
-        if not names:
-            raise ValueError("features: declare at least one categorical or numeric feature")
-        for kind, model in (("categorical_defaults", CategoricalFeature),
-                            ("numeric_defaults", NumericFeature)):
-            for key in getattr(self, kind):
-                if key not in model.model_fields or key == "name":
-                    near = difflib.get_close_matches(key, list(model.model_fields), n=1)
-                    hint = f"; did you mean {near[0]!r}?" if near else ""
-                    raise ValueError(f"features.{kind}: unknown key {key!r}{hint}")
+        if not self.categorical:
+            raise ValueError("features.categorical: declare at least one categorical feature "
+                             "(every model embeds them; numbers can become categories with "
+                             "bucketize)")
         return self
 
     @property
@@ -207,7 +209,7 @@ class ModelConfig(_Strict):
 
 # ---------------------------------------------------------------------------------- train
 class EarlyStoppingConfig(_Strict):
-    metric: Literal["auc", "logloss", "gauc", "loss"] = "auc"
+    metric: Literal["auc", "logloss", "gauc"] = "auc"
     patience: int = Field(2, ge=1, description="evaluations without improvement before stop")
     min_delta: float = Field(1e-4, ge=0.0)
     enabled: bool = True
@@ -235,6 +237,8 @@ class TrainConfig(_Strict):
     checkpoint_every_steps: int | None = Field(None, gt=0)
     shuffle: Literal["rows", "blocks", "none"] = "rows"
     amp: Literal["none", "bf16"] = "none"
+    compile: bool = Field(False, description="torch.compile the dense layers (not the "
+                          "embedding lookup); pays off on long runs")
     device: str = "auto"
     threads: int | None = Field(None, gt=0)
     prefetch: int = Field(2, ge=0)
@@ -255,6 +259,13 @@ class ExperimentConfig(_Strict):
     features: FeaturesConfig
     model: SerializeAsAny[ModelConfig] = ModelConfig()
     train: TrainConfig = TrainConfig()
+
+    @model_validator(mode="after")
+    def _gauc_needs_group(self) -> ExperimentConfig:
+        if self.train.early_stopping.metric == "gauc" and not self.features.group:
+            raise ValueError("train.early_stopping.metric is 'gauc' but features.group is not "
+                             "set (GAUC needs a group column, e.g. the user id)")
+        return self
 
     @field_validator("model", mode="before")
     @classmethod

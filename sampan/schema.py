@@ -22,6 +22,16 @@ class SparseFeatureSpec:
 
 
 @dataclass(frozen=True)
+class SequenceFeatureSpec:
+    """A behaviour sequence ``[B, L]`` of ids of sparse feature ``table`` (it shares that
+    feature's embedding rows). Id 0 is padding; the most recent event is last."""
+
+    name: str
+    max_len: int
+    table: str
+
+
+@dataclass(frozen=True)
 class TableSpec:
     """An embedding table: ``rows`` x ``dim``, looked up by the listed features.
 
@@ -43,6 +53,7 @@ class DataSchema:
     sparse: list[SparseFeatureSpec] = field(default_factory=list)
     labels: list[str] = field(default_factory=lambda: ["label"])
     has_group: bool = False
+    sequences: list[SequenceFeatureSpec] = field(default_factory=list)
 
     @property
     def num_dense(self) -> int:
@@ -57,8 +68,17 @@ class DataSchema:
         return len(self.labels)
 
     def tables(self, dim: int) -> list[TableSpec]:
-        """One table per sparse feature, all of dimension ``dim``."""
-        return [TableSpec(f.name, f.cardinality, dim, (f.name,)) for f in self.sparse]
+        """One table per sparse feature, all of dimension ``dim``; sequences join the table
+        of the feature they share."""
+        shared: dict[str, list[str]] = {}
+        known = {f.name for f in self.sparse}
+        for s in self.sequences:
+            if s.table not in known:
+                raise ValueError(f"sequence {s.name!r} shares table {s.table!r}, which is not "
+                                 f"a sparse feature; known: {sorted(known)}")
+            shared.setdefault(s.table, []).append(s.name)
+        return [TableSpec(f.name, f.cardinality, dim, (f.name, *shared.get(f.name, [])))
+                for f in self.sparse]
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -70,4 +90,5 @@ class DataSchema:
             sparse=[SparseFeatureSpec(**s) for s in d["sparse"]],
             labels=list(d["labels"]),
             has_group=bool(d.get("has_group", False)),
+            sequences=[SequenceFeatureSpec(**s) for s in d.get("sequences", [])],
         )

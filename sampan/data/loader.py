@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -39,22 +39,28 @@ class Batch:
     labels: torch.Tensor | None = None
     group: torch.Tensor | None = None
     oracle: torch.Tensor | None = None
+    sequences: dict[str, torch.Tensor] | None = None  # name -> ids [B, L], 0 = padding
 
     @property
     def size(self) -> int:
         return int(self.sparse.shape[0])
 
-    def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
-        def mv(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else t.to(device, non_blocking=non_blocking)
+    def apply(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> Batch:
+        """A new Batch with ``fn`` applied to every tensor (sequences included)."""
+        out = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, dict):
+                out[f.name] = {k: fn(t) for k, t in v.items()}
+            else:
+                out[f.name] = None if v is None else fn(v)
+        return Batch(**out)
 
-        return Batch(**{f.name: mv(getattr(self, f.name)) for f in fields(self)})
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
+        return self.apply(lambda t: t.to(device, non_blocking=non_blocking))
 
     def pin_memory(self) -> Batch:
-        def pin(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else t.pin_memory()
-
-        return Batch(**{f.name: pin(getattr(self, f.name)) for f in fields(self)})
+        return self.apply(lambda t: t.pin_memory())
 
 
 class BatchLoader:
@@ -68,7 +74,8 @@ class BatchLoader:
 
     def __init__(self, data: SplitArrays, batch_size: int, shuffle: str = "rows",
                  seed: int = 0, drop_last: bool = False, prefetch: int = 2,
-                 pin_memory: bool = False, block_rows: int = 65536):
+                 pin_memory: bool = False, block_rows: int = 65536,
+                 drop_singleton: bool = False):
         if shuffle not in ("rows", "blocks", "none"):
             raise ValueError(f"shuffle must be 'rows', 'blocks' or 'none', got {shuffle!r}")
         self.data = data
@@ -79,12 +86,17 @@ class BatchLoader:
         self.prefetch = prefetch
         self.pin_memory = pin_memory
         self.block_rows = block_rows
+        # A last batch of one row breaks batch norm in training; with shuffling a different
+        # row sits out each epoch.
+        self.drop_singleton = drop_singleton
         self.epoch = 0
         self.start_batch = 0
 
     def __len__(self) -> int:
         n = len(self.data)
-        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+        if self.drop_last or (self.drop_singleton and n % self.batch_size == 1 and n > 1):
+            return n // self.batch_size
+        return -(-n // self.batch_size)
 
     def set_position(self, epoch: int, batch: int = 0) -> None:
         """Where the next iteration starts (used when resuming a run)."""
@@ -114,8 +126,9 @@ class BatchLoader:
             return None if a is None else torch.from_numpy(np.array(a[sel], copy=True))
 
         d = self.data
+        seqs = {k: take(v) for k, v in d.sequences.items()} if d.sequences else None
         batch = Batch(dense=take(d.dense), sparse=take(d.sparse), labels=take(d.labels),
-                      group=take(d.group), oracle=take(d.oracle))
+                      group=take(d.group), oracle=take(d.oracle), sequences=seqs)
         return batch.pin_memory() if self.pin_memory else batch
 
     def __iter__(self) -> Iterator[Batch]:

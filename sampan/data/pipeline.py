@@ -43,7 +43,7 @@ class FeaturePipeline:
         self.numeric = [NumericEncoder(f) for f in features.numeric]
         self.extra_numeric = list(extra_numeric or [])  # carried through untransformed
         self.fitted_rows_ = 0
-        self.is_fitted = False
+        self.is_fitted_ = False
 
     # -- which raw columns are needed
     def roles(self, with_labels: bool = True, with_extra: bool = True) -> ColumnRoles:
@@ -58,7 +58,7 @@ class FeaturePipeline:
         cats = [f.column or f.name for f in self.features.categorical if f.bucketize == "none"]
         if self.features.group:
             cats.append(self.features.group)
-        return ColumnRoles(numeric=numeric, categorical=cats, required=labels)
+        return ColumnRoles(numeric=numeric, categorical=cats, required=labels, labels=labels)
 
     # -- fitting
     def partial_fit(self, table: pa.Table) -> None:
@@ -73,7 +73,7 @@ class FeaturePipeline:
             enc.finalize()
         for enc in self.numeric:
             enc.finalize()
-        self.is_fitted = True
+        self.is_fitted_ = True
 
     def fit(self, tables: Iterable[pa.Table]) -> FeaturePipeline:
         for t in tables:
@@ -86,7 +86,7 @@ class FeaturePipeline:
         """Arrays for ``table``: ``dense [n, Nd] f32``, ``sparse [n, F] i64``,
         ``labels [n, T] f32`` (when ``with_labels``), ``group [n] i64`` (when configured),
         and each extra numeric column ``[n] f64`` by name."""
-        if not self.is_fitted:
+        if not self.is_fitted_:
             raise NotFittedError("FeaturePipeline.transform called before fit")
         n = table.num_rows
         out: dict[str, np.ndarray] = {}
@@ -103,7 +103,7 @@ class FeaturePipeline:
                 y = _col(table, name).to_numpy(zero_copy_only=False)
                 bad = ~((y >= 0) & (y <= 1))
                 if bad.any():
-                    raise DataError(f"label {name!r} must be in [0, 1]; found {y[bad][0]!r} "
+                    raise DataError(f"label {name!r} must be in [0, 1]; found {float(y[bad][0]):g} "
                                     f"({int(bad.sum())} rows)")
                 labels[:, j] = y
             out["labels"] = labels
@@ -124,7 +124,7 @@ class FeaturePipeline:
 
     # -- persistence
     def save(self, directory: str | Path) -> Path:
-        if not self.is_fitted:
+        if not self.is_fitted_:
             raise NotFittedError("cannot save an unfitted FeaturePipeline")
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
@@ -152,7 +152,7 @@ class FeaturePipeline:
         pipe.categorical = [CategoricalEncoder.from_state(s, d) for s in state["categorical"]]
         pipe.numeric = [NumericEncoder.from_state(s, d) for s in state["numeric"]]
         pipe.fitted_rows_ = state["fitted_rows"]
-        pipe.is_fitted = True
+        pipe.is_fitted_ = True
         return pipe
 
 

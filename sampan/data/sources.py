@@ -44,6 +44,7 @@ class ColumnRoles:
     numeric: list[str] = field(default_factory=list)  # labels and numeric features: float64
     categorical: list[str] = field(default_factory=list)  # string
     required: list[str] = field(default_factory=list)  # rows missing these are rejected
+    labels: list[str] = field(default_factory=list)  # must lie in [0, 1]
 
     @property
     def all(self) -> list[str]:
@@ -92,6 +93,15 @@ class RejectLog:
                 f"rejected, above data.max_bad_fraction={max_bad_fraction:g}. Reasons: "
                 f"{dict(self.reasons)}{where}"
             )
+
+    def check_early(self) -> None:
+        """Stop at once when the input is clearly misread (nothing kept of 1,000+ rows)
+        instead of quarantining a whole file."""
+        if self.read >= 1000 and self.kept == 0:
+            raise DataError(
+                f"the first {self.read:,} rows were all rejected {dict(self.reasons)}: check "
+                f"data.format, data.delimiter, data.header and data.columns"
+                + (f"; see {self.path}" if self.path else ""))
 
     def summary(self) -> dict[str, Any]:
         return {"read": self.read, "kept": self.kept, "rejected": self.rejected,
@@ -156,7 +166,8 @@ def _iter_text(cfg: DataConfig, path: Path, fmt: str, roles: ColumnRoles,
         skipped.append(row.number)
         skipped_text.append((row.number, row.text,
                              f"expected {row.expected_columns} fields, got {row.actual_columns}"))
-        return "skip"
+        # The reader yields nothing while every row is bad: judge a misread file here.
+        return "error" if len(skipped) >= 1000 and log.kept == 0 and not delivered else "skip"
 
     if cfg.header:
         names = _read_header(path, delimiter, cfg.encoding)
@@ -187,21 +198,31 @@ def _iter_text(cfg: DataConfig, path: Path, fmt: str, roles: ColumnRoles,
         include_columns=roles.all, column_types={c: pa.binary() for c in roles.all},
         null_values=[""], strings_can_be_null=True, quoted_strings_can_be_null=True,
     )
+    delivered = 0
+    reported = 0
+
+    def report_misread() -> None:
+        if len(skipped) >= 1000 and not delivered:  # on_invalid stopped the reader
+            for line, text, why in skipped_text[reported:]:
+                log.read += 1
+                log.reject(str(path), line, "wrong_field_count", None, f"{why}: {text}")
+            log.check_early()
+
     stream = pa.input_stream(str(path), compression="detect")
     try:
         reader = pacsv.open_csv(stream, read_options=read_opts, parse_options=parse_opts,
                                 convert_options=conv_opts)
     except pa.ArrowInvalid as e:
         stream.close()
+        report_misread()
         raise DataError(f"{path}: cannot read as {fmt.upper()}: {e}") from None
-    delivered = 0
-    reported = 0
     try:
         for batch in reader:
             for line, text, why in skipped_text[reported:]:
                 log.read += 1
                 log.reject(str(path), line, "wrong_field_count", None, f"{why}: {text}")
             reported = len(skipped_text)
+            log.check_early()
             n = batch.num_rows
             if n == 0:
                 continue
@@ -213,12 +234,14 @@ def _iter_text(cfg: DataConfig, path: Path, fmt: str, roles: ColumnRoles,
             delivered += n
             table = pa.Table.from_batches([batch])
             out = _validate(table, roles, lines, str(path), log, delimiter)
+            log.check_early()
             if out.num_rows:
                 yield out
         for line, text, why in skipped_text[reported:]:
             log.read += 1
             log.reject(str(path), line, "wrong_field_count", None, f"{why}: {text}")
     except pa.ArrowInvalid as e:
+        report_misread()
         raise DataError(f"{path}: unreadable after line {first_line + delivered}: {e}") from None
     finally:
         stream.close()
@@ -251,6 +274,7 @@ def _iter_parquet(cfg: DataConfig, path: Path, roles: ColumnRoles,
         lines = np.arange(start, start + table.num_rows)
         start += table.num_rows
         out = _validate(table, roles, lines, str(path), log, ",")
+        log.check_early()
         if out.num_rows:
             yield out
 
@@ -278,6 +302,9 @@ def _validate(table: pa.Table, roles: ColumnRoles, lines: np.ndarray, file: str,
             x = col.cast(pa.float64())
             typed[c] = pc.if_else(pc.is_nan(x), pa.scalar(None, pa.float64()), x)  # NaN: missing
             strings[c] = x.cast(pa.string())  # for the text of rejected rows only
+            inf = pc.fill_null(pc.is_inf(typed[c]), False).to_numpy(zero_copy_only=False)
+            if inf.any():
+                mark(np.nonzero(inf)[0], "unparsable_number", c)
             continue
         if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)
                 or pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type)):
@@ -286,25 +313,39 @@ def _validate(table: pa.Table, roles: ColumnRoles, lines: np.ndarray, file: str,
             try:
                 col = col.cast(pa.string())
             except pa.ArrowInvalid:
-                rows = np.array([i for i, v in enumerate(col.to_pylist())
-                                 if v is not None and not _is_utf8(v)], dtype=np.int64)
-                mark(rows, "bad_encoding", c)
-                col = pa.array([None if (v is None or not _is_utf8(v)) else v.decode("utf-8")
-                                for v in col.to_pylist()], pa.string())
+                # Error path: only chunks holding invalid bytes get here. The rejects file
+                # keeps the bytes, escaped, so the bad value can be found in the source.
+                values = col.to_pylist()
+                bad_rows = [i for i, v in enumerate(values) if v is not None and not _is_utf8(v)]
+                mark(np.array(bad_rows, dtype=np.int64), "bad_encoding", c)
+                col = pa.array([None if v is None else v.decode("utf-8", "backslashreplace")
+                                for v in values], pa.string())
         strings[c] = col
 
     for c in roles.numeric:
         if c in typed:
             continue
-        col = strings[c]
+        col = strings[c] = pc.utf8_trim_whitespace(strings[c])  # " 1" after ", " is a number
         ok = pc.fill_null(pc.match_substring_regex(col, _NUMBER_RE), True).to_numpy(
             zero_copy_only=False)
         if not ok.all():
             mark(np.nonzero(~ok)[0], "unparsable_number", c)
+        # 1e400 matches the pattern but is not a finite float64
+        vals = pc.if_else(pa.array(ok), col, pa.scalar(None, pa.string())).cast(pa.float64())
+        typed[c] = vals
+        inf = pc.fill_null(pc.is_inf(vals), False).to_numpy(zero_copy_only=False)
+        if inf.any():
+            mark(np.nonzero(inf)[0], "unparsable_number", c)
     for c in roles.required:
         nulls = col_is_null(typed.get(c, strings[c]))
         if nulls.any():
             mark(np.nonzero(nulls)[0], "missing_value", c)
+    for c in roles.labels:
+        y = typed[c]
+        out = pc.fill_null(pc.or_(pc.less(y, 0.0), pc.greater(y, 1.0)), False)
+        out = out.to_numpy(zero_copy_only=False)
+        if out.any():
+            mark(np.nonzero(out)[0], "label_out_of_range", c)
 
     if bad.any():
         for r in sorted(reasons):
@@ -316,12 +357,7 @@ def _validate(table: pa.Table, roles: ColumnRoles, lines: np.ndarray, file: str,
         strings = {c: pc.filter(a, keep) for c, a in strings.items()}
         typed = {c: pc.filter(a, keep) for c, a in typed.items()}
         lines = lines[~bad]
-    cols = {}
-    for c in roles.all:
-        if c in typed:
-            cols[c] = typed[c]
-        else:
-            cols[c] = strings[c].cast(pa.float64()) if c in roles.numeric else strings[c]
+    cols = {c: typed[c] if c in typed else strings[c] for c in roles.all}
     cols[LINE_COLUMN] = pa.array(np.asarray(lines, dtype=np.int64))
     out = pa.table(cols)
     log.kept += out.num_rows

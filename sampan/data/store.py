@@ -46,6 +46,7 @@ class SplitArrays:
     labels: np.ndarray | None = None
     group: np.ndarray | None = None
     oracle: np.ndarray | None = None
+    sequences: dict[str, np.ndarray] | None = None  # name -> [N, L] int64, 0 = padding
     line: np.ndarray | None = None  # source line numbers (files read for eval / predict)
 
     def __len__(self) -> int:
@@ -56,7 +57,9 @@ class SplitArrays:
         mode = "r" if mmap else None
         arrays = {f: np.load(directory / f"{f}.npy", mmap_mode=mode, allow_pickle=False)
                   for f in FIELDS if (directory / f"{f}.npy").exists()}
-        return cls(**arrays)
+        seqs = {p.name[4:-4]: np.load(p, mmap_mode=mode, allow_pickle=False)
+                for p in sorted(directory.glob("seq_*.npy"))}
+        return cls(**arrays, sequences=seqs or None)
 
     @classmethod
     def concat(cls, parts: list[dict[str, np.ndarray]], oracle: str | None) -> SplitArrays:
@@ -145,6 +148,8 @@ def build_store(cfg: ExperimentConfig, root: str | Path, echo: Any = print) -> S
     def batches(role: str) -> Iterator[pa.Table]:
         src = "train" if role in carve else role
         path, n = staged[src]
+        if n == 0:  # a valid/test file with no usable rows: an empty split
+            return
         start = 0
         with pa.memory_map(str(path)) as mm:
             reader = pa.ipc.open_file(mm)
@@ -164,10 +169,12 @@ def build_store(cfg: ExperimentConfig, root: str | Path, echo: Any = print) -> S
     pipe.save(root / "pipeline")
 
     # 4. Transform every split into memory-mapped arrays.
-    codes = assign(cfg.data.split.method, fractions, cfg.data.split.seed, n_src, 0, n_src)
-    rows = {r: (int((codes == ROLE_CODES[r]).sum()) if r in carve else staged[r][1])
-            for r in SPLITS}
-    del codes
+    rows = {r: 0 if r in carve else staged[r][1] for r in SPLITS}
+    for start in range(0, n_src, 1 << 20):  # counted in slices: memory stays bounded
+        codes = assign(cfg.data.split.method, fractions, cfg.data.split.seed, n_src, start,
+                       min(1 << 20, n_src - start))
+        for r in carve:
+            rows[r] += int((codes == ROLE_CODES[r]).sum())
     for role in SPLITS:
         _write_split(pipe, batches(role), root / role, rows[role], extra[0] if extra else None)
     shutil.rmtree(root / "staging")
@@ -199,6 +206,8 @@ def _stage(tables: Iterator[pa.Table], path: Path) -> int:
     writer = None
     try:
         for t in tables:
+            if not t.num_rows:
+                continue
             if writer is None:
                 writer = pa.ipc.new_file(str(path), t.schema)
             writer.write_table(t)
@@ -251,6 +260,8 @@ def transform_files(cfg: ExperimentConfig, pipe: FeaturePipeline, spec: str | li
     parts = []
     try:
         for t in iter_source(data_cfg, expand_paths(spec), roles, log):
+            if not t.num_rows:
+                continue
             arrays = pipe.transform(t, with_labels=with_labels)
             arrays["line"] = t.column(LINE_COLUMN).to_numpy()
             parts.append(arrays)

@@ -98,10 +98,9 @@ class CategoricalEncoder:
         self.spec = spec
         self._parts: list[pa.Table] = []
         self._pending = 0
-        self.vocab_: np.ndarray | None = None
+        self.vocab_: pa.Array | None = None  # string values, id = FIRST_VOCAB_ID + position
         self.counts_: np.ndarray | None = None
         self.oov_count_: int | None = None
-        self._lookup: pa.Array | None = None
 
     def _prepare(self, values: pa.Array) -> pa.Array:
         if self.spec.bucketize == "log_squared":
@@ -130,24 +129,21 @@ class CategoricalEncoder:
 
     def finalize(self) -> None:
         if not self.spec.vocab:
-            self.vocab_ = np.array([], dtype="U1")
+            self.vocab_ = pa.array([], pa.string())
             self.counts_ = np.array([], dtype=np.int64)
             self.oov_count_ = 0
             return
         t = self._merged()
         self._parts = []
-        counts = t.column("c").to_numpy()
-        keep = counts >= self.spec.min_count
-        values = t.column("v").filter(pa.array(keep))
-        counts = counts[keep]
-        values_np = np.asarray(values.to_numpy(zero_copy_only=False), dtype=str)
-        order = np.lexsort((values_np, -counts))  # most frequent first; ties by value
+        total = int(pc.sum(t.column("c")).as_py() or 0)
+        t = t.filter(pc.greater_equal(t.column("c"), self.spec.min_count))
+        # most frequent first; ties by value (deterministic across runs and chunkings)
+        t = t.sort_by([("c", "descending"), ("v", "ascending")])
         if self.spec.max_size is not None:
-            order = order[: self.spec.max_size]
-        self.vocab_ = values_np[order]
-        self.counts_ = counts[order]
-        self.oov_count_ = int(t.column("c").to_numpy().sum() - self.counts_.sum())
-        self._lookup = None
+            t = t.slice(0, self.spec.max_size)
+        self.vocab_ = t.column("v").combine_chunks().cast(pa.string())
+        self.counts_ = t.column("c").to_numpy().astype(np.int64)
+        self.oov_count_ = total - int(self.counts_.sum())
 
     # -- state
     @property
@@ -164,10 +160,8 @@ class CategoricalEncoder:
         """Ids for ``values`` as int64, shape ``[len(values)]``."""
         self._check()
         values = pc.fill_null(self._prepare(values), "")
-        if self._lookup is None:
-            self._lookup = pa.array(self.vocab_, pa.string())
-        if len(self._lookup):
-            idx = pc.index_in(values, value_set=self._lookup)
+        if len(self.vocab_):
+            idx = pc.index_in(values, value_set=self.vocab_)
             ids = pc.fill_null(idx, -1).to_numpy().astype(np.int64)
             known = ids >= 0
             ids += FIRST_VOCAB_ID
@@ -185,17 +179,28 @@ class CategoricalEncoder:
         return ids
 
     def state(self, directory: Path) -> dict[str, Any]:
+        """Fitted state as JSON; the vocabulary goes to ``vocab_<name>.offsets.npy`` and
+        ``vocab_<name>.bytes.npy`` (UTF-8 values back to back), counts to ``counts_<name>.npy``."""
         self._check()
-        fname = f"vocab_{self.spec.name}.npy"
-        np.save(directory / fname, self.vocab_, allow_pickle=False)
+        v = self.vocab_.cast(pa.large_string())
+        offsets = np.frombuffer(v.buffers()[1], dtype=np.int64, count=len(v) + 1)
+        data = np.frombuffer(v.buffers()[2], dtype=np.uint8) if len(v) and v.buffers()[2] \
+            else np.empty(0, np.uint8)
+        stem = f"vocab_{self.spec.name}"
+        np.save(directory / f"{stem}.offsets.npy", offsets - offsets[0], allow_pickle=False)
+        np.save(directory / f"{stem}.bytes.npy", data[offsets[0]:offsets[-1]], allow_pickle=False)
         np.save(directory / f"counts_{self.spec.name}.npy", self.counts_, allow_pickle=False)
-        return {"spec": self.spec.model_dump(mode="json"), "vocab_file": fname,
-                "vocab_size": int(len(self.vocab_)), "oov_count": self.oov_count_}
+        return {"spec": self.spec.model_dump(mode="json"), "vocab_file": stem,
+                "vocab_size": len(v), "oov_count": self.oov_count_}
 
     @classmethod
     def from_state(cls, d: dict[str, Any], directory: Path) -> CategoricalEncoder:
         enc = cls(CategoricalFeature.model_validate(d["spec"]))
-        enc.vocab_ = np.load(directory / d["vocab_file"], allow_pickle=False)
+        offsets = np.load(directory / f"{d['vocab_file']}.offsets.npy", allow_pickle=False)
+        data = np.load(directory / f"{d['vocab_file']}.bytes.npy", allow_pickle=False)
+        v = pa.Array.from_buffers(pa.large_string(), len(offsets) - 1,
+                                  [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+        enc.vocab_ = v.cast(pa.string())
         enc.counts_ = np.load(directory / f"counts_{enc.spec.name}.npy", allow_pickle=False)
         enc.oov_count_ = d["oov_count"]
         return enc
@@ -212,11 +217,9 @@ class NumericEncoder:
 
     def __init__(self, spec: NumericFeature):
         self.spec = spec
-        self._raw_sum = 0.0
-        self._n = 0
+        self._raw = (0, 0.0)  # count, mean of non-missing raw values (for fill: mean)
+        self._shaped = (0, 0.0, 0.0)  # count, mean, M2 of non-missing shaped values
         self._n_missing = 0
-        self._t_sum = 0.0
-        self._t_sumsq = 0.0
         self.fill_: float | None = None
         self.mean_: float | None = None
         self.std_: float | None = None
@@ -231,28 +234,38 @@ class NumericEncoder:
             x = np.sign(x) * np.log1p(np.abs(x))
         return x
 
+    @staticmethod
+    def _merge(a: tuple[int, float, float], b: tuple[int, float, float]
+               ) -> tuple[int, float, float]:
+        """Combine (count, mean, M2) of two parts without catastrophic cancellation."""
+        na, ma, sa = a
+        nb, mb, sb = b
+        n = na + nb
+        if n == 0:
+            return 0, 0.0, 0.0
+        delta = mb - ma
+        return n, ma + delta * nb / n, sa + sb + delta * delta * na * nb / n
+
     def partial_fit(self, values: pa.Array) -> None:
         x = pc.drop_null(values).to_numpy(zero_copy_only=False).astype(np.float64)
         self._n_missing += len(values) - len(x)
-        self._n += len(x)
-        self._raw_sum += float(x.sum())
+        if not len(x):
+            return
+        n0, m0 = self._raw
+        self._raw = (n0 + len(x), m0 + (float(x.mean()) - m0) * len(x) / (n0 + len(x)))
         t = self._shape(x)
-        self._t_sum += float(t.sum())
-        self._t_sumsq += float(np.square(t).sum())
+        tm = float(t.mean())
+        self._shaped = self._merge(self._shaped, (len(t), tm, float(np.square(t - tm).sum())))
 
     def finalize(self) -> None:
-        if self.spec.fill == "mean":
-            self.fill_ = self._raw_sum / self._n if self._n else 0.0
-        else:
-            self.fill_ = float(self.spec.fill)
+        n_raw, raw_mean = self._raw
+        self.fill_ = (raw_mean if n_raw else 0.0) if self.spec.fill == "mean" \
+            else float(self.spec.fill)
         # Missing values enter the statistics as the filled, shaped value.
         tf = float(self._shape(np.array([self.fill_]))[0])
-        n = self._n + self._n_missing
-        s = self._t_sum + self._n_missing * tf
-        ss = self._t_sumsq + self._n_missing * tf * tf
-        self.mean_ = s / n if n else 0.0
-        var = ss / n - self.mean_**2 if n else 0.0
-        self.std_ = float(np.sqrt(max(var, 0.0)))
+        n, mean, m2 = self._merge(self._shaped, (self._n_missing, tf, 0.0))
+        self.mean_ = mean
+        self.std_ = float(np.sqrt(m2 / n)) if n else 0.0
         self.missing_rate_ = self._n_missing / n if n else 0.0
 
     def transform(self, values: pa.Array) -> np.ndarray:

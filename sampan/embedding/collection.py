@@ -41,20 +41,41 @@ class EmbeddingCollection(nn.Module):
         self.num_rows = sum(rows)
         offsets = torch.tensor([0, *rows[:-1]], dtype=torch.int64).cumsum(0)
         self.register_buffer("offsets", offsets, persistent=False)
+        # Extra features (behaviour sequences) that read another feature's table.
+        self.shared_offset = {name: int(offsets[i]) for i, t in enumerate(tables)
+                              for name in t.features[1:]}
         self.weight = nn.Parameter(torch.empty(self.num_rows, self.dim), requires_grad=False)
         nn.init.normal_(self.weight, 0.0, init_std)
         self._lookups: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """``ids [B, F]`` (each column in its feature's range) -> ``[B, F, D]``."""
+        return self.lookup(ids)[0]
+
+    def lookup(self, ids: torch.Tensor, sequences: dict[str, torch.Tensor] | None = None
+               ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """One gather for the sparse fields and the sequences:
+        ``ids [B, F]`` -> ``[B, F, D]``, each ``sequences[name] [B, L]`` -> ``[B, L, D]``."""
         b, f = ids.shape
-        flat = (ids + self.offsets).reshape(-1)
+        parts = [(ids + self.offsets).reshape(-1)]
+        shapes = [(b, f)]
+        for name, seq in (sequences or {}).items():
+            if name not in self.shared_offset:
+                raise KeyError(f"sequence {name!r} has no table here; known: "
+                               f"{sorted(self.shared_offset)}")
+            parts.append((seq + self.shared_offset[name]).reshape(-1))
+            shapes.append(tuple(seq.shape))
+        flat = parts[0] if len(parts) == 1 else torch.cat(parts)
         if not (self.training and torch.is_grad_enabled()):
-            return F.embedding(flat, self.weight).view(b, f, self.dim)
-        uniq, inverse = torch.unique(flat, return_inverse=True)
-        rows = self.weight.detach().index_select(0, uniq).requires_grad_()
-        self._lookups.append((uniq, rows))
-        return F.embedding(inverse, rows).view(b, f, self.dim)
+            out = F.embedding(flat, self.weight)
+        else:
+            uniq, inverse = torch.unique(flat, return_inverse=True)
+            rows = self.weight.detach().index_select(0, uniq).requires_grad_()
+            self._lookups.append((uniq, rows))
+            out = F.embedding(inverse, rows)
+        chunks = out.split([p.numel() for p in parts]) if len(parts) > 1 else [out]
+        views = [c.view(*shape, self.dim) for c, shape in zip(chunks, shapes, strict=True)]
+        return views[0], dict(zip((sequences or {}).keys(), views[1:], strict=True))
 
     def pop_lookups(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Unique row ids ``[U]`` and their summed gradients ``[U, D]`` since the last call.

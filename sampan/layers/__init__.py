@@ -2,6 +2,6 @@
 
 from sampan.layers.embed import FeatureEmbedding
 from sampan.layers.fm import fm_interaction
-from sampan.layers.mlp import MLP
+from sampan.layers.mlp import MLP, Dice
 
-__all__ = ["FeatureEmbedding", "MLP", "fm_interaction"]
+__all__ = ["Dice", "FeatureEmbedding", "MLP", "fm_interaction"]

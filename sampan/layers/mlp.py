@@ -6,17 +6,41 @@ import torch
 from torch import nn
 
 
-class MLP(nn.Module):
-    """``[B, in] -> [B, hidden[-1]]`` (or ``[B, out]`` when ``out`` is given).
+class Dice(nn.Module):
+    """Data-adaptive activation of DIN (Zhou et al., 2018): ``p * x + (1 - p) * alpha * x``
+    with ``p = sigmoid(BN(x))``. Works on ``[..., H]`` inputs (statistics over all but H)."""
 
-    Each hidden layer is Linear -> (BatchNorm) -> ReLU -> (Dropout).
+    def __init__(self, dim: int, eps: float = 1e-8):
+        super().__init__()
+        self.bn = nn.BatchNorm1d(dim, eps=eps, affine=False)
+        self.alpha = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        p = torch.sigmoid(self.bn(x.reshape(-1, x.shape[-1]))).view_as(x)
+        return p * x + (1 - p) * self.alpha * x
+
+
+def activation(name: str, dim: int) -> nn.Module:
+    if name == "relu":
+        return nn.ReLU()
+    if name == "prelu":
+        return nn.PReLU(dim)
+    if name == "dice":
+        return Dice(dim)
+    raise ValueError(f"unknown activation {name!r}; expected relu, prelu or dice")
+
+
+class MLP(nn.Module):
+    """``[..., in] -> [..., hidden[-1]]`` (or ``[..., out]`` when ``out`` is given).
+
+    Each hidden layer is Linear -> (BatchNorm) -> activation -> (Dropout).
 
     >>> MLP(8, [16, 4], out=1)(torch.zeros(2, 8)).shape
     torch.Size([2, 1])
     """
 
     def __init__(self, in_dim: int, hidden: list[int], out: int | None = None,
-                 dropout: float = 0.0, batch_norm: bool = False):
+                 dropout: float = 0.0, batch_norm: bool = False, act: str = "relu"):
         super().__init__()
         layers: list[nn.Module] = []
         d = in_dim
@@ -24,7 +48,7 @@ class MLP(nn.Module):
             layers.append(nn.Linear(d, h))
             if batch_norm:
                 layers.append(nn.BatchNorm1d(h))
-            layers.append(nn.ReLU())
+            layers.append(activation(act, h))
             if dropout > 0:
                 layers.append(nn.Dropout(dropout))
             d = h

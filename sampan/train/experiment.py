@@ -54,6 +54,9 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path | None = None,
             raise FileNotFoundError(f"{run} has no checkpoints/{LAST} to resume from")
         store = Store.open(run / "data")
     else:
+        if (run / "config.yaml").exists():
+            raise FileExistsError(f"{run} already holds a run; resume it with --resume {run} "
+                                  "or choose a new --run-dir")
         run.mkdir(parents=True, exist_ok=True)
         (run / "config.yaml").write_text(dump_config(cfg))
         console.print(f"[bold]run[/] {run}")
@@ -127,7 +130,8 @@ class RunArtifacts:
             weights = self.run / "checkpoints" / LAST
         self.model.load_state_dict(ckpt.load(weights)["model"])
         self.trainer = Trainer(self.model, self.cfg, self.run, self.store.split("train")
-                               or self._empty(), None, console=Console(quiet=True))
+                               or self._empty(), None, console=Console(quiet=True),
+                               log_metrics=False)
 
     def _empty(self) -> SplitArrays:
         s = self.store.schema
@@ -135,8 +139,11 @@ class RunArtifacts:
                            sparse=np.zeros((0, s.num_sparse), np.int64))
 
     def read(self, files: str | list[str], with_labels: bool) -> SplitArrays:
-        data, log = transform_files(self.cfg, self.pipeline, files, with_labels,
-                                    rejects=self.run / "rejects-input.jsonl")
+        """Raw files -> arrays through the saved pipeline; bad rows go to
+        ``<run>/rejects-input.jsonl`` (rewritten by each call)."""
+        rejects = self.run / "rejects-input.jsonl"
+        rejects.unlink(missing_ok=True)
+        data, log = transform_files(self.cfg, self.pipeline, files, with_labels, rejects=rejects)
         self.last_log = log
         self.read_lines = data.line
         return data

@@ -68,17 +68,19 @@ class Trainer:
 
     def __init__(self, model: nn.Module, cfg: ExperimentConfig, run_dir: str | Path,
                  train: SplitArrays, valid: SplitArrays | None,
-                 console: Console | None = None):
+                 console: Console | None = None, log_metrics: bool = True):
         self.cfg = cfg
         self.tc = cfg.train
         self.run_dir = Path(run_dir)
         self.console = console or Console()
         self.device = resolve_device(self.tc.device)
         self.model = model.to(self.device)
+        if self.tc.compile:
+            compile_dense(self.model)
         self.train_data, self.valid_data = train, valid
         self.loader = BatchLoader(train, self.tc.batch_size, shuffle=self.tc.shuffle,
                                   seed=cfg.seed, prefetch=self.tc.prefetch,
-                                  pin_memory=self.device.type == "cuda")
+                                  pin_memory=self.device.type == "cuda", drop_singleton=True)
         self.total_steps = self.tc.max_steps or self.tc.epochs * len(self.loader)
 
         collections = [m for m in model.modules() if isinstance(m, EmbeddingCollection)]
@@ -89,7 +91,8 @@ class Trainer:
         self.dense_opt = self._dense_optimizer()
         self.base_lrs = [[g["lr"] for g in o.param_groups] for o in self._optimizers()]
         self.state = TrainState()
-        self.metrics = MetricsLog(self.run_dir, self.tc.tensorboard, self.console)
+        self.metrics = MetricsLog(self.run_dir, self.tc.tensorboard and log_metrics,
+                                  self.console) if log_metrics else None
         es = self.tc.early_stopping
         self.maximize = es.metric in ("auc", "gauc")
         self.best_model: dict[str, torch.Tensor] | None = None
@@ -138,6 +141,8 @@ class Trainer:
         """Train until ``epochs`` / ``max_steps`` or early stop; restores the best weights."""
         if resume:
             self._restore(self.run_dir / "checkpoints" / LAST)
+        if self.metrics is None:
+            raise RuntimeError("this Trainer was built with log_metrics=False (evaluation only)")
         st = self.state
         progress = make_progress(self.console, self.tc.progress)
         n_batches = len(self.loader)
@@ -284,6 +289,17 @@ class Trainer:
         self.metrics.truncate_after(self.state.step)
         self.console.print(f"resumed from {path} at step {self.state.step} "
                            f"(epoch {self.state.epoch}, batch {self.state.batch})")
+
+
+def compile_dense(model: nn.Module) -> None:
+    """``torch.compile`` every child module that holds no embedding table, in place (so
+    state_dict keys do not change). The lookup (``torch.unique``, data-dependent shapes)
+    stays eager."""
+    for child in model.children():
+        if any(isinstance(m, EmbeddingCollection) for m in child.modules()):
+            compile_dense(child)
+        elif any(True for _ in child.parameters()):
+            child.compile(dynamic=False)
 
 
 def probabilities(logits: torch.Tensor) -> np.ndarray:

@@ -8,20 +8,25 @@ import torch
 from sampan.data.loader import Batch
 from sampan.embedding import EmbeddingCollection, SparseAdam
 from sampan.models import build_model, get_model_class, model_names
-from sampan.schema import DataSchema, SparseFeatureSpec
+from sampan.schema import DataSchema, SequenceFeatureSpec, SparseFeatureSpec
 from sampan.tasks import binary_loss
 
 SCHEMA = DataSchema(dense=["x1", "x2"],
                     sparse=[SparseFeatureSpec("a", 6), SparseFeatureSpec("b", 4),
-                            SparseFeatureSpec("c", 9)])
+                            SparseFeatureSpec("c", 9)],
+                    sequences=[SequenceFeatureSpec("hist_c", 5, "c")])
 
 
 def batch(b=16, seed=0):
     g = torch.Generator().manual_seed(seed)
     sparse = torch.stack([torch.randint(0, s.cardinality, (b,), generator=g)
                           for s in SCHEMA.sparse], 1)
+    hist = torch.randint(1, 9, (b, 5), generator=g)
+    lengths = torch.randint(0, 6, (b,), generator=g)
+    hist[torch.arange(5).expand(b, 5) < (5 - lengths).unsqueeze(1)] = 0  # left padding
     return Batch(dense=torch.randn(b, 2, generator=g), sparse=sparse,
-                 labels=torch.randint(0, 2, (b, 1), generator=g).float())
+                 labels=torch.randint(0, 2, (b, 1), generator=g).float(),
+                 sequences={"hist_c": hist})
 
 
 def build(name):

@@ -1,0 +1,422 @@
+"""Training throughput: Sampan's Trainer vs plain PyTorch vs DeepCTR-Torch, interleaved.
+
+Synthetic Criteo shape: 26 categorical fields with Criteo-like vocabulary sizes (~840 k rows
+in all), Zipf-distributed ids, 13 numeric fields; embedding dim 16, MLP 400-400-400, Adam
+lr 1e-3, batch 4096. Models: DeepFM, DCNv2 (3 cross layers, parallel) and DIN (history 50).
+
+Contenders, each in its own process (so peak RSS is its own), run in interleaved rounds:
+
+* ``sampan``  — ``sampan.train.trainer.Trainer.fit`` with its loader, metrics log and progress
+  on; samples/s is what the Trainer itself logs, after warm-up steps.
+* ``plain``   — the same model written as plain PyTorch: one concatenated
+  ``nn.Embedding(sparse=True)`` + ``torch.optim.SparseAdam``, dense ``Adam``, a NumPy slicing
+  loop.
+* ``deepctr`` — DeepCTR-Torch 0.3.0 ``model.fit`` (when ``deepctr_torch`` is importable:
+  ``pip install -e ".[bench]"``); samples/s = rows / wall time of ``fit``.
+
+Usage::
+
+    python benchmarks/train_throughput.py                     # all models, 3 rounds
+    python benchmarks/train_throughput.py --models deepfm --rounds 1
+    python benchmarks/train_throughput.py --memory --rows 10000000 --dim 64
+    python benchmarks/train_throughput.py --device cuda --batch 16384
+
+Prints a table with each ratio and writes JSON (``--out``). ``--readme README.md`` rewrites
+the README's Performance section from that JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+# Criteo Kaggle's 26 fields, the large ones cut down so the total is about 840 k rows.
+VOCAB = [1460, 583, 180000, 130000, 305, 24, 12517, 633, 3, 93145, 5683, 160000, 3194, 27,
+         14992, 95000, 10, 5652, 2173, 4, 70000, 18, 15, 40000, 105, 30000]
+NUM_DENSE = 13
+HIST_LEN = 50
+TARGET = 2  # DIN: the candidate item is field C3, the history holds C3 ids
+MLP = [400, 400, 400]
+DIM = 16
+
+
+# ------------------------------------------------------------------------------ data
+def make_data(rows: int, vocab: list[int], seed: int = 0, din: bool = False) -> dict:
+    rng = np.random.default_rng(seed)
+    sparse = np.empty((rows, len(vocab)), dtype=np.int64)
+    for f, v in enumerate(vocab):
+        p = np.arange(1, v + 1, dtype=np.float64) ** -1.1
+        cdf = np.cumsum(p / p.sum())
+        # ids 2.. (0 padding, 1 OOV), a fixed shuffle so frequent ids are spread out
+        ranks = np.minimum(np.searchsorted(cdf, rng.random(rows)), v - 1)
+        sparse[:, f] = 2 + (ranks * 7919 + f) % max(v - 2, 1) if v > 2 else ranks
+    dense = rng.standard_normal((rows, NUM_DENSE)).astype(np.float32)
+    w = rng.standard_normal(NUM_DENSE).astype(np.float32) * 0.3
+    logits = dense @ w + (sparse[:, 0] % 7 == 0) * 0.8 - 1.2
+    labels = (rng.random(rows) < 1 / (1 + np.exp(-logits))).astype(np.float32)[:, None]
+    out = {"dense": dense, "sparse": sparse, "labels": labels}
+    if din:
+        v = vocab[TARGET]
+        hist = sparse[rng.integers(0, rows, (rows, HIST_LEN)), TARGET]
+        lengths = rng.integers(1, HIST_LEN + 1, rows)
+        hist[np.arange(HIST_LEN)[None, :] < (HIST_LEN - lengths)[:, None]] = 0  # left pad
+        out["hist"] = np.minimum(hist, v - 1)
+    return out
+
+
+def cardinalities(vocab: list[int]) -> list[int]:
+    return [max(v, 3) for v in vocab]
+
+
+# ----------------------------------------------------------------------- contenders
+def run_sampan(args: argparse.Namespace, data: dict) -> dict:
+    import torch
+
+    from sampan.config import load_config
+    from sampan.data.store import SplitArrays
+    from sampan.models import build_model, get_model_class
+    from sampan.schema import DataSchema, SequenceFeatureSpec, SparseFeatureSpec
+    from sampan.train.trainer import Trainer
+
+    vocab = args.vocab
+    schema = DataSchema(dense=[f"I{i}" for i in range(NUM_DENSE)],
+                        sparse=[SparseFeatureSpec(f"C{f + 1}", c)
+                                for f, c in enumerate(cardinalities(vocab))],
+                        sequences=[SequenceFeatureSpec("hist", HIST_LEN, f"C{TARGET + 1}")]
+                        if args.model == "din" else [])
+    model_opts = {"embedding_dim": args.dim, "mlp": MLP}
+    if args.model == "dcn_v2":
+        model_opts.update(cross_layers=3, structure="parallel")
+    cfg = load_config(raw={
+        "preset": "criteo", "data": {"format": "synthetic"}, "seed": 0,
+        "model": {"name": args.model, **model_opts},
+        "train": {"batch_size": args.batch, "lr": 1e-3, "max_steps": args.warmup + args.steps,
+                  "epochs": 1000, "log_every_steps": args.log_every, "tensorboard": False,
+                  "device": args.device, "schedule": "constant", "compile": args.compile,
+                  "early_stopping": {"enabled": False}},
+    })
+    torch.manual_seed(0)
+    model = build_model(get_model_class(args.model).Config(**model_opts), schema)
+    split = SplitArrays(dense=data["dense"], sparse=data["sparse"], labels=data["labels"],
+                        sequences={"hist": data["hist"]} if "hist" in data else None)
+    with tempfile.TemporaryDirectory() as run:
+        trainer = Trainer(model, cfg, run, split, None)
+        trainer.fit()
+        recs = [json.loads(x) for x in Path(run, "metrics.jsonl").read_text().splitlines()]
+    speeds = [r["samples_per_s"] for r in recs if r["split"] == "train" and r["step"] > args.warmup]
+    # every interval has the same number of samples: the overall rate is the harmonic mean
+    return {"samples_per_s": statistics.harmonic_mean(speeds), "intervals": len(speeds)}
+
+
+def run_plain(args: argparse.Namespace, data: dict) -> dict:
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    torch.manual_seed(0)
+    dev = torch.device(args.device if args.device != "auto" else
+                       ("cuda" if torch.cuda.is_available() else "cpu"))
+    card = cardinalities(args.vocab)
+    offsets = torch.tensor(np.concatenate([[0], np.cumsum(card)[:-1]]), device=dev)
+    nf, d = len(card), args.dim
+    lin = 1 if args.model == "deepfm" else 0
+
+    def mlp(i: int) -> nn.Sequential:
+        layers: list[nn.Module] = []
+        for h in MLP:
+            layers += [nn.Linear(i, h), nn.ReLU()]
+            i = h
+        return nn.Sequential(*layers)
+
+    class Plain(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = nn.Embedding(sum(card), d + lin, sparse=True)
+            nn.init.normal_(self.emb.weight, 0, 0.01)
+            x0 = nf * d + NUM_DENSE + (d if args.model == "din" else 0)
+            self.mlp = mlp(x0)
+            self.out = nn.Linear(MLP[-1] + (x0 if args.model == "dcn_v2" else 0), 1)
+            if args.model == "deepfm":
+                self.dense_lin = nn.Linear(NUM_DENSE, 1)
+            if args.model == "dcn_v2":
+                self.cross = nn.ModuleList(nn.Linear(x0, x0) for _ in range(3))
+            if args.model == "din":
+                self.att = nn.Sequential(nn.Linear(4 * d, 80), nn.PReLU(80), nn.Linear(80, 40),
+                                         nn.PReLU(40), nn.Linear(40, 1))
+
+        def forward(self, dense, sparse, hist=None):  # type: ignore[no-untyped-def]
+            e = self.emb(sparse + offsets)
+            if args.model == "deepfm":
+                v = e[..., 1:]
+                s = v.sum(1)
+                fm = 0.5 * (s.square() - v.square().sum(1)).sum(1, keepdim=True)
+                x = torch.cat([v.flatten(1), dense], 1)
+                return e[..., 0].sum(1, keepdim=True) + self.dense_lin(dense) + fm + \
+                    self.out(self.mlp(x))
+            if args.model == "dcn_v2":
+                x0 = torch.cat([e.flatten(1), dense], 1)
+                x = x0
+                for w in self.cross:
+                    x = x0 * w(x) + x
+                return self.out(torch.cat([x, self.mlp(x0)], 1))
+            k = self.emb(hist + offsets[TARGET])
+            q = e[:, TARGET].unsqueeze(1).expand_as(k)
+            w = self.att(torch.cat([q, k, q - k, q * k], -1)).squeeze(-1) * (hist != 0)
+            interest = torch.bmm(w.unsqueeze(1), k).squeeze(1)
+            return self.out(self.mlp(torch.cat([e.flatten(1), interest, dense], 1)))
+
+    model = Plain().to(dev)
+    sparse_opt = torch.optim.SparseAdam([model.emb.weight], lr=1e-3)
+    dense_opt = torch.optim.Adam([p for n, p in model.named_parameters() if n != "emb.weight"],
+                                 lr=1e-3)
+    n = len(data["labels"])
+    perm = np.random.default_rng(0).permutation(n)
+    steps = args.warmup + args.steps
+    t0 = 0.0
+    for step in range(steps):
+        if step == args.warmup:
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+        lo = (step * args.batch) % max(n - args.batch, 1)
+        idx = np.sort(perm[lo:lo + args.batch])
+        dense = torch.from_numpy(data["dense"][idx]).to(dev)
+        sparse = torch.from_numpy(data["sparse"][idx]).to(dev)
+        y = torch.from_numpy(data["labels"][idx]).to(dev)
+        hist = torch.from_numpy(data["hist"][idx]).to(dev) if "hist" in data else None
+        loss = F.binary_cross_entropy_with_logits(model(dense, sparse, hist), y)
+        sparse_opt.zero_grad()
+        dense_opt.zero_grad()
+        loss.backward()
+        sparse_opt.step()
+        dense_opt.step()
+    loss.item()
+    return {"samples_per_s": args.steps * args.batch / (time.perf_counter() - t0)}
+
+
+def run_deepctr(args: argparse.Namespace, data: dict) -> dict:
+    import torch
+    from deepctr_torch.inputs import DenseFeat, SparseFeat, VarLenSparseFeat
+    from deepctr_torch.models import DCNMix, DIN, DeepFM  # noqa: F401
+
+    torch.manual_seed(0)
+    card = cardinalities(args.vocab)
+    feats: list = [SparseFeat(f"C{f + 1}", c, embedding_dim=args.dim) for f, c in enumerate(card)]
+    feats += [DenseFeat(f"I{i}", 1) for i in range(NUM_DENSE)]
+    x = {f"C{f + 1}": data["sparse"][:, f] for f in range(len(card))}
+    x.update({f"I{i}": data["dense"][:, i] for i in range(NUM_DENSE)})
+    dev = "cuda" if args.device.startswith("cuda") else "cpu"
+    if args.model == "deepfm":
+        model = DeepFM(feats, feats, dnn_hidden_units=tuple(MLP), task="binary", device=dev)
+    elif args.model == "dcn_v2":
+        from deepctr_torch.models import DCN
+
+        model = DCN(feats, feats, cross_num=3, cross_parameterization="matrix",
+                    dnn_hidden_units=tuple(MLP), task="binary", device=dev)
+    else:
+        target = f"C{TARGET + 1}"
+        feats.append(VarLenSparseFeat(SparseFeat(f"hist_{target}", card[TARGET],
+                                                 embedding_dim=args.dim,
+                                                 embedding_name=target),
+                                      maxlen=HIST_LEN, length_name="seq_length"))
+        x[f"hist_{target}"] = data["hist"]
+        x["seq_length"] = (data["hist"] != 0).sum(1)
+        model = DIN(feats, [target], dnn_hidden_units=tuple(MLP), task="binary", device=dev)
+    model.compile("adam", "binary_crossentropy")
+    rows = (args.warmup + args.steps) * args.batch
+    x = {k: v[:rows] for k, v in x.items()}
+    y = data["labels"][:rows, 0]
+    t0 = time.perf_counter()
+    model.fit(x, y, batch_size=args.batch, epochs=1, verbose=0)
+    return {"samples_per_s": rows / (time.perf_counter() - t0)}
+
+
+CONTENDERS = {"sampan": run_sampan, "plain": run_plain, "deepctr": run_deepctr}
+
+
+def worker(args: argparse.Namespace) -> None:
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    data = make_data(args.data_rows, args.vocab, din=args.model == "din")
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    result = CONTENDERS[args.worker](args, data)
+    result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    result["rss_before_training_mb"] = before / 1024
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+# ------------------------------------------------------------------------- driver
+def deepctr_available() -> bool:
+    try:
+        import deepctr_torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def spawn(args: argparse.Namespace, contender: str, model: str) -> dict | None:
+    cmd = [sys.executable, __file__, "--worker", contender, "--model", model,
+           "--batch", str(args.batch), "--steps", str(args.steps_for[model]),
+           "--warmup", str(args.warmup), "--dim", str(args.dim), "--device", args.device,
+           "--data-rows", str(args.data_rows), "--log-every", str(args.log_every),
+           "--vocab", ",".join(map(str, args.vocab))]
+    if args.threads:
+        cmd += ["--threads", str(args.threads)]
+    if args.compile:
+        cmd += ["--compile"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    for line in r.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    print(f"  {contender}/{model} failed:\n{r.stderr[-2000:]}", file=sys.stderr)
+    return None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default="deepfm,dcn_v2,din")
+    ap.add_argument("--contenders", default="sampan,plain,deepctr")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=4096)
+    ap.add_argument("--steps", type=int, default=30, help="measured steps (DIN: a third)")
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--log-every", type=int, default=5)
+    ap.add_argument("--dim", type=int, default=DIM)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--compile", action="store_true", help="torch.compile the dense part")
+    ap.add_argument("--data-rows", type=int, default=None)
+    ap.add_argument("--memory", action="store_true",
+                    help="memory check: Sampan vs plain with one big table (see --rows)")
+    ap.add_argument("--rows", type=int, default=10_000_000, help="table rows for --memory")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"
+                                        / "train_throughput.json"))
+    ap.add_argument("--readme", default=None, help="rewrite this README's Performance section")
+    # internal
+    ap.add_argument("--worker", default=None)
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--vocab", default=None)
+    args = ap.parse_args()
+
+    args.vocab = [int(v) for v in args.vocab.split(",")] if args.vocab else VOCAB
+    if args.worker:
+        args.data_rows = args.data_rows or (args.warmup + args.steps + 1) * args.batch
+        worker(args)
+        return
+    if args.memory:
+        # One dominant table so the total is --rows; the other fields stay small.
+        args.vocab = [args.rows - sum(VOCAB[1:])] + VOCAB[1:]
+        args.models, args.rounds = "deepfm", 1
+        args.contenders = "sampan,plain"
+        args.out = args.out.replace(".json", "_memory.json")
+    models = args.models.split(",")
+    contenders = [c for c in args.contenders.split(",")
+                  if c != "deepctr" or deepctr_available()]
+    if "deepctr" in args.contenders and "deepctr" not in contenders:
+        print("deepctr_torch is not importable: skipping it (pip install -e '.[bench]')")
+    args.steps_for = {m: max(args.steps // 3, 6) if m == "din" else args.steps for m in models}
+    args.data_rows = args.data_rows or (args.warmup + args.steps + 1) * args.batch
+
+    results: dict[str, dict[str, list[dict]]] = {m: {c: [] for c in contenders} for m in models}
+    for rnd in range(args.rounds):
+        for m in models:
+            for c in contenders:  # interleaved: each round runs every contender once
+                r = spawn(args, c, m)
+                if r:
+                    results[m][c].append(r)
+                    print(f"round {rnd + 1} {m:7} {c:8} {r['samples_per_s']:>10,.0f} samples/s "
+                          f"peak RSS {r['peak_rss_mb']:,.0f} MB", flush=True)
+    summary = summarise(results)
+    report = {"benchmark": "train_throughput", "args": {k: v for k, v in vars(args).items()
+                                                        if k not in ("worker", "model")},
+              "machine": machine(), "results": summary}
+    if args.memory:
+        table_bytes = args.rows * (args.dim + 1) * 4
+        report["memory"] = {"table_rows": args.rows, "dim": args.dim,
+                            "weights_mb": table_bytes / 2**20,
+                            "weights_plus_adam_state_mb": 3 * table_bytes / 2**20}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=1))
+    print(markdown(report))
+    print(f"wrote {args.out}")
+    if args.readme:
+        update_readme(Path(args.readme), report)
+
+
+def summarise(results: dict) -> dict:
+    out: dict = {}
+    for m, by in results.items():
+        row = {}
+        for c, rs in by.items():
+            if rs:
+                row[c] = {"samples_per_s": statistics.median(r["samples_per_s"] for r in rs),
+                          "peak_rss_mb": max(r["peak_rss_mb"] for r in rs), "runs": len(rs)}
+        s = row.get("sampan", {}).get("samples_per_s")
+        for c in ("plain", "deepctr"):
+            if s and c in row:
+                row[f"sampan_vs_{c}"] = s / row[c]["samples_per_s"]
+        out[m] = row
+    return out
+
+
+def machine() -> dict:
+    import torch
+
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+            "threads": torch.get_num_threads(),
+            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+
+
+def markdown(report: dict) -> str:
+    a = report["args"]
+    lines = [f"Batch {a['batch']}, dim {a['dim']}, MLP 400-400-400, device {a['device']}, "
+             f"{report['machine']['cores']} cores, torch {report['machine']['torch']}; "
+             f"median of {a['rounds']} interleaved rounds.", "",
+             "| model | Sampan samples/s | plain PyTorch | DeepCTR-Torch | Sampan / plain | "
+             "Sampan / DeepCTR | Sampan peak RSS |", "|---|---|---|---|---|---|---|"]
+    for m, r in report["results"].items():
+        def sps(c: str) -> str:
+            return f"{r[c]['samples_per_s']:,.0f}" if c in r else "-"
+
+        def ratio(c: str) -> str:
+            return f"{r[f'sampan_vs_{c}']:.2f}x" if f"sampan_vs_{c}" in r else "-"
+
+        rss = f"{r['sampan']['peak_rss_mb']:,.0f} MB" if "sampan" in r else "-"
+        lines.append(f"| {m} | {sps('sampan')} | {sps('plain')} | {sps('deepctr')} | "
+                     f"{ratio('plain')} | {ratio('deepctr')} | {rss} |")
+    return "\n".join(lines)
+
+
+BEGIN, END = "<!-- perf:train_throughput -->", "<!-- /perf:train_throughput -->"
+
+
+def update_readme(path: Path, report: dict) -> None:
+    text = path.read_text()
+    block = f"{BEGIN}\n{markdown(report)}\n{END}"
+    if BEGIN in text:
+        text = text[: text.index(BEGIN)] + block + text[text.index(END) + len(END):]
+    else:
+        text += f"\n{block}\n"
+    path.write_text(text)
+    print(f"updated {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+"""DIN (Zhou et al., 2018): the user's behaviour history pooled by attention to the target."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import Field
+from torch import nn
+
+from sampan.config import ModelConfig
+from sampan.data.loader import Batch
+from sampan.embedding import EmbeddingCollection
+from sampan.layers import MLP
+from sampan.models.registry import register_model
+from sampan.schema import DataSchema
+
+
+class TargetAttention(nn.Module):
+    """Local activation unit: weights ``[B, L]`` from an MLP over ``[q, k, q - k, q * k]``.
+
+    As in the paper the weights are not softmax-normalised (the pooled vector keeps the
+    intensity of interest); padded positions get weight 0.
+    """
+
+    def __init__(self, dim: int, hidden: list[int], act: str):
+        super().__init__()
+        self.mlp = MLP(4 * dim, hidden, out=1, act=act)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """``q [B, D]``, ``k [B, L, D]``, ``mask [B, L]`` (True = real event) -> ``[B, D]``."""
+        qe = q.unsqueeze(1).expand_as(k)
+        w = self.mlp(torch.cat([qe, k, qe - k, qe * k], dim=-1)).squeeze(-1)
+        w = w * mask.to(w.dtype)
+        return torch.bmm(w.unsqueeze(1), k).squeeze(1)
+
+
+@register_model("din")
+class DIN(nn.Module):
+    """``Batch -> [B, T]``: MLP over ``[e_1 .. e_F, attention-pooled history, dense]``.
+
+    ``target`` is the sparse feature of the candidate item and ``history`` the sequence of
+    that item's table (both default to the schema's only sequence and its table).
+    """
+
+    class Config(ModelConfig):
+        name: Literal["din"] = "din"
+        target: str | None = None
+        history: str | None = None
+        attention_mlp: list[int] = Field(default_factory=lambda: [80, 40])
+        mlp: list[int] = Field(default_factory=lambda: [200, 80])
+        activation: Literal["dice", "prelu", "relu"] = "dice"
+        dropout: float = Field(0.0, ge=0.0, lt=1.0)
+        batch_norm: bool = False
+
+    def __init__(self, schema: DataSchema, cfg: Config):
+        super().__init__()
+        seqs = {s.name: s for s in schema.sequences}
+        if not seqs:
+            raise ValueError("din needs a behaviour sequence feature in the data schema")
+        history = cfg.history or (next(iter(seqs)) if len(seqs) == 1 else None)
+        if history not in seqs:
+            raise ValueError(f"din: model.history must name one of the sequences "
+                             f"{sorted(seqs)}, got {cfg.history!r}")
+        target = cfg.target or seqs[history].table
+        names = [f.name for f in schema.sparse]
+        if target not in names:
+            raise ValueError(f"din: model.target {target!r} is not a sparse feature: {names}")
+        self.history, self.target_idx = history, names.index(target)
+        self.embedding = EmbeddingCollection(schema.tables(cfg.embedding_dim),
+                                             cfg.embedding_init_std)
+        self.attention = TargetAttention(cfg.embedding_dim, cfg.attention_mlp, cfg.activation)
+        d = (schema.num_sparse + 1) * cfg.embedding_dim + schema.num_dense
+        self.mlp = MLP(d, cfg.mlp, out=schema.num_tasks, dropout=cfg.dropout,
+                       batch_norm=cfg.batch_norm, act=cfg.activation)
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        seq = batch.sequences[self.history]
+        e, hist = self.embedding.lookup(batch.sparse, {self.history: seq})
+        interest = self.attention(e[:, self.target_idx], hist[self.history], seq != 0)
+        return self.mlp(torch.cat([e.flatten(1), interest, batch.dense], dim=1))

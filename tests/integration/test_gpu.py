@@ -1,0 +1,44 @@
+"""GPU path: the same numbers as on CPU. Skipped on machines without CUDA."""
+
+import pytest
+import torch
+
+from sampan.config import load_config
+from sampan.embedding import EmbeddingCollection, SparseAdagrad, SparseAdam
+from sampan.schema import TableSpec
+from sampan.train.experiment import run_experiment
+from tests.conftest import tiny_config
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+
+@pytest.mark.parametrize("opt_cls", [SparseAdam, SparseAdagrad])
+def test_sparse_optimizers_match_cpu(opt_cls):
+    def train(device):
+        torch.manual_seed(0)
+        coll = EmbeddingCollection([TableSpec("a", 50, 8, ("a",)),
+                                    TableSpec("b", 20, 8, ("b",))]).to(device)
+        opt = opt_cls([coll], lr=0.05)
+        g = torch.Generator().manual_seed(1)
+        for _ in range(5):
+            ids = torch.stack([torch.randint(0, 50, (64,), generator=g),
+                               torch.randint(0, 20, (64,), generator=g)], 1).to(device)
+            coll(ids).square().sum().backward()
+            opt.step()
+        return coll.weight.detach().cpu()
+
+    torch.testing.assert_close(train("cuda"), train("cpu"), rtol=1e-4, atol=1e-5)
+
+
+def test_training_on_cuda_matches_cpu(tmp_path):
+    out = {}
+    for device in ("cpu", "cuda"):
+        cfg = load_config(raw=tiny_config(tmp_path, rows=2000, device=device, epochs=1))
+        out[device] = run_experiment(cfg, run_dir=tmp_path / device)
+    assert out["cuda"]["test"]["auc"] == pytest.approx(out["cpu"]["test"]["auc"], abs=2e-3)
+
+
+def test_bf16_on_cuda_trains(tmp_path):
+    cfg = load_config(raw=tiny_config(tmp_path, rows=2000, device="cuda", amp="bf16"))
+    assert run_experiment(cfg, run_dir=tmp_path / "bf16")["test"]["auc"] > 0.55
