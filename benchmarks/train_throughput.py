@@ -211,7 +211,7 @@ def run_plain(args: argparse.Namespace, data: dict) -> dict:
 def run_deepctr(args: argparse.Namespace, data: dict) -> dict:
     import torch
     from deepctr_torch.inputs import DenseFeat, SparseFeat, VarLenSparseFeat
-    from deepctr_torch.models import DCNMix, DIN, DeepFM  # noqa: F401
+    from deepctr_torch.models import DIN, DCNMix, DeepFM  # noqa: F401
 
     torch.manual_seed(0)
     card = cardinalities(args.vocab)
@@ -391,16 +391,16 @@ def markdown(report: dict) -> str:
              f"median of {a['rounds']} interleaved rounds.", "",
              "| model | Sampan samples/s | plain PyTorch | DeepCTR-Torch | Sampan / plain | "
              "Sampan / DeepCTR | Sampan peak RSS |", "|---|---|---|---|---|---|---|"]
+    def sps(r: dict, c: str) -> str:
+        return f"{r[c]['samples_per_s']:,.0f}" if c in r else "-"
+
+    def ratio(r: dict, c: str) -> str:
+        return f"{r[f'sampan_vs_{c}']:.2f}x" if f"sampan_vs_{c}" in r else "-"
+
     for m, r in report["results"].items():
-        def sps(c: str) -> str:
-            return f"{r[c]['samples_per_s']:,.0f}" if c in r else "-"
-
-        def ratio(c: str) -> str:
-            return f"{r[f'sampan_vs_{c}']:.2f}x" if f"sampan_vs_{c}" in r else "-"
-
         rss = f"{r['sampan']['peak_rss_mb']:,.0f} MB" if "sampan" in r else "-"
-        lines.append(f"| {m} | {sps('sampan')} | {sps('plain')} | {sps('deepctr')} | "
-                     f"{ratio('plain')} | {ratio('deepctr')} | {rss} |")
+        lines.append(f"| {m} | {sps(r, 'sampan')} | {sps(r, 'plain')} | {sps(r, 'deepctr')} | "
+                     f"{ratio(r, 'plain')} | {ratio(r, 'deepctr')} | {rss} |")
     return "\n".join(lines)
 
 
