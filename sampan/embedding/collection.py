@@ -16,11 +16,30 @@ Example::
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from sampan.schema import TableSpec
+
+
+class _GatherRows(torch.autograd.Function):
+    """``rows[inverse]`` whose backward sums gradients with one ``index_add_`` (several times
+    faster on CPU than ``embedding_dense_backward`` at CTR batch shapes)."""
+
+    @staticmethod
+    def forward(ctx: Any, rows: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(inverse)
+        ctx.num_rows = rows.shape[0]
+        return rows.index_select(0, inverse)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (inverse,) = ctx.saved_tensors
+        out = torch.zeros(ctx.num_rows, grad.shape[1], dtype=grad.dtype, device=grad.device)
+        return out.index_add_(0, inverse, grad), None
 
 
 class EmbeddingCollection(nn.Module):
@@ -72,7 +91,7 @@ class EmbeddingCollection(nn.Module):
             uniq, inverse = torch.unique(flat, return_inverse=True)
             rows = self.weight.detach().index_select(0, uniq).requires_grad_()
             self._lookups.append((uniq, rows))
-            out = F.embedding(inverse, rows)
+            out = _GatherRows.apply(rows, inverse)
         chunks = out.split([p.numel() for p in parts]) if len(parts) > 1 else [out]
         views = [c.view(*shape, self.dim) for c, shape in zip(chunks, shapes, strict=True)]
         return views[0], dict(zip((sequences or {}).keys(), views[1:], strict=True))

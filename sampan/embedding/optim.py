@@ -40,16 +40,22 @@ class _SparseRowOptimizer(torch.optim.Optimizer):
                     continue
                 rows, grad = looked
                 grad = grad.to(p.dtype)
+                # Rows are unique: gather them once, update the copy, write it back (several
+                # times faster on CPU than index_add_ into the full table).
+                w = p.index_select(0, rows)
                 if group["embedding_l2"]:
-                    grad = grad.add(p.index_select(0, rows), alpha=group["embedding_l2"])
-                self._update(p, rows, grad, group, self.state[p])
+                    grad = grad.add(w, alpha=group["embedding_l2"])
+                self._update(p, w, rows, grad, group, self.state[p])
+                p.index_copy_(0, rows, w)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for c in self.collections:
             c.clear_lookups()
 
-    def _update(self, p: torch.Tensor, rows: torch.Tensor, grad: torch.Tensor,
-                group: dict[str, Any], state: dict[str, Any]) -> None:
+    def _update(self, p: torch.Tensor, w: torch.Tensor, rows: torch.Tensor,
+                grad: torch.Tensor, group: dict[str, Any], state: dict[str, Any]) -> None:
+        """Update ``w`` (a copy of table ``p``'s rows ``rows``, ``[U, D]``) in place; the
+        state tensors are full-size, like ``p``."""
         raise NotImplementedError
 
 
@@ -62,7 +68,7 @@ class SparseAdam(_SparseRowOptimizer):
         super().__init__(collections, {"lr": lr, "betas": betas, "eps": eps,
                                        "embedding_l2": embedding_l2})
 
-    def _update(self, p, rows, grad, group, state):  # type: ignore[no-untyped-def]
+    def _update(self, p, w, rows, grad, group, state):  # type: ignore[no-untyped-def]
         if not state:
             state["step"] = torch.zeros((), dtype=torch.float64)
             state["exp_avg"] = torch.zeros_like(p)
@@ -77,7 +83,7 @@ class SparseAdam(_SparseRowOptimizer):
         state["exp_avg"].index_copy_(0, rows, m)
         state["exp_avg_sq"].index_copy_(0, rows, v)
         step_size = group["lr"] * math.sqrt(1 - b2**step) / (1 - b1**step)
-        p.index_add_(0, rows, m.div_(v.sqrt_().add_(group["eps"])), alpha=-step_size)
+        w.add_(m.div_(v.sqrt_().add_(group["eps"])), alpha=-step_size)
 
 
 class SparseAdagrad(_SparseRowOptimizer):
@@ -89,14 +95,14 @@ class SparseAdagrad(_SparseRowOptimizer):
         super().__init__(collections, {"lr": lr, "eps": eps, "embedding_l2": embedding_l2,
                                        "initial_accumulator_value": initial_accumulator_value})
 
-    def _update(self, p, rows, grad, group, state):  # type: ignore[no-untyped-def]
+    def _update(self, p, w, rows, grad, group, state):  # type: ignore[no-untyped-def]
         if not state:
             state["step"] = torch.zeros((), dtype=torch.float64)
             state["sum"] = torch.full_like(p, group["initial_accumulator_value"])
         state["step"] += 1
         s = state["sum"].index_select(0, rows).addcmul_(grad, grad)
         state["sum"].index_copy_(0, rows, s)
-        p.index_add_(0, rows, grad / s.sqrt_().add_(group["eps"]), alpha=-group["lr"])
+        w.add_(grad / s.sqrt_().add_(group["eps"]), alpha=-group["lr"])
 
 
 class SparseRowWiseAdagrad(_SparseRowOptimizer):
@@ -106,7 +112,7 @@ class SparseRowWiseAdagrad(_SparseRowOptimizer):
                  eps: float = 1e-10, embedding_l2: float = 0.0):
         super().__init__(collections, {"lr": lr, "eps": eps, "embedding_l2": embedding_l2})
 
-    def _update(self, p, rows, grad, group, state):  # type: ignore[no-untyped-def]
+    def _update(self, p, w, rows, grad, group, state):  # type: ignore[no-untyped-def]
         if not state:
             state["step"] = torch.zeros((), dtype=torch.float64)
             state["sum"] = torch.zeros(p.shape[0], dtype=p.dtype, device=p.device)
@@ -114,7 +120,7 @@ class SparseRowWiseAdagrad(_SparseRowOptimizer):
         s = state["sum"].index_select(0, rows).add_(grad.square().mean(1))
         state["sum"].index_copy_(0, rows, s)
         scale = s.sqrt_().add_(group["eps"]).reciprocal_().unsqueeze(1)
-        p.index_add_(0, rows, grad * scale, alpha=-group["lr"])
+        w.add_(grad * scale, alpha=-group["lr"])
 
 
 def make_sparse_optimizer(name: str, collections: list[EmbeddingCollection], lr: float,

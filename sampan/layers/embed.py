@@ -45,12 +45,15 @@ class FeatureEmbedding(nn.Module):
 
     def forward(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
         e = self.embedding(batch.sparse)  # [B, F, T + D]
-        linear = e[..., : self.tasks].sum(dim=1) + self.bias
+        if not self.dim:
+            w = e
+        else:  # split, not two slices: its backward is one cat instead of two zero-fills
+            w, v = e.split([self.tasks, self.dim], dim=-1)
+        linear = w.sum(dim=1) + self.bias
         if self.dense_linear is not None:
             linear = linear + self.dense_linear(batch.dense)
         if not self.dim:
             return linear, None
-        v = e[..., self.tasks:]
         if self.dense_embed is not None:
             v = torch.cat([v, batch.dense.unsqueeze(-1) * self.dense_embed], dim=1)
         return linear, v

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from sampan.layers.linear import Linear
+
 
 class Dice(nn.Module):
     """Data-adaptive activation of DIN (Zhou et al., 2018): ``p * x + (1 - p) * alpha * x``
@@ -45,7 +47,7 @@ class MLP(nn.Module):
         layers: list[nn.Module] = []
         d = in_dim
         for h in hidden:
-            layers.append(nn.Linear(d, h))
+            layers.append(Linear(d, h))
             if batch_norm:
                 layers.append(nn.BatchNorm1d(h))
             layers.append(activation(act, h))
@@ -53,7 +55,7 @@ class MLP(nn.Module):
                 layers.append(nn.Dropout(dropout))
             d = h
         if out is not None:
-            layers.append(nn.Linear(d, out))
+            layers.append(Linear(d, out))
             d = out
         self.out_dim = d
         self.net = nn.Sequential(*layers)

@@ -1,0 +1,73 @@
+"""Linear layer whose CPU matrix multiplies run on oneDNN.
+
+PyTorch's CPU ``addmm`` goes to MKL, which on non-Intel x86 CPUs (e.g. AMD EPYC) runs its
+AVX2 code path; oneDNN's fp32 GEMM uses AVX-512 there and is about 2x faster for the MLP
+shapes of CTR models (measured: 200 vs 490 GFLOP/s at 4096 x 400 x 400 on 2 EPYC cores).
+Forward, input gradient and weight gradient all go through ``mkldnn._linear_pointwise``.
+Numerics stay fp32 (only the summation order differs). Anything else (CUDA, autocast,
+other dtypes, builds without oneDNN) uses ``torch.nn.functional.linear``.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@functools.cache
+def onednn_available() -> bool:
+    """True when this torch build can run fp32 GEMMs on oneDNN (checked once)."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        x, w = torch.ones(2, 3), torch.ones(4, 3)
+        out = torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
+    except (RuntimeError, AttributeError):
+        return False
+    return bool(torch.equal(out, torch.full((2, 4), 3.0)))
+
+
+def _gemm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """``x [N, K] @ w[O, K]^T (+ b)`` on oneDNN; strided (transposed) views are fine."""
+    return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
+
+
+class _OneDNNLinear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor,
+                b: torch.Tensor | None) -> torch.Tensor:
+        ctx.save_for_backward(x, w)
+        ctx.has_bias = b is not None
+        return _gemm(x, w, b)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x, w = ctx.saved_tensors
+        g = g.contiguous()
+        gx = _gemm(g, w.t(), None) if ctx.needs_input_grad[0] else None
+        gw = _gemm(g.t(), x.t(), None) if ctx.needs_input_grad[1] else None
+        gb = g.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return gx, gw, gb
+
+
+class Linear(nn.Linear):
+    """Drop-in ``nn.Linear`` (same parameters and state_dict) with the oneDNN CPU path.
+
+    >>> layer = Linear(3, 2)
+    >>> x = torch.randn(5, 3)
+    >>> torch.allclose(layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-6)
+    True
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (x.device.type == "cpu" and x.dtype == torch.float32
+                and self.weight.dtype == torch.float32
+                and not torch.is_autocast_enabled("cpu") and onednn_available()):
+            lead = x.shape[:-1]
+            out = _OneDNNLinear.apply(x.reshape(-1, x.shape[-1]), self.weight, self.bias)
+            return out.reshape(*lead, self.out_features)
+        return F.linear(x, self.weight, self.bias)
