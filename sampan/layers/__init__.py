@@ -2,6 +2,7 @@
 
 from sampan.layers.embed import FeatureEmbedding
 from sampan.layers.fm import fm_interaction
+from sampan.layers.linear import Linear
 from sampan.layers.mlp import MLP, Dice
 
-__all__ = ["Dice", "FeatureEmbedding", "MLP", "fm_interaction"]
+__all__ = ["Dice", "FeatureEmbedding", "Linear", "MLP", "fm_interaction"]

@@ -12,7 +12,7 @@ from torch import nn
 from sampan.config import ModelConfig
 from sampan.data.loader import Batch
 from sampan.embedding import EmbeddingCollection
-from sampan.layers import MLP
+from sampan.layers import MLP, Linear
 from sampan.models.registry import register_model
 from sampan.schema import DataSchema
 
@@ -26,10 +26,10 @@ class CrossNetV2(nn.Module):
     def __init__(self, dim: int, layers: int, rank: int | None = None):
         super().__init__()
         if rank is None:
-            self.w = nn.ModuleList(nn.Linear(dim, dim) for _ in range(layers))
+            self.w = nn.ModuleList(Linear(dim, dim) for _ in range(layers))
         else:
-            self.w = nn.ModuleList(nn.Sequential(nn.Linear(dim, rank, bias=False),
-                                                 nn.Linear(rank, dim)) for _ in range(layers))
+            self.w = nn.ModuleList(nn.Sequential(Linear(dim, rank, bias=False),
+                                                 Linear(rank, dim)) for _ in range(layers))
 
     def forward(self, x0: torch.Tensor) -> torch.Tensor:
         x = x0
@@ -69,7 +69,7 @@ class DCNv2(nn.Module):
         self.cross = CrossNetV2(d, cfg.cross_layers, cfg.low_rank)
         self.parallel = cfg.structure == "parallel"
         self.mlp = MLP(d, cfg.mlp, dropout=cfg.dropout, batch_norm=cfg.batch_norm)
-        self.out = nn.Linear(d + self.mlp.out_dim if self.parallel else self.mlp.out_dim,
+        self.out = Linear(d + self.mlp.out_dim if self.parallel else self.mlp.out_dim,
                              schema.num_tasks)
 
     def forward(self, batch: Batch) -> torch.Tensor:
