@@ -101,12 +101,15 @@ def run_sampan(args: argparse.Namespace, data: dict) -> dict:
     model_opts = {"embedding_dim": args.dim, "mlp": MLP}
     if args.model == "dcn_v2":
         model_opts.update(cross_layers=3, structure="parallel")
+    if args.model == "din":  # as DeepCTR-Torch's DIN: Dice in the attention, ReLU in the MLP
+        model_opts.update(activation="relu", attention_activation="dice")
     cfg = load_config(raw={
         "preset": "criteo", "data": {"format": "synthetic"}, "seed": 0,
         "model": {"name": args.model, **model_opts},
         "train": {"batch_size": args.batch, "lr": 1e-3, "max_steps": args.warmup + args.steps,
                   "epochs": 1000, "log_every_steps": args.log_every, "tensorboard": False,
-                  "device": args.device, "schedule": "constant", "compile": args.compile,
+                  "device": args.device, "schedule": "constant",
+                  "compile": args.compile == "all",
                   "early_stopping": {"enabled": False}},
     })
     torch.manual_seed(0)
@@ -142,6 +145,16 @@ def run_plain(args: argparse.Namespace, data: dict) -> dict:
             i = h
         return nn.Sequential(*layers)
 
+    class PlainDice(nn.Module):
+        def __init__(self, h: int) -> None:
+            super().__init__()
+            self.bn = nn.BatchNorm1d(h, affine=False)
+            self.alpha = nn.Parameter(torch.zeros(h))
+
+        def forward(self, x):  # type: ignore[no-untyped-def]
+            p = torch.sigmoid(self.bn(x.reshape(-1, x.shape[-1]))).view_as(x)
+            return p * x + (1 - p) * self.alpha * x
+
     class Plain(nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -155,8 +168,8 @@ def run_plain(args: argparse.Namespace, data: dict) -> dict:
             if args.model == "dcn_v2":
                 self.cross = nn.ModuleList(nn.Linear(x0, x0) for _ in range(3))
             if args.model == "din":
-                self.att = nn.Sequential(nn.Linear(4 * d, 80), nn.PReLU(80), nn.Linear(80, 40),
-                                         nn.PReLU(40), nn.Linear(40, 1))
+                self.att = nn.Sequential(nn.Linear(4 * d, 80), PlainDice(80), nn.Linear(80, 40),
+                                         PlainDice(40), nn.Linear(40, 1))
 
         def forward(self, dense, sparse, hist=None):  # type: ignore[no-untyped-def]
             e = self.emb(sparse + offsets)
@@ -256,6 +269,8 @@ def worker(args: argparse.Namespace) -> None:
     data = make_data(args.data_rows, args.vocab, din=args.model == "din")
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     result = CONTENDERS[args.worker](args, data)
+    if args.worker == "sampan":
+        result["compile"] = args.compile == "all"
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     result["rss_before_training_mb"] = before / 1024
     print("RESULT " + json.dumps(result), flush=True)
@@ -278,8 +293,8 @@ def spawn(args: argparse.Namespace, contender: str, model: str) -> dict | None:
            "--vocab", ",".join(map(str, args.vocab))]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
-    if args.compile:
-        cmd += ["--compile"]
+    if args.compile in ("all", model) or model in args.compile.split(","):
+        cmd += ["--compile", "all"]
     r = subprocess.run(cmd, capture_output=True, text=True)
     for line in r.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -300,7 +315,10 @@ def main() -> None:
     ap.add_argument("--dim", type=int, default=DIM)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--compile", action="store_true", help="torch.compile the dense part")
+    ap.add_argument("--compile", default="din",
+                    help="models whose Sampan run sets train.compile (torch.compile of the "
+                         "dense layers): a comma list, 'all' or 'none'. Default: din, the one "
+                         "where it pays (Dice activations are memory-bound without fusion)")
     ap.add_argument("--data-rows", type=int, default=None)
     ap.add_argument("--memory", action="store_true",
                     help="memory check: Sampan vs plain with one big table (see --rows)")
@@ -367,6 +385,8 @@ def summarise(results: dict) -> dict:
             if rs:
                 row[c] = {"samples_per_s": statistics.median(r["samples_per_s"] for r in rs),
                           "peak_rss_mb": max(r["peak_rss_mb"] for r in rs), "runs": len(rs)}
+                if "compile" in rs[0]:
+                    row[c]["compile"] = rs[0]["compile"]
         s = row.get("sampan", {}).get("samples_per_s")
         for c in ("plain", "deepctr"):
             if s and c in row:
@@ -399,7 +419,8 @@ def markdown(report: dict) -> str:
 
     for m, r in report["results"].items():
         rss = f"{r['sampan']['peak_rss_mb']:,.0f} MB" if "sampan" in r else "-"
-        lines.append(f"| {m} | {sps(r, 'sampan')} | {sps(r, 'plain')} | {sps(r, 'deepctr')} | "
+        name = f"{m} (compile)" if r.get("sampan", {}).get("compile") else m
+        lines.append(f"| {name} | {sps(r, 'sampan')} | {sps(r, 'plain')} | {sps(r, 'deepctr')} | "
                      f"{ratio(r, 'plain')} | {ratio(r, 'deepctr')} | {rss} |")
     return "\n".join(lines)
 

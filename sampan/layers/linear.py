@@ -31,6 +31,9 @@ def onednn_available() -> bool:
     return bool(torch.equal(out, torch.full((2, 4), 3.0)))
 
 
+_ONEDNN = onednn_available()  # probed once at import (keeps the check out of compiled graphs)
+
+
 def _gemm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
     """``x [N, K] @ w[O, K]^T (+ b)`` on oneDNN; strided (transposed) views are fine."""
     return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
@@ -78,8 +81,13 @@ class Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if (x.device.type == "cpu" and x.dtype == torch.float32
                 and self.weight.dtype == torch.float32
-                and not torch.is_autocast_enabled("cpu") and onednn_available()):
-            lead = x.shape[:-1]
-            out = _OneDNNLinear.apply(x.reshape(-1, x.shape[-1]), self.weight, self.bias)
-            return out.reshape(*lead, self.out_features)
+                and not torch.is_autocast_enabled("cpu") and _ONEDNN):
+            return _onednn_linear(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
+
+
+@torch.compiler.disable  # an opaque call inside compiled graphs (inductor has no lowering)
+def _onednn_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    lead = x.shape[:-1]
+    out = _OneDNNLinear.apply(x.reshape(-1, x.shape[-1]), w, b)
+    return out.reshape(*lead, w.shape[0])

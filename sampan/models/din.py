@@ -49,7 +49,8 @@ class DIN(nn.Module):
         history: str | None = None
         attention_mlp: list[int] = Field(default_factory=lambda: [80, 40])
         mlp: list[int] = Field(default_factory=lambda: [200, 80])
-        activation: Literal["dice", "prelu", "relu"] = "dice"
+        activation: Literal["dice", "prelu", "relu"] = "dice"  # of the main MLP
+        attention_activation: Literal["dice", "prelu", "relu"] = "dice"
         dropout: float = Field(0.0, ge=0.0, lt=1.0)
         batch_norm: bool = False
 
@@ -69,7 +70,8 @@ class DIN(nn.Module):
         self.history, self.target_idx = history, names.index(target)
         self.embedding = EmbeddingCollection(schema.tables(cfg.embedding_dim),
                                              cfg.embedding_init_std)
-        self.attention = TargetAttention(cfg.embedding_dim, cfg.attention_mlp, cfg.activation)
+        self.attention = TargetAttention(cfg.embedding_dim, cfg.attention_mlp,
+                                         cfg.attention_activation)
         d = (schema.num_sparse + 1) * cfg.embedding_dim + schema.num_dense
         self.mlp = MLP(d, cfg.mlp, out=schema.num_tasks, dropout=cfg.dropout,
                        batch_norm=cfg.batch_norm, act=cfg.activation)
