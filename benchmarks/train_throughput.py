@@ -326,12 +326,20 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"
                                         / "train_throughput.json"))
     ap.add_argument("--readme", default=None, help="rewrite this README's Performance section")
+    ap.add_argument("--render", default=None, metavar="JSON",
+                    help="only render an earlier result JSON (to stdout, or into --readme)")
     # internal
     ap.add_argument("--worker", default=None)
     ap.add_argument("--model", default=None)
     ap.add_argument("--vocab", default=None)
     args = ap.parse_args()
 
+    if args.render:
+        report = json.loads(Path(args.render).read_text())
+        print(markdown(report))
+        if args.readme:
+            update_readme(Path(args.readme), report)
+        return
     args.vocab = [int(v) for v in args.vocab.split(",")] if args.vocab else VOCAB
     if args.worker:
         args.data_rows = args.data_rows or (args.warmup + args.steps + 1) * args.batch
@@ -406,6 +414,17 @@ def machine() -> dict:
 
 def markdown(report: dict) -> str:
     a = report["args"]
+    if "memory" in report:
+        mem, r = report["memory"], report["results"]["deepfm"]
+        return (f"Memory check (`--memory --rows {mem['table_rows']} --dim {mem['dim']}`): "
+                f"one table of {mem['table_rows']:,} rows x {mem['dim']} (+1 first-order "
+                f"column) holds {mem['weights_mb']:,.0f} MB of weights, "
+                f"{mem['weights_plus_adam_state_mb']:,.0f} MB with Adam's two moments. Peak RSS "
+                f"while training: Sampan {r['sampan']['peak_rss_mb']:,.0f} MB, plain PyTorch "
+                + (f"{r['plain']['peak_rss_mb']:,.0f} MB" if "plain" in r else "-")
+                + "; no dense gradient or full-size temporary is ever materialised (one would "
+                f"add {mem['weights_mb']:,.0f} MB). Throughput at that size: "
+                f"{r['sampan']['samples_per_s']:,.0f} samples/s.")
     lines = [f"Batch {a['batch']}, dim {a['dim']}, MLP 400-400-400, device {a['device']}, "
              f"{report['machine']['cores']} cores, torch {report['machine']['torch']}; "
              f"median of {a['rounds']} interleaved rounds.", "",
@@ -425,10 +444,10 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
-BEGIN, END = "<!-- perf:train_throughput -->", "<!-- /perf:train_throughput -->"
-
-
 def update_readme(path: Path, report: dict) -> None:
+    """Replace the block between this report's markers in ``path`` (append when absent)."""
+    key = "train_throughput_memory" if "memory" in report else "train_throughput"
+    BEGIN, END = f"<!-- perf:{key} -->", f"<!-- /perf:{key} -->"
     text = path.read_text()
     block = f"{BEGIN}\n{markdown(report)}\n{END}"
     if BEGIN in text:
