@@ -50,11 +50,24 @@ class SplitConfig(_Strict):
     ``random`` assigns each row independently with ``seed``.
     """
 
-    method: Literal["sequential", "random"] = "sequential"
+    method: Literal["sequential", "random", "time", "group"] = "sequential"
     train: float = Field(0.8, ge=0.0, le=1.0)
     valid: float = Field(0.1, ge=0.0, le=1.0)
     test: float = Field(0.1, ge=0.0, le=1.0)
     seed: int = 0
+    column: str | None = Field(None, description="time: the timestamp column; group: the "
+                               "column whose values never straddle two splits (e.g. user)")
+    boundaries: tuple[float, float] | None = Field(
+        None, description="time: explicit [valid_from, test_from] timestamps instead of "
+        "fractions of the time range")
+
+    @model_validator(mode="after")
+    def _needs_column(self) -> SplitConfig:
+        if self.method in ("time", "group") and not self.column:
+            raise ValueError(f"split.method {self.method!r} needs split.column")
+        if self.boundaries is not None and not self.boundaries[0] <= self.boundaries[1]:
+            raise ValueError(f"split.boundaries must be increasing, got {list(self.boundaries)}")
+        return self
 
     @model_validator(mode="after")
     def _sums_to_one(self) -> SplitConfig:
@@ -84,7 +97,8 @@ class DataConfig(_Strict):
     train: str | list[str] | None = None
     valid: str | list[str] | None = None
     test: str | list[str] | None = None
-    format: Literal["auto", "csv", "tsv", "parquet", "synthetic"] = "auto"
+    format: Literal["auto", "csv", "tsv", "parquet", "jsonl", "libsvm", "slot",
+                    "synthetic"] = "auto"
     delimiter: str | None = None
     header: bool = True
     columns: list[str] | None = None
@@ -121,15 +135,67 @@ class CategoricalFeature(_Strict):
     max_size: int | None = Field(None, gt=0)
     hash_buckets: int = Field(0, ge=0)
     vocab: bool = True
-    bucketize: Literal["none", "log_squared"] = Field(
+    bucketize: Literal["none", "log_squared", "quantile"] = Field(
         "none", description="for a numeric column used as a category: log_squared maps x > 2 "
-        "to floor(ln(x)^2), the discretisation of the Criteo competition winners")
+        "to floor(ln(x)^2) (the Criteo winners' discretisation); quantile cuts at `buckets` "
+        "quantiles fitted on the train split")
+    buckets: int = Field(10, ge=2, description="number of quantile buckets")
+    cross: list[str] | None = Field(
+        None, description="columns whose values are crossed: the feature is a stable hash of "
+        "the joined values into hash_buckets ids")
 
     @model_validator(mode="after")
     def _hash_or_vocab(self) -> CategoricalFeature:
+        if self.cross is not None:
+            if len(self.cross) < 2:
+                raise ValueError(f"feature {self.name!r}: cross needs two or more columns")
+            if self.hash_buckets <= 0:
+                raise ValueError(f"feature {self.name!r}: cross needs hash_buckets > 0")
+            self.vocab = False
         if not self.vocab and self.hash_buckets <= 0:
             raise ValueError(f"feature {self.name!r}: vocab: false needs hash_buckets > 0")
         return self
+
+
+class ListFeature(_Strict):
+    """A column holding several values per row: a delimited string (``"a|b|c"``) or a list.
+
+    * ``sequence``: behaviour history, most recent last; keeps the last ``max_len`` values,
+      left-padded with 0. Models attend over it (DIN, DIEN, BST).
+    * ``bag``: an unordered set (genres, tags), pooled by ``pooling`` into one field.
+    * ``text``: a bag of tokens from free text (``tokenizer``: ``latin`` splits on whitespace
+      and punctuation, lower-cased; ``jieba`` segments Chinese, needs ``pip install jieba``).
+
+    With ``share: <categorical feature>`` the values are ids of that feature's vocabulary and
+    embedding rows (e.g. ``hist_item_id`` shares ``item_id``); otherwise the feature has its
+    own vocabulary fitted with ``min_count`` / ``max_size`` / ``hash_buckets``.
+    """
+
+    name: str
+    column: str | None = None
+    kind: Literal["sequence", "bag", "text"] = "sequence"
+    delimiter: str = ","
+    max_len: int = Field(50, ge=1)
+    share: str | None = None
+    pooling: Literal["sum", "mean"] = "mean"
+    tokenizer: Literal["latin", "jieba"] = "latin"
+    min_count: int = Field(1, ge=1)
+    max_size: int | None = Field(None, gt=0)
+    hash_buckets: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> ListFeature:
+        if self.kind == "text" and self.share:
+            raise ValueError(f"feature {self.name!r}: a text feature has its own vocabulary; "
+                             "remove share")
+        if not self.delimiter:
+            raise ValueError(f"feature {self.name!r}: delimiter must not be empty")
+        return self
+
+    def as_categorical(self) -> CategoricalFeature:
+        """The vocabulary settings of a list feature with its own vocabulary."""
+        return CategoricalFeature(name=self.name, column=self.column, min_count=self.min_count,
+                                  max_size=self.max_size, hash_buckets=self.hash_buckets)
 
 
 class NumericFeature(_Strict):
@@ -156,6 +222,7 @@ class FeaturesConfig(_Strict):
     numeric_defaults: dict[str, Any] = Field(default_factory=dict)
     categorical: list[CategoricalFeature] = Field(default_factory=list)
     numeric: list[NumericFeature] = Field(default_factory=list)
+    lists: list[ListFeature] = Field(default_factory=list)
 
     @model_validator(mode="before")
     @classmethod
@@ -183,7 +250,13 @@ class FeaturesConfig(_Strict):
 
     @model_validator(mode="after")
     def _unique(self) -> FeaturesConfig:
-        names = [f.name for f in self.categorical] + [f.name for f in self.numeric]
+        names = [f.name for f in self.categorical] + [f.name for f in self.numeric] \
+            + [f.name for f in self.lists]
+        cats = {f.name for f in self.categorical}
+        for f in self.lists:
+            if f.share and f.share not in cats:
+                raise ValueError(f"features.lists: {f.name!r} shares {f.share!r}, which is not "
+                                 f"a categorical feature; known: {sorted(cats)}")
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"feature names must be unique; repeated: {', '.join(dup)}")

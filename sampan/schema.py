@@ -23,12 +23,22 @@ class SparseFeatureSpec:
 
 @dataclass(frozen=True)
 class SequenceFeatureSpec:
-    """A behaviour sequence ``[B, L]`` of ids of sparse feature ``table`` (it shares that
-    feature's embedding rows). Id 0 is padding; the most recent event is last."""
+    """A list feature ``[B, L]`` of ids into table ``table`` (a sparse feature's name when it
+    shares that feature's rows, else its own). Id 0 is padding.
+
+    ``pooling`` ``None``: a behaviour sequence (most recent last) that attention models
+    attend over and other models mean-pool; ``"sum"`` / ``"mean"``: a bag pooled into one
+    field for every model.
+    """
 
     name: str
     max_len: int
     table: str
+    pooling: str | None = None
+
+    @property
+    def is_bag(self) -> bool:
+        return self.pooling is not None
 
 
 @dataclass(frozen=True)
@@ -43,6 +53,7 @@ class TableSpec:
     rows: int
     dim: int
     features: tuple[str, ...]
+    field: bool = True  # the table's first feature is a column of Batch.sparse
 
 
 @dataclass
@@ -54,6 +65,8 @@ class DataSchema:
     labels: list[str] = field(default_factory=lambda: ["label"])
     has_group: bool = False
     sequences: list[SequenceFeatureSpec] = field(default_factory=list)
+    # Tables of list features with their own vocabulary (not a column of Batch.sparse).
+    own_tables: list[SparseFeatureSpec] = field(default_factory=list)
 
     @property
     def num_dense(self) -> int:
@@ -67,18 +80,36 @@ class DataSchema:
     def num_tasks(self) -> int:
         return len(self.labels)
 
+    @property
+    def bags(self) -> list[SequenceFeatureSpec]:
+        return [s for s in self.sequences if s.is_bag]
+
+    @property
+    def behaviour(self) -> list[SequenceFeatureSpec]:
+        return [s for s in self.sequences if not s.is_bag]
+
+    def num_fields(self, pooled_sequences: bool = True) -> int:
+        """Fields a model sees: sparse columns + bags (+ mean-pooled behaviour sequences)."""
+        return self.num_sparse + len(self.bags) + (len(self.behaviour) if pooled_sequences
+                                                   else 0)
+
     def tables(self, dim: int) -> list[TableSpec]:
         """One table per sparse feature, all of dimension ``dim``; sequences join the table
         of the feature they share."""
         shared: dict[str, list[str]] = {}
-        known = {f.name for f in self.sparse}
+        own = {t.name for t in self.own_tables}
+        known = {f.name for f in self.sparse} | own
         for s in self.sequences:
             if s.table not in known:
-                raise ValueError(f"sequence {s.name!r} shares table {s.table!r}, which is not "
-                                 f"a sparse feature; known: {sorted(known)}")
-            shared.setdefault(s.table, []).append(s.name)
+                raise ValueError(f"sequence {s.name!r} uses table {s.table!r}, which is not "
+                                 f"a sparse feature or a list feature's own table; known: "
+                                 f"{sorted(known)}")
+            if s.table != s.name:
+                shared.setdefault(s.table, []).append(s.name)
         return [TableSpec(f.name, f.cardinality, dim, (f.name, *shared.get(f.name, [])))
-                for f in self.sparse]
+                for f in self.sparse] + \
+            [TableSpec(t.name, t.cardinality, dim, (t.name, *shared.get(t.name, [])), field=False)
+             for t in self.own_tables]
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -91,4 +122,5 @@ class DataSchema:
             labels=list(d["labels"]),
             has_group=bool(d.get("has_group", False)),
             sequences=[SequenceFeatureSpec(**s) for s in d.get("sequences", [])],
+            own_tables=[SparseFeatureSpec(**s) for s in d.get("own_tables", [])],
         )

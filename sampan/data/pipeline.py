@@ -24,11 +24,18 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from sampan.config import FeaturesConfig
 from sampan.data.sources import ColumnRoles, DataError
-from sampan.data.transforms import CategoricalEncoder, NotFittedError, NumericEncoder, stable_hash
-from sampan.schema import DataSchema, SparseFeatureSpec
+from sampan.data.transforms import (
+    CategoricalEncoder,
+    ListEncoder,
+    NotFittedError,
+    NumericEncoder,
+    stable_hash,
+)
+from sampan.schema import DataSchema, SequenceFeatureSpec, SparseFeatureSpec
 
 PIPELINE_FILE = "pipeline.json"
 FORMAT_VERSION = 1
@@ -41,6 +48,9 @@ class FeaturePipeline:
         self.features = features
         self.categorical = [CategoricalEncoder(f) for f in features.categorical]
         self.numeric = [NumericEncoder(f) for f in features.numeric]
+        by_name = {e.spec.name: e for e in self.categorical}
+        self.lists = [ListEncoder(f, by_name[f.share] if f.share else None)
+                      for f in features.lists]
         self.extra_numeric = list(extra_numeric or [])  # carried through untransformed
         self.fitted_rows_ = 0
         self.is_fitted_ = False
@@ -55,22 +65,36 @@ class FeaturePipeline:
         # Categories binned from numbers are read (and validated) as numbers.
         numeric += [f.column or f.name for f in self.features.categorical
                     if f.bucketize != "none"]
-        cats = [f.column or f.name for f in self.features.categorical if f.bucketize == "none"]
+        cats = [c for f in self.features.categorical if f.bucketize == "none"
+                for c in (f.cross or [f.column or f.name])]
         if self.features.group:
             cats.append(self.features.group)
-        return ColumnRoles(numeric=numeric, categorical=cats, required=labels, labels=labels)
+        return ColumnRoles(numeric=numeric, categorical=cats, required=labels, labels=labels,
+                           lists=[f.column or f.name for f in self.features.lists])
+
+    @staticmethod
+    def _input(table: pa.Table, spec: Any) -> pa.Array:
+        """The raw column of a feature; for a crossed feature its columns joined by \\x1f."""
+        if getattr(spec, "cross", None):
+            parts = [pc.fill_null(_col(table, c).cast(pa.string()), "") for c in spec.cross]
+            return pc.binary_join_element_wise(*parts, "\x1f")
+        return _col(table, spec.column or spec.name)
 
     # -- fitting
     def partial_fit(self, table: pa.Table) -> None:
         for enc in self.categorical:
-            enc.partial_fit(_col(table, enc.spec.column or enc.spec.name))
+            enc.partial_fit(self._input(table, enc.spec))
         for enc in self.numeric:
             enc.partial_fit(_col(table, enc.spec.column or enc.spec.name))
+        for lenc in self.lists:
+            lenc.partial_fit(_col(table, lenc.spec.column or lenc.spec.name))
         self.fitted_rows_ += table.num_rows
 
     def finalize(self) -> None:
         for enc in self.categorical:
             enc.finalize()
+        for lenc in self.lists:  # after the categorical ones whose vocabulary they share
+            lenc.finalize()
         for enc in self.numeric:
             enc.finalize()
         self.is_fitted_ = True
@@ -92,11 +116,14 @@ class FeaturePipeline:
         out: dict[str, np.ndarray] = {}
         sparse = np.empty((n, len(self.categorical)), dtype=np.int64)
         for j, enc in enumerate(self.categorical):
-            sparse[:, j] = enc.transform(_col(table, enc.spec.column or enc.spec.name))
+            sparse[:, j] = enc.transform(self._input(table, enc.spec))
         dense = np.empty((n, len(self.numeric)), dtype=np.float32)
         for j, enc in enumerate(self.numeric):
             dense[:, j] = enc.transform(_col(table, enc.spec.column or enc.spec.name))
         out["sparse"], out["dense"] = sparse, dense
+        if self.lists:
+            out["sequences"] = {e.spec.name: e.transform(_col(table, e.spec.column or e.spec.name))
+                                for e in self.lists}
         if with_labels:
             labels = np.empty((n, len(self.features.labels)), dtype=np.float32)
             for j, name in enumerate(self.features.labels):
@@ -120,6 +147,11 @@ class FeaturePipeline:
             sparse=[SparseFeatureSpec(e.spec.name, e.cardinality) for e in self.categorical],
             labels=self.features.labels,
             has_group=self.features.group is not None,
+            sequences=[SequenceFeatureSpec(e.spec.name, e.spec.max_len, e.spec.share or e.spec.name,
+                                           None if e.spec.kind == "sequence" else e.spec.pooling)
+                       for e in self.lists],
+            own_tables=[SparseFeatureSpec(e.spec.name, e.cardinality) for e in self.lists
+                        if e.owns_vocab],
         )
 
     # -- persistence
@@ -135,6 +167,7 @@ class FeaturePipeline:
             "fitted_rows": self.fitted_rows_,
             "categorical": [e.state(d) for e in self.categorical],
             "numeric": [e.state(d) for e in self.numeric],
+            "lists": [e.state(d) for e in self.lists],
             "schema": self.schema().to_json(),
         }
         path = d / PIPELINE_FILE
@@ -151,6 +184,9 @@ class FeaturePipeline:
         pipe = cls(FeaturesConfig.model_validate(state["features"]), state["extra_numeric"])
         pipe.categorical = [CategoricalEncoder.from_state(s, d) for s in state["categorical"]]
         pipe.numeric = [NumericEncoder.from_state(s, d) for s in state["numeric"]]
+        by_name = {e.spec.name: e for e in pipe.categorical}
+        pipe.lists = [ListEncoder.from_state(s, d, by_name.get(s["spec"]["share"]))
+                      for s in state.get("lists", [])]
         pipe.fitted_rows_ = state["fitted_rows"]
         pipe.is_fitted_ = True
         return pipe

@@ -45,11 +45,12 @@ class ColumnRoles:
     categorical: list[str] = field(default_factory=list)  # string
     required: list[str] = field(default_factory=list)  # rows missing these are rejected
     labels: list[str] = field(default_factory=list)  # must lie in [0, 1]
+    lists: list[str] = field(default_factory=list)  # delimited strings or list columns
 
     @property
     def all(self) -> list[str]:
         seen: dict[str, None] = {}
-        for c in self.numeric + self.categorical:
+        for c in self.numeric + self.categorical + self.lists:
             seen.setdefault(c, None)
         return list(seen)
 
@@ -306,6 +307,9 @@ def _validate(table: pa.Table, roles: ColumnRoles, lines: np.ndarray, file: str,
             if inf.any():
                 mark(np.nonzero(inf)[0], "unparsable_number", c)
             continue
+        if c in roles.lists and (pa.types.is_list(col.type) or pa.types.is_large_list(col.type)):
+            strings[c] = col.cast(pa.list_(pa.string()))  # already a list (JSON, Parquet)
+            continue
         if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)
                 or pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type)):
             col = col.cast(pa.string())
@@ -350,7 +354,7 @@ def _validate(table: pa.Table, roles: ColumnRoles, lines: np.ndarray, file: str,
     if bad.any():
         for r in sorted(reasons):
             reason, column = reasons[r]
-            text = delimiter.join("" if strings[c][r].as_py() is None else strings[c][r].as_py()
+            text = delimiter.join("" if strings[c][r].as_py() is None else str(strings[c][r].as_py())
                                   for c in roles.all)
             log.reject(file, int(lines[r]), reason, column, text)
         keep = pa.array(~bad)

@@ -70,8 +70,11 @@ class SplitArrays:
 
         if not parts:
             raise DataError("no rows left to use after reading the input")
+        seqs = {k: np.concatenate([p["sequences"][k] for p in parts])
+                for k in parts[0].get("sequences", {})}
         return cls(dense=cat("dense"), sparse=cat("sparse"), labels=cat("labels"),
-                   group=cat("group"), oracle=cat(oracle) if oracle else None)
+                   group=cat("group"), oracle=cat(oracle) if oracle else None,
+                   sequences=seqs or None)
 
 
 @dataclass
@@ -231,11 +234,17 @@ def _write_split(pipe: FeaturePipeline, tables: Iterator[pa.Table], out: Path, n
               "group": np.int64, "oracle": np.float64}
     keys = ["dense", "sparse", "labels"] + (["group"] if schema.has_group else []) \
         + (["oracle"] if oracle else [])
+    for spec in schema.sequences:
+        keys.append(f"seq_{spec.name}")
+        shapes[f"seq_{spec.name}"] = (n, spec.max_len)
+        dtypes[f"seq_{spec.name}"] = np.int64
     mms = {k: np.lib.format.open_memmap(out / f"{k}.npy", mode="w+", dtype=dtypes[k],
                                         shape=shapes[k]) for k in keys}
     pos = 0
     for t in tables:
         arrays = pipe.transform(t)
+        for name, ids in arrays.pop("sequences", {}).items():
+            arrays[f"seq_{name}"] = ids
         if oracle:
             arrays["oracle"] = arrays.pop(oracle)
         for k in keys:

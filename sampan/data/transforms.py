@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sampan.config import CategoricalFeature, NumericFeature
+from sampan.config import CategoricalFeature, ListFeature, NumericFeature
 
 PAD_ID = 0
 OOV_ID = 1
@@ -101,6 +101,8 @@ class CategoricalEncoder:
         self.vocab_: pa.Array | None = None  # string values, id = FIRST_VOCAB_ID + position
         self.counts_: np.ndarray | None = None
         self.oov_count_: int | None = None
+        self.boundaries_: np.ndarray | None = None  # bucketize: quantile
+        self._sample = _Reservoir(seed=0) if spec.bucketize == "quantile" else None
 
     def _prepare(self, values: pa.Array) -> pa.Array:
         if self.spec.bucketize == "log_squared":
@@ -112,6 +114,10 @@ class CategoricalEncoder:
 
     # -- fitting
     def partial_fit(self, values: pa.Array) -> None:
+        if self._sample is not None:
+            self._sample.add(pc.drop_null(values.cast(pa.float64())).to_numpy(
+                zero_copy_only=False))
+            return
         if not self.spec.vocab:
             return
         vc = pc.value_counts(pc.fill_null(self._prepare(values), ""))
@@ -128,7 +134,13 @@ class CategoricalEncoder:
         return t.group_by("v").aggregate([("c", "sum")]).rename_columns(["v", "c"])
 
     def finalize(self) -> None:
-        if not self.spec.vocab:
+        if self._sample is not None:
+            # Quantile buckets need no vocabulary: id = first id + 1 + bucket, missing first.
+            x = self._sample.values()
+            qs = np.quantile(x, np.arange(1, self.spec.buckets) / self.spec.buckets) \
+                if len(x) else np.array([])
+            self.boundaries_ = np.unique(qs)
+        if not self.spec.vocab or self._sample is not None:
             self.vocab_ = pa.array([], pa.string())
             self.counts_ = np.array([], dtype=np.int64)
             self.oov_count_ = 0
@@ -150,6 +162,8 @@ class CategoricalEncoder:
     def cardinality(self) -> int:
         """Number of ids this feature can produce (its rows in the embedding table)."""
         self._check()
+        if self.boundaries_ is not None:  # missing + len(boundaries) + 1 buckets
+            return FIRST_VOCAB_ID + len(self.boundaries_) + 2
         return FIRST_VOCAB_ID + len(self.vocab_) + self.spec.hash_buckets
 
     def _check(self) -> None:
@@ -159,6 +173,13 @@ class CategoricalEncoder:
     def transform(self, values: pa.Array) -> np.ndarray:
         """Ids for ``values`` as int64, shape ``[len(values)]``."""
         self._check()
+        if self.boundaries_ is not None:
+            x = values.cast(pa.float64())
+            missing = pc.is_null(x).to_numpy(zero_copy_only=False)
+            xs = pc.fill_null(x, 0.0).to_numpy(zero_copy_only=False)
+            ids = FIRST_VOCAB_ID + 1 + np.searchsorted(self.boundaries_, xs, side="right")
+            ids[missing] = FIRST_VOCAB_ID
+            return ids.astype(np.int64)
         values = pc.fill_null(self._prepare(values), "")
         if len(self.vocab_):
             idx = pc.index_in(values, value_set=self.vocab_)
@@ -191,7 +212,8 @@ class CategoricalEncoder:
         np.save(directory / f"{stem}.bytes.npy", data[offsets[0]:offsets[-1]], allow_pickle=False)
         np.save(directory / f"counts_{self.spec.name}.npy", self.counts_, allow_pickle=False)
         return {"spec": self.spec.model_dump(mode="json"), "vocab_file": stem,
-                "vocab_size": len(v), "oov_count": self.oov_count_}
+                "vocab_size": len(v), "oov_count": self.oov_count_,
+                "boundaries": None if self.boundaries_ is None else self.boundaries_.tolist()}
 
     @classmethod
     def from_state(cls, d: dict[str, Any], directory: Path) -> CategoricalEncoder:
@@ -203,6 +225,148 @@ class CategoricalEncoder:
         enc.vocab_ = v.cast(pa.string())
         enc.counts_ = np.load(directory / f"counts_{enc.spec.name}.npy", allow_pickle=False)
         enc.oov_count_ = d["oov_count"]
+        if d.get("boundaries") is not None:
+            enc.boundaries_ = np.asarray(d["boundaries"], dtype=np.float64)
+        return enc
+
+
+class _Reservoir:
+    """A uniform sample of at most ``size`` values of a stream: every value draws a random
+    key and the smallest keys are kept (deterministic for a seed and chunking)."""
+
+    def __init__(self, size: int = 200_000, seed: int = 0):
+        self.size = size
+        self.rng = np.random.default_rng(seed)
+        self.keys = np.empty(0)
+        self.vals = np.empty(0)
+
+    def add(self, x: np.ndarray) -> None:
+        keys = np.concatenate([self.keys, self.rng.random(len(x))])
+        vals = np.concatenate([self.vals, x])
+        if len(keys) > self.size:
+            keep = np.argpartition(keys, self.size)[: self.size]
+            keys, vals = keys[keep], vals[keep]
+        self.keys, self.vals = keys, vals
+
+    def values(self) -> np.ndarray:
+        return self.vals
+
+
+def split_lists(values: pa.Array, spec: ListFeature) -> pa.ListArray:
+    """A string column (delimited / free text) or a list column -> ``list<string>``, with
+    missing values as empty lists and empty tokens dropped."""
+    if pa.types.is_list(values.type) or pa.types.is_large_list(values.type):
+        lists = pc.fill_null(values, pa.scalar([], values.type))
+        lists = lists.cast(pa.list_(pa.string()))
+    else:
+        text = pc.fill_null(_as_string(values), "")
+        if spec.kind == "text" and spec.tokenizer == "jieba":
+            lists = _jieba_tokens(text)
+        elif spec.kind == "text":
+            lists = pc.split_pattern_regex(pc.utf8_lower(text), r"[^\w]+")
+        else:
+            lists = pc.split_pattern(text, spec.delimiter)
+    flat = pc.list_flatten(lists)
+    keep = pc.not_equal(flat, "").to_numpy(zero_copy_only=False)
+    if keep.all():
+        return lists
+    rows = pc.list_parent_indices(lists).to_numpy()
+    counts = np.bincount(rows[keep], minlength=len(lists))
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets), pc.filter(flat, pa.array(keep)))
+
+
+def _jieba_tokens(text: pa.Array) -> pa.ListArray:
+    try:
+        import jieba
+    except ImportError:
+        raise ImportError("tokenizer: jieba needs the jieba package: pip install jieba") from None
+    # jieba segments one string at a time: this is the one per-row Python loop, and only
+    # for Chinese text features.
+    return pa.array([[t for t in jieba.lcut(s) if t.strip()] for s in text.to_pylist()],
+                    pa.list_(pa.string()))
+
+
+def pad_ids(flat_ids: np.ndarray, counts: np.ndarray, max_len: int) -> np.ndarray:
+    """Per-row id lists -> ``[N, max_len]``: the last ``max_len`` ids of each row, right-
+    aligned, left-padded with 0 (so the most recent event is always the last column).
+
+    >>> pad_ids(np.array([5, 6, 7, 8]), np.array([3, 0, 1]), 2).tolist()
+    [[6, 7], [0, 0], [0, 8]]
+    """
+    n = len(counts)
+    ends = np.cumsum(counts)
+    take = np.minimum(counts, max_len)
+    first = ends - take
+    pad = max_len - take
+    col = np.arange(max_len)[None, :]
+    valid = col >= pad[:, None]
+    src = first[:, None] + col - pad[:, None]
+    out = np.zeros((n, max_len), dtype=np.int64)
+    out[valid] = flat_ids[src[valid]]
+    return out
+
+
+class ListEncoder:
+    """A list feature -> ids ``[N, max_len]`` through its own or a shared vocabulary.
+
+    A shared vocabulary (``share: item_id``) also counts the list's values when it is fitted,
+    so items seen only in histories still get ids.
+
+    >>> enc = ListEncoder(ListFeature(name="g", kind="bag", delimiter="|", max_len=3))
+    >>> enc.partial_fit(pa.array(["a|b", "b", None])); enc.finalize()
+    >>> enc.transform(pa.array(["b|a", "zz|b|a|b", None])).tolist()
+    [[0, 2, 3], [2, 3, 2], [0, 0, 0]]
+    """
+
+    def __init__(self, spec: ListFeature, shared: CategoricalEncoder | None = None):
+        self.spec = spec
+        self.vocab = shared if shared is not None else CategoricalEncoder(spec.as_categorical())
+        self.owns_vocab = shared is None
+        self.lengths_: dict[str, float] | None = None
+        self._len_sum = 0
+        self._len_max = 0
+        self._rows = 0
+
+    def partial_fit(self, values: pa.Array) -> None:
+        lists = split_lists(values, self.spec)
+        lens = pc.list_value_length(lists).to_numpy(zero_copy_only=False)
+        self._len_sum += int(lens.sum())
+        self._len_max = max(self._len_max, int(lens.max()) if len(lens) else 0)
+        self._rows += len(lens)
+        self.vocab.partial_fit(pc.list_flatten(lists))
+
+    def finalize(self) -> None:
+        if self.owns_vocab:
+            self.vocab.finalize()
+        self.lengths_ = {"mean": self._len_sum / self._rows if self._rows else 0.0,
+                         "max": self._len_max}
+
+    @property
+    def cardinality(self) -> int:
+        return self.vocab.cardinality
+
+    def transform(self, values: pa.Array) -> np.ndarray:
+        if self.lengths_ is None:
+            raise NotFittedError(f"list feature {self.spec.name!r} is not fitted")
+        lists = split_lists(values, self.spec)
+        ids = self.vocab.transform(pc.list_flatten(lists))
+        counts = pc.list_value_length(lists).to_numpy(zero_copy_only=False).astype(np.int64)
+        return pad_ids(ids, counts, self.spec.max_len)
+
+    def state(self, directory: Path) -> dict[str, Any]:
+        if self.lengths_ is None:
+            raise NotFittedError(f"list feature {self.spec.name!r} is not fitted")
+        return {"spec": self.spec.model_dump(mode="json"), "lengths": self.lengths_,
+                "vocab": self.vocab.state(directory) if self.owns_vocab else None}
+
+    @classmethod
+    def from_state(cls, d: dict[str, Any], directory: Path,
+                   shared: CategoricalEncoder | None) -> ListEncoder:
+        enc = cls(ListFeature.model_validate(d["spec"]), shared)
+        if d["vocab"] is not None:
+            enc.vocab = CategoricalEncoder.from_state(d["vocab"], directory)
+        enc.lengths_ = d["lengths"]
         return enc
 
 

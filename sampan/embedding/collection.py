@@ -59,10 +59,11 @@ class EmbeddingCollection(nn.Module):
         rows = [t.rows for t in tables]
         self.num_rows = sum(rows)
         offsets = torch.tensor([0, *rows[:-1]], dtype=torch.int64).cumsum(0)
-        self.register_buffer("offsets", offsets, persistent=False)
-        # Extra features (behaviour sequences) that read another feature's table.
+        fields = [i for i, t in enumerate(tables) if t.field]
+        self.register_buffer("offsets", offsets[fields].clone(), persistent=False)
+        # List features (sequences, bags) read their table by name.
         self.shared_offset = {name: int(offsets[i]) for i, t in enumerate(tables)
-                              for name in t.features[1:]}
+                              for name in (t.features if not t.field else t.features[1:])}
         self.weight = nn.Parameter(torch.empty(self.num_rows, self.dim), requires_grad=False)
         nn.init.normal_(self.weight, 0.0, init_std)
         self._lookups: list[tuple[torch.Tensor, torch.Tensor]] = []

@@ -1,8 +1,8 @@
 """Blocks shared by several models."""
 
-from sampan.layers.embed import FeatureEmbedding
+from sampan.layers.embed import FeatureEmbedding, embed_fields, pool
 from sampan.layers.fm import fm_interaction
 from sampan.layers.linear import Linear
 from sampan.layers.mlp import MLP, Dice
 
-__all__ = ["Dice", "FeatureEmbedding", "Linear", "MLP", "fm_interaction"]
+__all__ = ["Dice", "FeatureEmbedding", "Linear", "MLP", "embed_fields", "fm_interaction", "pool"]

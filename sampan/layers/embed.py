@@ -12,7 +12,8 @@ from sampan.schema import DataSchema
 
 
 class FeatureEmbedding(nn.Module):
-    """``Batch -> (linear [B, T], fields [B, F + Nd, D] or None)``.
+    """``Batch -> (linear [B, T], fields [B, F' + Nd, D] or None)``; ``F'`` counts sparse
+    columns, bags and mean-pooled behaviour sequences (see :func:`embed_fields`).
 
     The fused table has ``T + D`` columns: the first ``T`` are each id's first-order weight per
     task (initialised to zero), the rest its latent vector. Dense features get a linear
@@ -31,6 +32,7 @@ class FeatureEmbedding(nn.Module):
                  embed_dense: bool = True):
         super().__init__()
         self.dim = dim
+        self.schema = schema
         self.tasks = schema.num_tasks
         self.embedding = EmbeddingCollection(schema.tables(self.tasks + dim), init_std)
         with torch.no_grad():
@@ -44,7 +46,7 @@ class FeatureEmbedding(nn.Module):
         self.bias = nn.Parameter(torch.zeros(self.tasks))
 
     def forward(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
-        e = self.embedding(batch.sparse)  # [B, F, T + D]
+        e, _ = embed_fields(self.embedding, batch, self.schema)  # [B, F', T + D]
         if not self.dim:
             w = e
         else:  # split, not two slices: its backward is one cat instead of two zero-fills
@@ -57,3 +59,30 @@ class FeatureEmbedding(nn.Module):
         if self.dense_embed is not None:
             v = torch.cat([v, batch.dense.unsqueeze(-1) * self.dense_embed], dim=1)
         return linear, v
+
+
+def pool(vectors: torch.Tensor, ids: torch.Tensor, mode: str) -> torch.Tensor:
+    """Masked pooling of ``vectors [B, L, D]`` over real ids (``ids != 0``) -> ``[B, D]``."""
+    mask = (ids != 0).unsqueeze(-1).to(vectors.dtype)
+    total = (vectors * mask).sum(dim=1)
+    if mode == "sum":
+        return total
+    return total / mask.sum(dim=1).clamp_min(1.0)
+
+
+def embed_fields(embedding: EmbeddingCollection, batch: Batch, schema: DataSchema,
+                 attend: tuple[str, ...] = ()) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """One lookup for everything a model embeds.
+
+    Returns ``fields [B, F', D]``: the sparse columns, then each bag pooled, then each
+    behaviour sequence not in ``attend`` mean-pooled; and ``{name: [B, L, D]}`` for the
+    sequences in ``attend`` (left to the model's attention).
+    """
+    lists = {s.name: batch.sequences[s.name] for s in schema.sequences} if schema.sequences \
+        else None
+    fields, looked = embedding.lookup(batch.sparse, lists)
+    pooled = [pool(looked[s.name], batch.sequences[s.name], s.pooling or "mean")
+              for s in schema.sequences if s.name not in attend]
+    if pooled:
+        fields = torch.cat([fields, torch.stack(pooled, dim=1)], dim=1)
+    return fields, {name: looked[name] for name in attend}

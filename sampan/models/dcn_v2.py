@@ -12,7 +12,7 @@ from torch import nn
 from sampan.config import ModelConfig
 from sampan.data.loader import Batch
 from sampan.embedding import EmbeddingCollection
-from sampan.layers import MLP, Linear
+from sampan.layers import MLP, Linear, embed_fields
 from sampan.models.registry import register_model
 from sampan.schema import DataSchema
 
@@ -63,9 +63,10 @@ class DCNv2(nn.Module):
 
     def __init__(self, schema: DataSchema, cfg: Config):
         super().__init__()
+        self.schema = schema
         self.embedding = EmbeddingCollection(schema.tables(cfg.embedding_dim),
                                              cfg.embedding_init_std)
-        d = schema.num_sparse * cfg.embedding_dim + schema.num_dense
+        d = schema.num_fields() * cfg.embedding_dim + schema.num_dense
         self.cross = CrossNetV2(d, cfg.cross_layers, cfg.low_rank)
         self.parallel = cfg.structure == "parallel"
         self.mlp = MLP(d, cfg.mlp, dropout=cfg.dropout, batch_norm=cfg.batch_norm)
@@ -73,7 +74,8 @@ class DCNv2(nn.Module):
                              schema.num_tasks)
 
     def forward(self, batch: Batch) -> torch.Tensor:
-        x0 = torch.cat([self.embedding(batch.sparse).flatten(1), batch.dense], dim=1)
+        fields, _ = embed_fields(self.embedding, batch, self.schema)
+        x0 = torch.cat([fields.flatten(1), batch.dense], dim=1)
         if self.parallel:
             return self.out(torch.cat([self.cross(x0), self.mlp(x0)], dim=1))
         return self.out(self.mlp(self.cross(x0)))

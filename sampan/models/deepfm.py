@@ -42,11 +42,11 @@ class DeepFM(nn.Module):
             raise ValueError(f"deepfm predicts one label; got {schema.num_tasks}: {schema.labels}")
         self.features = FeatureEmbedding(schema, cfg.embedding_dim, cfg.embedding_init_std,
                                          embed_dense=cfg.embed_dense)
-        in_dim = schema.num_sparse * cfg.embedding_dim + schema.num_dense
+        in_dim = schema.num_fields() * cfg.embedding_dim + schema.num_dense
         self.mlp = MLP(in_dim, cfg.mlp, out=1, dropout=cfg.dropout, batch_norm=cfg.batch_norm)
-        self.num_sparse = schema.num_sparse
+        self.num_fields = schema.num_fields()
 
     def forward(self, batch: Batch) -> torch.Tensor:
         linear, v = self.features(batch)
-        deep_in = torch.cat([v[:, : self.num_sparse].flatten(1), batch.dense], dim=1)
+        deep_in = torch.cat([v[:, : self.num_fields].flatten(1), batch.dense], dim=1)
         return linear + fm_interaction(v) + self.mlp(deep_in)

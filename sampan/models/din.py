@@ -11,7 +11,7 @@ from torch import nn
 from sampan.config import ModelConfig
 from sampan.data.loader import Batch
 from sampan.embedding import EmbeddingCollection
-from sampan.layers import MLP
+from sampan.layers import MLP, embed_fields
 from sampan.models.registry import register_model
 from sampan.schema import DataSchema
 
@@ -56,9 +56,10 @@ class DIN(nn.Module):
 
     def __init__(self, schema: DataSchema, cfg: Config):
         super().__init__()
-        seqs = {s.name: s for s in schema.sequences}
+        seqs = {s.name: s for s in schema.behaviour}
         if not seqs:
-            raise ValueError("din needs a behaviour sequence feature in the data schema")
+            raise ValueError("din needs a behaviour sequence (features.lists with kind: "
+                             "sequence) in the data schema")
         history = cfg.history or (next(iter(seqs)) if len(seqs) == 1 else None)
         if history not in seqs:
             raise ValueError(f"din: model.history must name one of the sequences "
@@ -67,17 +68,21 @@ class DIN(nn.Module):
         names = [f.name for f in schema.sparse]
         if target not in names:
             raise ValueError(f"din: model.target {target!r} is not a sparse feature: {names}")
-        self.history, self.target_idx = history, names.index(target)
+        if seqs[history].table != target:
+            raise ValueError(f"din: the history {history!r} holds ids of {seqs[history].table!r}"
+                             f", not of the target {target!r}; share the target's vocabulary")
+        self.history, self.target_idx, self.schema = history, names.index(target), schema
         self.embedding = EmbeddingCollection(schema.tables(cfg.embedding_dim),
                                              cfg.embedding_init_std)
         self.attention = TargetAttention(cfg.embedding_dim, cfg.attention_mlp,
                                          cfg.attention_activation)
-        d = (schema.num_sparse + 1) * cfg.embedding_dim + schema.num_dense
+        # other sequences and bags are pooled into fields; the history is attended
+        d = (schema.num_fields() - 1 + 1) * cfg.embedding_dim + schema.num_dense
         self.mlp = MLP(d, cfg.mlp, out=schema.num_tasks, dropout=cfg.dropout,
                        batch_norm=cfg.batch_norm, act=cfg.activation)
 
     def forward(self, batch: Batch) -> torch.Tensor:
-        seq = batch.sequences[self.history]
-        e, hist = self.embedding.lookup(batch.sparse, {self.history: seq})
-        interest = self.attention(e[:, self.target_idx], hist[self.history], seq != 0)
+        e, hist = embed_fields(self.embedding, batch, self.schema, attend=(self.history,))
+        interest = self.attention(e[:, self.target_idx], hist[self.history],
+                                  batch.sequences[self.history] != 0)
         return self.mlp(torch.cat([e.flatten(1), interest, batch.dense], dim=1))

@@ -14,7 +14,9 @@ from sampan.tasks import binary_loss
 SCHEMA = DataSchema(dense=["x1", "x2"],
                     sparse=[SparseFeatureSpec("a", 6), SparseFeatureSpec("b", 4),
                             SparseFeatureSpec("c", 9)],
-                    sequences=[SequenceFeatureSpec("hist_c", 5, "c")])
+                    sequences=[SequenceFeatureSpec("hist_c", 5, "c"),
+                               SequenceFeatureSpec("genres", 3, "genres", pooling="mean")],
+                    own_tables=[SparseFeatureSpec("genres", 7)])
 
 
 def batch(b=16, seed=0):
@@ -26,7 +28,8 @@ def batch(b=16, seed=0):
     hist[torch.arange(5).expand(b, 5) < (5 - lengths).unsqueeze(1)] = 0  # left padding
     return Batch(dense=torch.randn(b, 2, generator=g), sparse=sparse,
                  labels=torch.randint(0, 2, (b, 1), generator=g).float(),
-                 sequences={"hist_c": hist})
+                 sequences={"hist_c": hist,
+                            "genres": torch.randint(0, 7, (b, 3), generator=g)})
 
 
 def build(name):
