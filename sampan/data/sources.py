@@ -354,8 +354,8 @@ def _validate(table: pa.Table, roles: ColumnRoles, lines: np.ndarray, file: str,
     if bad.any():
         for r in sorted(reasons):
             reason, column = reasons[r]
-            text = delimiter.join("" if strings[c][r].as_py() is None else str(strings[c][r].as_py())
-                                  for c in roles.all)
+            cells = [strings[c][r].as_py() for c in roles.all]
+            text = delimiter.join("" if v is None else str(v) for v in cells)
             log.reject(file, int(lines[r]), reason, column, text)
         keep = pa.array(~bad)
         strings = {c: pc.filter(a, keep) for c, a in strings.items()}
