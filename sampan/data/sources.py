@@ -140,6 +140,10 @@ def detect_format(path: Path, fmt: str) -> str:
         return "parquet"
     if name.endswith(".tsv") or name.endswith(".txt") or name.endswith(".data"):
         return "tsv"
+    if name.endswith(".jsonl") or name.endswith(".ndjson") or name.endswith(".json"):
+        return "jsonl"
+    if name.endswith(".libsvm") or name.endswith(".libfm") or name.endswith(".svm"):
+        return "libsvm"
     return "csv"
 
 
@@ -152,8 +156,210 @@ def iter_source(cfg: DataConfig, paths: list[Path], roles: ColumnRoles,
             yield from _iter_parquet(cfg, path, roles, log)
         elif fmt in ("csv", "tsv"):
             yield from _iter_text(cfg, path, fmt, roles, log)
+        elif fmt in ("jsonl", "libsvm", "slot"):
+            yield from _iter_line_format(cfg, path, fmt, roles, log)
         else:
             raise DataError(f"{path}: format {fmt!r} cannot be read from a file")
+
+
+# ------------------------------------------------------- line formats: jsonl, libsvm, slot
+def _iter_lines(path: Path, block_size: int) -> Iterator[tuple[pa.Array, int]]:
+    """Blocks of whole lines as a binary array, with the 1-based number of the first line.
+    Splitting runs in Arrow (no per-line Python)."""
+    rest = b""
+    line_no = 1
+    with pa.input_stream(str(path), compression="detect") as f:
+        while True:
+            chunk = f.read(block_size)
+            data = rest + chunk
+            if not chunk:
+                if data:
+                    yield _lines_of(data.rstrip(b"\r\n")), line_no
+                return
+            cut = data.rfind(b"\n")
+            if cut < 0:
+                rest = data
+                continue
+            block, rest = data[:cut], data[cut + 1:]
+            lines = _lines_of(block)
+            yield lines, line_no
+            line_no += len(lines)
+
+
+def _lines_of(block: bytes) -> pa.Array:
+    lines = pc.list_flatten(pc.split_pattern(pa.array([block], pa.binary()), b"\n"))
+    return pc.replace_substring_regex(lines, b"\r$", b"")  # CRLF files
+
+
+def _iter_line_format(cfg: DataConfig, path: Path, fmt: str, roles: ColumnRoles,
+                      log: RejectLog) -> Iterator[pa.Table]:
+    for raw, first in _iter_lines(path, cfg.block_size):
+        lines = np.arange(first, first + len(raw))
+        keep = pc.not_equal(pc.binary_length(raw), 0).to_numpy(zero_copy_only=False)
+        text, ok = _decode(raw)
+        for r in np.nonzero(~ok & keep)[0].tolist():  # error path: undecodable lines
+            log.read += 1
+            log.reject(str(path), int(lines[r]), "bad_encoding", None,
+                       raw[r].as_py().decode("utf-8", "backslashreplace"))
+        keep &= ok
+        text, lines = pc.filter(text, pa.array(keep)), lines[keep]
+        if fmt == "jsonl":
+            table, lines = _parse_jsonl(text, lines, roles, str(path), log)
+        elif fmt == "libsvm":
+            table = _parse_libsvm(text, cfg, roles)
+        else:
+            table = _parse_slots(text, roles)
+        out = _validate(table, roles, lines, str(path), log, " ")
+        log.check_early()
+        if out.num_rows:
+            yield out
+
+
+def _decode(raw: pa.Array) -> tuple[pa.Array, np.ndarray]:
+    try:
+        return raw.cast(pa.string()), np.ones(len(raw), dtype=bool)
+    except pa.ArrowInvalid:
+        ok = np.array([v is None or _is_utf8(v) for v in raw.to_pylist()])
+        fixed = pc.if_else(pa.array(ok), raw, pa.scalar(b"", pa.binary()))
+        return fixed.cast(pa.string()), ok
+
+
+def _missing_columns(roles: ColumnRoles, have: list[str], path: str) -> None:
+    missing = [c for c in roles.all if c not in have]
+    if missing:
+        raise DataError(f"{path}: column(s) {missing} not found; the records have {have}")
+
+
+def _parse_jsonl(text: pa.Array, lines: np.ndarray, roles: ColumnRoles, path: str,
+                 log: RejectLog) -> tuple[pa.Table, np.ndarray]:
+    """Arrow's JSON reader for regular blocks. A block it cannot take (a line that is not a
+    JSON object, or a field whose type changes between lines) is parsed line by line instead:
+    bad lines are rejected and values become strings, validated like CSV text."""
+    import json as _json
+
+    import pyarrow.json as pajson
+
+    one = pa.LargeListArray.from_arrays(pa.array([0, len(text)], pa.int64()),
+                                        text.cast(pa.large_string()))
+    buf = pc.binary_join(one, pa.scalar("\n", pa.large_string()))[0].as_buffer()
+    try:
+        table = pajson.read_json(pa.BufferReader(buf))
+        _missing_columns(roles, table.column_names, path)
+        return table.select(roles.all), lines
+    except pa.ArrowInvalid:
+        pass
+    rows: list[dict] = []
+    good = np.zeros(len(text), dtype=bool)
+    for i, line in enumerate(text.to_pylist()):  # error path only
+        try:
+            rec = _json.loads(line)
+        except ValueError:
+            rec = None
+        if not isinstance(rec, dict):
+            log.read += 1
+            log.reject(path, int(lines[i]), "bad_json", None, line)
+            continue
+        good[i] = True
+        rows.append(rec)
+
+    def cell(v: Any, as_list: bool) -> Any:
+        if v is None:
+            return None
+        if as_list:
+            return [str(x) for x in v] if isinstance(v, list) else [str(v)]
+        return _json.dumps(v) if isinstance(v, (dict, list)) else str(v)
+
+    cols = {c: pa.array([cell(r.get(c), c in roles.lists) for r in rows],
+                        pa.list_(pa.string()) if c in roles.lists else pa.string())
+            for c in roles.all}
+    if rows:
+        _missing_columns(roles, sorted({k for r in rows for k in r}), path)
+    return pa.table(cols), lines[good]
+
+
+def _tokens(text: pa.Array) -> tuple[pa.Array, np.ndarray]:
+    """Space-separated tokens of each line (empty tokens dropped) and their row indices."""
+    lists = pc.split_pattern_regex(pc.utf8_trim_whitespace(text), r"\s+")
+    flat = pc.list_flatten(lists)
+    rows = pc.list_parent_indices(lists).to_numpy()
+    keep = pc.not_equal(flat, "").to_numpy(zero_copy_only=False)
+    return pc.filter(flat, pa.array(keep)), rows[keep]
+
+
+def _nth_per_row(rows: np.ndarray, values: pa.Array, n: int, nrows: int) -> pa.Array:
+    """The n-th (0-based) value of each row (null where a row has fewer)."""
+    pos = np.arange(len(rows)) - np.searchsorted(rows, rows, side="left")
+    sel = np.nonzero(pos == n)[0]
+    idx = np.full(nrows, -1, dtype=np.int64)
+    idx[rows[sel]] = sel
+    return pc.take(values, pa.array(idx, mask=idx < 0))
+
+
+def _list_per_row(rows: np.ndarray, values: pa.Array, nrows: int) -> pa.Array:
+    counts = np.bincount(rows, minlength=nrows)
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets), values)
+
+
+def _second(parts: pa.Array, default: str) -> pa.Array:
+    """Second element of each ``[key, value]`` split, ``default`` where there is none."""
+    has = pc.greater(pc.list_value_length(parts), 1)
+    padded = pc.if_else(has, parts, pa.scalar(["", default], pa.list_(pa.string())))
+    return pc.list_element(padded, 1)
+
+
+def _parse_libsvm(text: pa.Array, cfg: DataConfig, roles: ColumnRoles) -> pa.Table:
+    """``label idx:val idx:val ...``. The label (``-1`` read as 0) is ``columns[0]``
+    (default ``label``); ``features`` / ``values`` hold every idx / val of the row as lists;
+    ``columns[1:]`` name the features by position (Frappe: user, item, daytime, ...)."""
+    names = cfg.columns or ["label"]
+    n = len(text)
+    flat, rows = _tokens(text)
+    first = np.concatenate([[True], rows[1:] != rows[:-1]]) if len(rows) else np.array([], bool)
+    label = pc.filter(flat, pa.array(first))  # the first token of each non-empty line
+    label = pc.if_else(pc.starts_with(label, "-"), "0", pc.replace_substring(label, "+", ""))
+    where = np.full(n, -1, dtype=np.int64)
+    where[rows[first]] = np.arange(int(first.sum()))
+    cols: dict[str, pa.Array] = {names[0]: pc.take(label, pa.array(where, mask=where < 0))}
+    feat, frows = pc.filter(flat, pa.array(~first)), rows[~first]
+    parts = pc.split_pattern(feat, ":", max_splits=1)
+    idx = pc.list_element(parts, 0)
+    val = _second(parts, default="1")  # "idx" alone means value 1
+    cols["features"] = _list_per_row(frows, idx, n)
+    cols["values"] = _list_per_row(frows, val, n)
+    for k, name in enumerate(names[1:]):
+        cols[name] = _nth_per_row(frows, idx, k, n)
+    _missing_columns(roles, list(cols), "libsvm input")
+    return pa.table({c: cols[c] for c in roles.all})
+
+
+def _parse_slots(text: pa.Array, roles: ColumnRoles) -> pa.Table:
+    """PaddleRec slot text: ``click:0 dense_feature:0.1 ... 1:737395 2:210498 ...``.
+
+    A column named like a slot is that slot's (first) value, or all its values when the
+    column is a list feature; ``<slot>_<i>`` is the i-th value of a repeated slot
+    (``dense_feature_1`` .. ``dense_feature_13``). Missing slots are missing values."""
+    n = len(text)
+    flat, rows = _tokens(text)
+    parts = pc.split_pattern(flat, ":", max_splits=1)
+    slot = pc.list_element(parts, 0)
+    value = _second(parts, default="")
+    present = set(pc.unique(slot).to_pylist())
+    cols: dict[str, pa.Array] = {}
+    for c in roles.all:
+        name, k = c, 0
+        if c not in present:
+            head, _, tail = c.rpartition("_")
+            if head in present and tail.isdigit() and int(tail) >= 1:
+                name, k = head, int(tail) - 1
+            else:
+                cols[c] = pa.nulls(n, pa.string())
+                continue
+        mask = pc.equal(slot, name).to_numpy(zero_copy_only=False)
+        srows, svals = rows[mask], pc.filter(value, pa.array(mask))
+        cols[c] = _list_per_row(srows, svals, n) if c in roles.lists and c == name \
+            else _nth_per_row(srows, svals, k, n)
+    return pa.table(cols)
 
 
 # ------------------------------------------------------------------------------ text files
