@@ -44,14 +44,19 @@ FORMAT_VERSION = 1
 class FeaturePipeline:
     """Ordered categorical and numeric encoders plus label / group extraction."""
 
-    def __init__(self, features: FeaturesConfig, extra_numeric: list[str] | None = None):
+    def __init__(self, features: FeaturesConfig, extra_numeric: list[str] | None = None,
+                 extra_categorical: list[str] | None = None,
+                 extra_required: list[str] | None = None):
         self.features = features
         self.categorical = [CategoricalEncoder(f) for f in features.categorical]
         self.numeric = [NumericEncoder(f) for f in features.numeric]
         by_name = {e.spec.name: e for e in self.categorical}
         self.lists = [ListEncoder(f, by_name[f.share] if f.share else None)
                       for f in features.lists]
-        self.extra_numeric = list(extra_numeric or [])  # carried through untransformed
+        # Columns carried through untransformed (oracle, split keys).
+        self.extra_numeric = list(extra_numeric or [])
+        self.extra_categorical = list(extra_categorical or [])
+        self.extra_required = list(extra_required or [])
         self.fitted_rows_ = 0
         self.is_fitted_ = False
 
@@ -69,7 +74,9 @@ class FeaturePipeline:
                 for c in (f.cross or [f.column or f.name])]
         if self.features.group:
             cats.append(self.features.group)
-        return ColumnRoles(numeric=numeric, categorical=cats, required=labels, labels=labels,
+        cats += self.extra_categorical if with_extra else []
+        required = labels + (self.extra_required if with_extra else [])
+        return ColumnRoles(numeric=numeric, categorical=cats, required=required, labels=labels,
                            lists=[f.column or f.name for f in self.features.lists])
 
     @staticmethod

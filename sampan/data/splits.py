@@ -7,6 +7,7 @@ same assignment.
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 
 from sampan.config import SplitConfig
 
@@ -58,3 +59,52 @@ def uniform_hash(idx: np.ndarray, seed: int) -> np.ndarray:
         z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
         z = z ^ (z >> np.uint64(31))
     return (z >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+
+
+class Splitter:
+    """Role codes for the rows of staged chunks of the train source.
+
+    ``sequential`` / ``random`` use the row index; ``time`` compares ``split.column`` with
+    two boundaries (``[valid_from, test_from]``: explicit, or the time quantiles at the
+    train and train+valid fractions, fitted from a sample of the column); ``group`` hashes
+    the value of ``split.column`` so a group (a user) never straddles two splits.
+    """
+
+    def __init__(self, split: SplitConfig, fractions: dict[str, float], n_total: int,
+                 times: np.ndarray | None = None):
+        self.split, self.fractions, self.n_total = split, fractions, n_total
+        self.boundaries: tuple[float, float] | None = None
+        if split.method == "time":
+            if split.boundaries is not None:
+                self.boundaries = (float(split.boundaries[0]), float(split.boundaries[1]))
+            else:
+                if times is None or not len(times):
+                    raise ValueError("a time split needs the timestamps of the train source")
+                f_train = fractions.get("train", 1.0)
+                f_valid = fractions.get("valid", 0.0)
+                b1, b2 = np.quantile(times, [f_train, min(1.0, f_train + f_valid)])
+                self.boundaries = (float(b1), float(b2) if "test" in fractions else np.inf)
+                if "valid" not in fractions:
+                    self.boundaries = (float(b1), float(b1))
+
+    def codes(self, table: pa.Table, start: int) -> np.ndarray:
+        n = table.num_rows
+        method = self.split.method
+        if method in ("sequential", "random"):
+            return assign(method, self.fractions, self.split.seed, self.n_total, start, n)
+        values = table.column(self.split.column).combine_chunks()
+        if method == "time":
+            t = values.to_numpy(zero_copy_only=False).astype(np.float64)
+            b1, b2 = self.boundaries
+            codes = np.where(t < b1, TRAIN, np.where(t < b2, VALID, TEST)).astype(np.int8)
+            return codes
+        from sampan.data.transforms import stable_hash
+
+        u = uniform_hash(stable_hash(values), self.split.seed)
+        order = [r for r in ("train", "valid", "test") if r in self.fractions]
+        edges = np.cumsum([self.fractions[r] for r in order])
+        pos = np.minimum(np.searchsorted(edges, u, side="right"), len(order) - 1)
+        codes = np.empty(n, dtype=np.int8)
+        for k, r in enumerate(order):
+            codes[pos == k] = ROLE_CODES[r]
+        return codes

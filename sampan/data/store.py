@@ -29,7 +29,7 @@ import pyarrow as pa
 from sampan.config import ExperimentConfig
 from sampan.data.pipeline import FeaturePipeline
 from sampan.data.sources import LINE_COLUMN, DataError, RejectLog, expand_paths, iter_source
-from sampan.data.splits import ROLE_CODES, assign, split_fractions
+from sampan.data.splits import ROLE_CODES, Splitter, split_fractions
 from sampan.data.synthetic import iter_synthetic
 from sampan.schema import DataSchema
 
@@ -126,7 +126,11 @@ def build_store(cfg: ExperimentConfig, root: str | Path, echo: Any = print) -> S
     extra = [cfg.data.oracle_column] if cfg.data.oracle_column else []
     if cfg.data.format == "synthetic" and not extra:
         extra = ["oracle_p"]
-    pipe = FeaturePipeline(cfg.features, extra_numeric=extra)
+    split = cfg.data.split
+    pipe = FeaturePipeline(
+        cfg.features, extra_numeric=extra + ([split.column] if split.method == "time" else []),
+        extra_categorical=[split.column] if split.method == "group" else [],
+        extra_required=[split.column] if split.method in ("time", "group") else [])
     log = RejectLog(root / "rejects.jsonl")
 
     # 1. Stage: raw -> validated Arrow IPC (the only pass over the raw text).
@@ -145,8 +149,13 @@ def build_store(cfg: ExperimentConfig, root: str | Path, echo: Any = print) -> S
 
     # 2. Which rows of the train source go where.
     carve = [r for r in SPLITS if r not in explicit or r == "train"]
-    fractions = split_fractions(cfg.data.split, carve)
+    fractions = split_fractions(split, carve)
     n_src = staged["train"][1]
+    times = None
+    if split.method == "time":
+        times = _column_sample(staged["train"][0], split.column)
+        _check_time_order(staged, split.column)
+    splitter = Splitter(split, fractions, n_src, times)
 
     def batches(role: str) -> Iterator[pa.Table]:
         src = "train" if role in carve else role
@@ -160,9 +169,7 @@ def build_store(cfg: ExperimentConfig, root: str | Path, echo: Any = print) -> S
                 b = reader.get_batch(i)
                 t = pa.Table.from_batches([b])
                 if src == "train":
-                    codes = assign(cfg.data.split.method, fractions, cfg.data.split.seed, n_src,
-                                   start, b.num_rows)
-                    t = t.filter(pa.array(codes == ROLE_CODES[role]))
+                    t = t.filter(pa.array(splitter.codes(t, start) == ROLE_CODES[role]))
                 start += b.num_rows
                 if t.num_rows:
                     yield t
@@ -173,9 +180,9 @@ def build_store(cfg: ExperimentConfig, root: str | Path, echo: Any = print) -> S
 
     # 4. Transform every split into memory-mapped arrays.
     rows = {r: 0 if r in carve else staged[r][1] for r in SPLITS}
-    for start in range(0, n_src, 1 << 20):  # counted in slices: memory stays bounded
-        codes = assign(cfg.data.split.method, fractions, cfg.data.split.seed, n_src, start,
-                       min(1 << 20, n_src - start))
+    for start, t in _staged_chunks(staged["train"][0], [split.column] if split.column and
+                                   split.method in ("time", "group") else []):
+        codes = splitter.codes(t, start)  # chunk by chunk: memory stays bounded
         for r in carve:
             rows[r] += int((codes == ROLE_CODES[r]).sum())
     for role in SPLITS:
@@ -189,7 +196,8 @@ def build_store(cfg: ExperimentConfig, root: str | Path, echo: Any = print) -> S
         "schema": pipe.schema().to_json(),
         "splits": {r: {"rows": rows[r], "from": "train source" if r in carve else "own files"}
                    for r in SPLITS},
-        "split": {"method": cfg.data.split.method, "fractions": fractions},
+        "split": {"method": split.method, "fractions": fractions, "column": split.column,
+                  "boundaries": list(splitter.boundaries) if splitter.boundaries else None},
         "sources": sources,
         "rejects": log.summary(),
         "fitted_on": {"split": "train", "rows": pipe.fitted_rows_},
@@ -202,6 +210,46 @@ def build_store(cfg: ExperimentConfig, root: str | Path, echo: Any = print) -> S
          f"{len(pipe.categorical)} categorical, {len(pipe.numeric)} numeric features; "
          f"embedding rows {sum(s.cardinality for s in pipe.schema().sparse):,}")
     return Store.open(root)
+
+
+def _staged_chunks(path: Path, columns: list[str]) -> Iterator[tuple[int, pa.Table]]:
+    """(first row index, chunk) over a staged file, reading only ``columns``."""
+    if path.stat().st_size == 0:
+        return
+    start = 0
+    with pa.memory_map(str(path)) as mm:
+        reader = pa.ipc.open_file(mm)
+        for i in range(reader.num_record_batches):
+            b = reader.get_batch(i)
+            yield start, pa.Table.from_batches([b]).select(columns)
+            start += b.num_rows
+
+
+def _column_sample(path: Path, column: str, size: int = 1_000_000) -> np.ndarray:
+    """Up to ``size`` values of a numeric column of a staged file (a uniform sample)."""
+    from sampan.data.transforms import _Reservoir
+
+    res = _Reservoir(size=size, seed=0)
+    for _, t in _staged_chunks(path, [column]):
+        res.add(t.column(column).to_numpy().astype(np.float64))
+    return res.values()
+
+
+def _check_time_order(staged: dict[str, tuple[Path, int]], column: str) -> None:
+    """With separate train/valid/test files, each must end before the next begins."""
+    spans = {}
+    for role in SPLITS:
+        if role in staged and staged[role][1]:
+            lo, hi = np.inf, -np.inf
+            for _, t in _staged_chunks(staged[role][0], [column]):
+                x = t.column(column).to_numpy().astype(np.float64)
+                lo, hi = min(lo, float(x.min())), max(hi, float(x.max()))
+            spans[role] = (lo, hi)
+    order = [r for r in SPLITS if r in spans]
+    for a, b in zip(order, order[1:], strict=False):
+        if spans[a][1] >= spans[b][0]:
+            raise DataError(f"time split on {column!r}: {a} ends at {spans[a][1]:g} but {b} "
+                            f"starts at {spans[b][0]:g}; {a} must be strictly before {b}")
 
 
 def _stage(tables: Iterator[pa.Table], path: Path) -> int:
