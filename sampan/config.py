@@ -91,6 +91,23 @@ class SyntheticConfig(_Strict):
     missing_rate: float = Field(0.1, ge=0.0, lt=1.0)
 
 
+class JoinConfig(_Strict):
+    """A side table (user or item attributes) joined to every row on a key column.
+
+    The table is read whole (side tables are small), keys must be unique, and rows without a
+    match get missing values. Parsing options mean what they mean under ``data``.
+    """
+
+    path: str
+    by: str = Field(description="key column of the main data (the side table key defaults to it)")
+    key: str | None = Field(None, description="key column in the side table (default: by)")
+    format: Literal["auto", "csv", "tsv", "parquet", "jsonl"] = "auto"
+    delimiter: str | None = None
+    header: bool = True
+    columns: list[str] | None = None
+    encoding: str = "utf-8"
+
+
 class DataConfig(_Strict):
     """Where the raw rows come from and how to parse them."""
 
@@ -108,6 +125,7 @@ class DataConfig(_Strict):
     max_bad_fraction: float = Field(0.01, ge=0.0, le=1.0)
     synthetic: SyntheticConfig = SyntheticConfig()
     oracle_column: str | None = None
+    joins: list[JoinConfig] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _has_source(self) -> DataConfig:
@@ -173,6 +191,9 @@ class ListFeature(_Strict):
 
     name: str
     column: str | None = None
+    flags: list[str] | None = Field(
+        None, description="0/1 columns read as one bag: the names of the columns set to 1 "
+        "(MovieLens-100k's genre flags)")
     kind: Literal["sequence", "bag", "text"] = "sequence"
     delimiter: str = ","
     max_len: int = Field(50, ge=1)
@@ -217,6 +238,8 @@ class FeaturesConfig(_Strict):
     """
 
     label: str | list[str] = "label"
+    label_threshold: float | None = Field(
+        None, description="binarise labels: value >= threshold is 1 (e.g. rating >= 4)")
     group: str | None = None
     categorical_defaults: dict[str, Any] = Field(default_factory=dict)
     numeric_defaults: dict[str, Any] = Field(default_factory=dict)

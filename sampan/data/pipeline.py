@@ -76,12 +76,23 @@ class FeaturePipeline:
             cats.append(self.features.group)
         cats += self.extra_categorical if with_extra else []
         required = labels + (self.extra_required if with_extra else [])
+        numeric += [c for f in self.features.lists for c in (f.flags or [])]
         return ColumnRoles(numeric=numeric, categorical=cats, required=required, labels=labels,
-                           lists=[f.column or f.name for f in self.features.lists])
+                           lists=[f.column or f.name for f in self.features.lists
+                                  if not f.flags],
+                           label_threshold=self.features.label_threshold)
 
     @staticmethod
     def _input(table: pa.Table, spec: Any) -> pa.Array:
-        """The raw column of a feature; for a crossed feature its columns joined by \\x1f."""
+        """The raw column of a feature; for a crossed feature its columns joined by \\x1f;
+        for a flags bag, the names of its 0/1 columns that are set."""
+        if getattr(spec, "flags", None):
+            on = np.stack([pc.fill_null(_col(table, c), 0.0).to_numpy(zero_copy_only=False) != 0
+                           for c in spec.flags], axis=1)
+            rows, cols = np.nonzero(on)
+            offsets = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=len(on)))])
+            return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)),
+                                            pa.array(spec.flags).take(pa.array(cols)))
         if getattr(spec, "cross", None):
             parts = [pc.fill_null(_col(table, c).cast(pa.string()), "") for c in spec.cross]
             return pc.binary_join_element_wise(*parts, "\x1f")
@@ -94,7 +105,7 @@ class FeaturePipeline:
         for enc in self.numeric:
             enc.partial_fit(_col(table, enc.spec.column or enc.spec.name))
         for lenc in self.lists:
-            lenc.partial_fit(_col(table, lenc.spec.column or lenc.spec.name))
+            lenc.partial_fit(self._input(table, lenc.spec))
         self.fitted_rows_ += table.num_rows
 
     def finalize(self) -> None:
@@ -129,7 +140,7 @@ class FeaturePipeline:
             dense[:, j] = enc.transform(_col(table, enc.spec.column or enc.spec.name))
         out["sparse"], out["dense"] = sparse, dense
         if self.lists:
-            out["sequences"] = {e.spec.name: e.transform(_col(table, e.spec.column or e.spec.name))
+            out["sequences"] = {e.spec.name: e.transform(self._input(table, e.spec))
                                 for e in self.lists}
         if with_labels:
             labels = np.empty((n, len(self.features.labels)), dtype=np.float32)

@@ -46,6 +46,7 @@ class ColumnRoles:
     required: list[str] = field(default_factory=list)  # rows missing these are rejected
     labels: list[str] = field(default_factory=list)  # must lie in [0, 1]
     lists: list[str] = field(default_factory=list)  # delimited strings or list columns
+    label_threshold: float | None = None  # labels become value >= threshold
 
     @property
     def all(self) -> list[str]:
@@ -160,6 +161,88 @@ def iter_source(cfg: DataConfig, paths: list[Path], roles: ColumnRoles,
             yield from _iter_line_format(cfg, path, fmt, roles, log)
         else:
             raise DataError(f"{path}: format {fmt!r} cannot be read from a file")
+
+
+def read_source(cfg: DataConfig, spec: str | list[str], roles: ColumnRoles,
+                log: RejectLog) -> Iterator[pa.Table]:
+    """:func:`iter_source` over the files of ``spec``, with ``data.joins`` side tables
+    joined to every chunk (row order kept)."""
+    sides = [SideTable(j, roles) for j in cfg.joins]
+    provided = {c for side in sides for c in side.columns}
+    keys = [side.join.by for side in sides if side.join.by not in provided]
+    main = ColumnRoles(
+        numeric=[c for c in roles.numeric if c not in provided],
+        categorical=[c for c in roles.categorical if c not in provided]
+        + [k for k in keys if k not in roles.all],
+        required=[c for c in roles.required if c not in provided],
+        labels=[c for c in roles.labels if c not in provided],
+        lists=[c for c in roles.lists if c not in provided],
+        label_threshold=roles.label_threshold)
+    for table in iter_source(cfg, expand_paths(spec), main, log):
+        for side in sides:
+            table = side.attach(table)
+        yield table.select([*roles.all, LINE_COLUMN])
+
+
+class SideTable:
+    """One ``data.joins`` entry, read whole and indexed by its key."""
+
+    def __init__(self, join: Any, roles: ColumnRoles):
+        self.join = join
+        key = join.key or join.by
+        path = expand_paths(join.path)
+        cfg = DataConfig(train=join.path, format=join.format, delimiter=join.delimiter,
+                         header=join.header, columns=join.columns, encoding=join.encoding)
+        names = _file_columns(cfg, path[0])
+        if key not in names:
+            raise DataError(f"data.joins: key {key!r} is not a column of {join.path} ({names})")
+        self.columns = [c for c in roles.all if c in names and c != key]
+        side_roles = ColumnRoles(categorical=[key, *self.columns])
+        log = RejectLog(None)
+        parts = list(iter_source(cfg, path, side_roles, log))
+        if log.rejected:
+            raise DataError(f"data.joins: {join.path} has {log.rejected} unreadable rows "
+                            f"{dict(log.reasons)}")
+        table = pa.concat_tables(parts) if parts else pa.table(
+            {c: pa.array([], pa.string()) for c in side_roles.all})
+        keys = table.column(key).combine_chunks()
+        if len(pc.unique(keys)) != len(keys):
+            counts = pc.value_counts(keys)
+            dup = pc.filter(counts, pc.greater(counts.field("counts"), 1))[0]["values"]
+            raise DataError(f"data.joins: key {key!r} of {join.path} is not unique "
+                            f"(e.g. {dup.as_py()!r})")
+        self.keys = keys
+        # Numbers of a side table are checked like those of the main file, but a bad one
+        # becomes missing (the row it belongs to is not the main file's to reject).
+        self.values = {}
+        for c in self.columns:
+            col = pc.utf8_trim_whitespace(table.column(c).combine_chunks())
+            if c in roles.numeric:
+                ok = pc.fill_null(pc.match_substring_regex(col, _NUMBER_RE), False)
+                col = pc.if_else(ok, col, pa.scalar(None, pa.string())).cast(pa.float64())
+            self.values[c] = col
+
+    def attach(self, table: pa.Table) -> pa.Table:
+        idx = pc.index_in(pc.cast(table.column(self.join.by), pa.string()),
+                          value_set=self.keys)
+        for c in self.columns:
+            table = table.append_column(c, pc.take(self.values[c], idx))
+        return table
+
+
+def _file_columns(cfg: DataConfig, path: Path) -> list[str]:
+    fmt = detect_format(path, cfg.format)
+    if fmt == "parquet":
+        return pq.ParquetFile(path).schema_arrow.names
+    if fmt in ("csv", "tsv"):
+        if cfg.header:
+            names = _read_header(path, cfg.delimiter or ("\t" if fmt == "tsv" else ","),
+                                 cfg.encoding)
+            return list(cfg.columns) if cfg.columns else names
+        if not cfg.columns:
+            raise DataError(f"{path}: header is false, so columns must name the columns")
+        return list(cfg.columns)
+    raise DataError(f"{path}: side tables must be CSV, TSV or Parquet, not {fmt}")
 
 
 # ------------------------------------------------------- line formats: jsonl, libsvm, slot
@@ -551,6 +634,8 @@ def _validate(table: pa.Table, roles: ColumnRoles, lines: np.ndarray, file: str,
         if nulls.any():
             mark(np.nonzero(nulls)[0], "missing_value", c)
     for c in roles.labels:
+        if roles.label_threshold is not None:
+            typed[c] = pc.cast(pc.greater_equal(typed[c], roles.label_threshold), pa.float64())
         y = typed[c]
         out = pc.fill_null(pc.or_(pc.less(y, 0.0), pc.greater(y, 1.0)), False)
         out = out.to_numpy(zero_copy_only=False)

@@ -28,7 +28,7 @@ import pyarrow as pa
 
 from sampan.config import ExperimentConfig
 from sampan.data.pipeline import FeaturePipeline
-from sampan.data.sources import LINE_COLUMN, DataError, RejectLog, expand_paths, iter_source
+from sampan.data.sources import LINE_COLUMN, DataError, RejectLog, expand_paths, read_source
 from sampan.data.splits import ROLE_CODES, Splitter, split_fractions
 from sampan.data.synthetic import iter_synthetic
 from sampan.schema import DataSchema
@@ -114,7 +114,7 @@ def _source_tables(cfg: ExperimentConfig, spec: str | list[str] | None,
             log.kept += t.num_rows
             yield t.select(cols)
         return
-    yield from iter_source(cfg.data, expand_paths(spec), pipe.roles(), log)
+    yield from read_source(cfg.data, spec, pipe.roles(), log)
 
 
 def build_store(cfg: ExperimentConfig, root: str | Path, echo: Any = print) -> Store:
@@ -316,7 +316,7 @@ def transform_files(cfg: ExperimentConfig, pipe: FeaturePipeline, spec: str | li
         update={"format": "auto"})
     parts = []
     try:
-        for t in iter_source(data_cfg, expand_paths(spec), roles, log):
+        for t in read_source(data_cfg, spec, roles, log):
             if not t.num_rows:
                 continue
             arrays = pipe.transform(t, with_labels=with_labels)
