@@ -132,6 +132,141 @@ def predict(
                      if lines.rejected else ""))
 
 
+data_app = typer.Typer(help="Look at raw data, prepare it, build behaviour sequences.",
+                       no_args_is_help=True)
+app.add_typer(data_app, name="data")
+
+
+@data_app.command("inspect")
+def data_inspect(
+    file: Annotated[Path, typer.Argument(help="CSV/TSV (gzip/zstd too), Parquet or JSON lines.")],
+    rows: Annotated[int, typer.Option(help="Rows to look at (from the start).")] = 100_000,
+    delimiter: Annotated[str | None, typer.Option(help="Field separator (default: guessed).")]
+    = None,
+    header: Annotated[bool | None, typer.Option("--header/--no-header",
+                                                help="Whether line 1 names the columns "
+                                                     "(default: guessed).")] = None,
+) -> None:
+    """Guess the schema of a raw file: per column the type, null rate, cardinality and
+    sample values, plus the first rows. Use it to write the `data` and `features` config."""
+    from rich.table import Table
+
+    from sampan.data.inspect import inspect_file
+
+    try:
+        info = inspect_file(file, rows=rows, delimiter=delimiter, header=header)
+    except (OSError, ValueError) as e:
+        _fail(str(e))
+    console.print(f"[bold]{file}[/]: format {info['format']}"
+                  + (f", delimiter {info['delimiter']!r}" if info.get("delimiter") else "")
+                  + (f", header {info['header']}" if info.get("header") is not None else "")
+                  + f"; {info['rows']:,} rows read")
+    t = Table(show_lines=False)
+    for col in ("column", "type", "null %", "distinct", "top values"):
+        t.add_column(col, justify="right" if col in ("null %", "distinct") else "left")
+    for c in info["columns"]:
+        t.add_row(c["name"], c["type"], f"{100 * c['null_rate']:.1f}",
+                  f"{c['distinct']:,}" + ("+" if c["distinct_capped"] else ""),
+                  ", ".join(str(v) for v in c["top"])[:60])
+    console.print(t)
+    s = Table(title="first rows")
+    for c in info["columns"]:
+        s.add_column(c["name"], overflow="fold")
+    for r in info["sample"]:
+        s.add_row(*["" if v is None else str(v)[:24] for v in r])
+    console.print(s)
+
+
+@data_app.command("prepare")
+def data_prepare(
+    config: Annotated[Path | None, typer.Argument(help="Experiment YAML (default: built-in).")]
+    = None,
+    set_: SetOpt = None,
+    out: Annotated[Path | None, typer.Option(help="Where to write the processed data "
+                                                  "(default: OUTPUT_DIR/NAME/data).")] = None,
+) -> None:
+    """Read, validate, split, fit the feature pipeline on train and write model-ready arrays,
+    without training. Reports rows kept and rejected by reason, and every feature."""
+    from rich.table import Table
+
+    from sampan.config import ConfigError, load_config
+    from sampan.data.sources import DataError
+    from sampan.data.store import build_store
+
+    try:
+        cfg = load_config(config, overrides=set_ or [])
+        root = out or Path(cfg.output_dir) / cfg.name / "data"
+        store = build_store(cfg, root, echo=console.print)
+    except (ConfigError, DataError, FileNotFoundError) as e:
+        _fail(str(e))
+    pipe = store.pipeline()
+    t = Table(title=f"features fitted on {pipe.fitted_rows_:,} train rows")
+    for col in ("feature", "kind", "ids / stats"):
+        t.add_column(col)
+    for e in pipe.categorical:
+        t.add_row(e.spec.name, "categorical", f"{e.cardinality:,} ids"
+                  + (f", {e.oov_count_:,} OOV occurrences" if e.oov_count_ else ""))
+    for e in pipe.numeric:
+        t.add_row(e.spec.name, "numeric", f"fill {e.fill_:.4g}, mean {e.mean_:.4g}, std "
+                  f"{e.std_:.4g}, missing {100 * e.missing_rate_:.1f}%")
+    for e in pipe.lists:
+        t.add_row(e.spec.name, e.spec.kind, f"{e.cardinality:,} ids"
+                  + (f" (shares {e.spec.share})" if e.spec.share else "")
+                  + f", length mean {e.lengths_['mean']:.1f} max {e.lengths_['max']}")
+    console.print(t)
+    console.print(f"processed data: {root}")
+
+
+@data_app.command("build-sequences")
+def data_build_sequences(
+    events: Annotated[list[str], typer.Argument(help="Events file(s): one row per event.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Parquet file to write.")],
+    user: Annotated[str, typer.Option(help="User column.")] = "user_id",
+    item: Annotated[str, typer.Option(help="Item column.")] = "item_id",
+    category: Annotated[str | None, typer.Option(help="Item category column ('' for none).")]
+    = "category_id",
+    time: Annotated[str, typer.Option(help="Timestamp column (numbers).")] = "timestamp",
+    action: Annotated[str | None, typer.Option(help="Action column ('' for none).")]
+    = "behavior",
+    positive: Annotated[str | None, typer.Option(
+        help="Comma list of actions that are positives (default: every event).")] = None,
+    history_actions: Annotated[str | None, typer.Option(
+        help="Comma list of actions that enter histories (default: all).")] = None,
+    targets: Annotated[str, typer.Option(help="'all' events become samples, or only "
+                                              "'positive' ones.")] = "all",
+    max_len: Annotated[int, typer.Option(help="Longest history kept (most recent).")] = 50,
+    negatives: Annotated[int, typer.Option(help="Sampled negatives per positive.")] = 0,
+    seed: Annotated[int, typer.Option(help="Seed of the negative sampler.")] = 0,
+    columns: Annotated[str | None, typer.Option(
+        help="Comma list of column names for a file without header.")] = None,
+    delimiter: Annotated[str | None, typer.Option(help="Field separator.")] = None,
+) -> None:
+    """Turn an events log into DIN-style samples: each target event with the user's history
+    strictly before it (items and categories, most recent last), its label, and optional
+    sampled negatives. Train on the output with a `sequence` feature sharing the item's
+    vocabulary (see the README)."""
+    from sampan.data.behaviour import BuildOptions, build_sequences
+    from sampan.data.sources import DataError
+
+    def split(v: str | None) -> list[str] | None:
+        return [x for x in v.split(",") if x] if v else None
+
+    opt = BuildOptions(user=user, item=item, category=category or None, time=time,
+                       action=action or None, positive=split(positive),
+                       history_actions=split(history_actions), targets=targets,
+                       max_len=max_len, negatives=negatives, seed=seed,
+                       header=columns is None, columns=split(columns), delimiter=delimiter)
+    if targets not in ("all", "positive"):
+        _fail(f"--targets must be 'all' or 'positive', got {targets!r}")
+    try:
+        r = build_sequences(events, out, opt)
+    except (DataError, FileNotFoundError, KeyError) as e:
+        _fail(str(e))
+    console.print(f"read {r.events:,} events ({r.rejected:,} rejected) of {r.users:,} users; "
+                  f"wrote {r.samples:,} samples ({r.positives:,} positive, {r.negatives:,} "
+                  f"negative), mean history {r.mean_history:.2f}, to {out}")
+
+
 @app.command()
 def models() -> None:
     """List the registered model names (the values `model.name` accepts)."""
