@@ -240,6 +240,9 @@ def data_build_sequences(
     columns: Annotated[str | None, typer.Option(
         help="Comma list of column names for a file without header.")] = None,
     delimiter: Annotated[str | None, typer.Option(help="Field separator.")] = None,
+    format: Annotated[str, typer.Option(
+        help="auto (by extension), csv, tsv, parquet, jsonl, or sequence_lines: 'user item_1 "
+             "item_2 ...' per line in time order (SASRec / S3-Rec files).")] = "auto",
 ) -> None:
     """Turn an events log into DIN-style samples: each target event with the user's history
     strictly before it (items and categories, most recent last), its label, and optional
@@ -255,7 +258,10 @@ def data_build_sequences(
                        action=action or None, positive=split(positive),
                        history_actions=split(history_actions), targets=targets,
                        max_len=max_len, negatives=negatives, seed=seed,
-                       header=columns is None, columns=split(columns), delimiter=delimiter)
+                       header=columns is None, columns=split(columns), delimiter=delimiter,
+                       format=format)
+    if format == "sequence_lines":
+        opt.category, opt.action = None, None
     if targets not in ("all", "positive"):
         _fail(f"--targets must be 'all' or 'positive', got {targets!r}")
     try:

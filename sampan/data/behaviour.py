@@ -64,6 +64,10 @@ class BuildReport:
 
 def build_sequences(events: str | list[str], out: str | Path, opt: BuildOptions) -> BuildReport:
     """Read the events, build the samples and write them to ``out`` (Parquet)."""
+    if opt.format == "sequence_lines":
+        t, read = _sequence_lines(events, opt)
+        samples = build_from_table(t, opt)
+        return _write(samples, out, opt, t, read, 0)
     cfg = DataConfig(train=events, format=opt.format, header=opt.header, columns=opt.columns,
                      delimiter=opt.delimiter)
     cats = [c for c in (opt.user, opt.item, opt.category, opt.action, *opt.extra) if c]
@@ -77,15 +81,43 @@ def build_sequences(events: str | list[str], out: str | Path, opt: BuildOptions)
     if not parts:
         raise DataError(f"no usable events in {events}")
     t = pa.concat_tables(parts).drop_columns(["_line"])
-    samples = build_from_table(t, opt)
+    return _write(build_from_table(t, opt), out, opt, t, log.read, log.rejected)
+
+
+def _write(samples: pa.Table, out: str | Path, opt: BuildOptions, events: pa.Table, read: int,
+           rejected: int) -> BuildReport:
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(samples, out)
     lab = samples.column("label").to_numpy()
     lens = pc.list_value_length(samples.column(f"hist_{opt.item}")).to_numpy()
-    return BuildReport(events=log.read, rejected=log.rejected, samples=samples.num_rows,
+    return BuildReport(events=read, rejected=rejected, samples=samples.num_rows,
                        positives=int(lab.sum()), negatives=int((lab == 0).sum()),
-                       users=len(pc.unique(t.column(opt.user))),
+                       users=len(pc.unique(events.column(opt.user))),
                        mean_history=float(lens.mean()) if len(lens) else 0.0)
+
+
+def _sequence_lines(files: str | list[str], opt: BuildOptions) -> tuple[pa.Table, int]:
+    """``user item_1 item_2 ...`` per line (SASRec / S3-Rec files), items in time order ->
+    events with the position in the line as timestamp."""
+    from sampan.data.sources import _iter_lines, _tokens
+
+    users, items, times = [], [], []
+    for path in expand_paths(files):
+        for raw, _ in _iter_lines(path, 4 << 20):
+            flat, rows = _tokens(raw.cast(pa.string()))
+            first = np.concatenate([[True], rows[1:] != rows[:-1]]) if len(rows) else \
+                np.array([], bool)
+            starts = np.nonzero(first)[0]
+            user_of_row = pc.filter(flat, pa.array(first))
+            # events: every token but the first of its line
+            ev = np.nonzero(~first)[0]
+            line_idx = np.searchsorted(starts, ev, side="right") - 1
+            users.append(user_of_row.take(pa.array(line_idx)))
+            items.append(flat.take(pa.array(ev)))
+            times.append(ev - starts[line_idx])
+    t = pa.table({opt.user: pa.concat_arrays(users), opt.item: pa.concat_arrays(items),
+                  opt.time: pa.array(np.concatenate(times).astype(np.float64))})
+    return t, t.num_rows
 
 
 def build_from_table(t: pa.Table, opt: BuildOptions) -> pa.Table:
