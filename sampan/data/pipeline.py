@@ -17,8 +17,11 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -100,8 +103,8 @@ class FeaturePipeline:
 
     # -- fitting
     def partial_fit(self, table: pa.Table) -> None:
-        for enc in self.categorical:
-            enc.partial_fit(self._input(table, enc.spec))
+        list(_pool().map(lambda enc: enc.partial_fit(self._input(table, enc.spec)),
+                         self.categorical))
         for enc in self.numeric:
             enc.partial_fit(_col(table, enc.spec.column or enc.spec.name))
         for lenc in self.lists:
@@ -133,8 +136,13 @@ class FeaturePipeline:
         n = table.num_rows
         out: dict[str, np.ndarray] = {}
         sparse = np.empty((n, len(self.categorical)), dtype=np.int64)
-        for j, enc in enumerate(self.categorical):
-            sparse[:, j] = enc.transform(self._input(table, enc.spec))
+
+        def encode(j: int) -> None:
+            sparse[:, j] = self.categorical[j].transform(
+                self._input(table, self.categorical[j].spec))
+
+        # Arrow kernels release the GIL: the columns are encoded on all cores.
+        list(_pool().map(encode, range(len(self.categorical))))
         dense = np.empty((n, len(self.numeric)), dtype=np.float32)
         for j, enc in enumerate(self.numeric):
             dense[:, j] = enc.transform(_col(table, enc.spec.column or enc.spec.name))
@@ -208,6 +216,13 @@ class FeaturePipeline:
         pipe.fitted_rows_ = state["fitted_rows"]
         pipe.is_fitted_ = True
         return pipe
+
+
+@functools.cache
+def _pool() -> ThreadPoolExecutor:
+    """Threads for column-parallel encoding (one per core, shared by all pipelines)."""
+    return ThreadPoolExecutor(max_workers=os.cpu_count() or 2,
+                              thread_name_prefix="sampan-encode")
 
 
 def _col(table: pa.Table, name: str) -> pa.Array:

@@ -278,8 +278,10 @@ def _iter_line_format(cfg: DataConfig, path: Path, fmt: str, roles: ColumnRoles,
                       log: RejectLog) -> Iterator[pa.Table]:
     for raw, first in _iter_lines(path, cfg.block_size):
         lines = np.arange(first, first + len(raw))
-        keep = pc.not_equal(pc.binary_length(raw), 0).to_numpy(zero_copy_only=False)
         text, ok = _decode(raw)
+        # blank (or whitespace-only) lines carry no record
+        keep = pc.not_equal(pc.binary_length(pc.utf8_trim_whitespace(text)), 0).to_numpy(
+            zero_copy_only=False) | ~ok
         for r in np.nonzero(~ok & keep)[0].tolist():  # error path: undecodable lines
             log.read += 1
             log.reject(str(path), int(lines[r]), "bad_encoding", None,
@@ -327,8 +329,9 @@ def _parse_jsonl(text: pa.Array, lines: np.ndarray, roles: ColumnRoles, path: st
     buf = pc.binary_join(one, pa.scalar("\n", pa.large_string()))[0].as_buffer()
     try:
         table = pajson.read_json(pa.BufferReader(buf))
-        _missing_columns(roles, table.column_names, path)
-        return table.select(roles.all), lines
+        if table.num_rows == len(lines):  # else some line held 0 or 2+ objects: go slow
+            _missing_columns(roles, table.column_names, path)
+            return table.select(roles.all), lines
     except pa.ArrowInvalid:
         pass
     rows: list[dict] = []
@@ -507,11 +510,12 @@ def _iter_text(cfg: DataConfig, path: Path, fmt: str, roles: ColumnRoles,
         report_misread()
         raise DataError(f"{path}: cannot read as {fmt.upper()}: {e}") from None
     try:
-        for batch in reader:
-            for line, text, why in skipped_text[reported:]:
+        for batch in _prefetch(reader):
+            new = skipped_text[reported:]  # the reader thread may append meanwhile
+            reported += len(new)
+            for line, text, why in new:
                 log.read += 1
                 log.reject(str(path), line, "wrong_field_count", None, f"{why}: {text}")
-            reported = len(skipped_text)
             log.check_early()
             n = batch.num_rows
             if n == 0:
@@ -535,6 +539,47 @@ def _iter_text(cfg: DataConfig, path: Path, fmt: str, roles: ColumnRoles,
         raise DataError(f"{path}: unreadable after line {first_line + delivered}: {e}") from None
     finally:
         stream.close()
+
+
+def _prefetch(it: Iterator[Any], depth: int = 2) -> Iterator[Any]:
+    """Run ``it`` in a background thread (CSV parsing releases the GIL, so the next block is
+    parsed while this one is validated)."""
+    import queue
+    import threading
+
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    done = object()
+    stop = threading.Event()
+
+    def work() -> None:
+        try:
+            for x in it:
+                while not stop.is_set():
+                    try:
+                        q.put(x, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+        except BaseException as e:  # re-raised in the consumer
+            q.put(e)
+            return
+        q.put(done)
+
+    t = threading.Thread(target=work, daemon=True, name="sampan-read")
+    t.start()
+    try:
+        while True:
+            x = q.get()
+            if x is done:
+                return
+            if isinstance(x, BaseException):
+                raise x
+            yield x
+    finally:
+        stop.set()
+        t.join()
 
 
 def _read_header(path: Path, delimiter: str, encoding: str) -> list[str]:
@@ -618,13 +663,19 @@ def _validate(table: pa.Table, roles: ColumnRoles, lines: np.ndarray, file: str,
     for c in roles.numeric:
         if c in typed:
             continue
-        col = strings[c] = pc.utf8_trim_whitespace(strings[c])  # " 1" after ", " is a number
-        ok = pc.fill_null(pc.match_substring_regex(col, _NUMBER_RE), True).to_numpy(
-            zero_copy_only=False)
-        if not ok.all():
-            mark(np.nonzero(~ok)[0], "unparsable_number", c)
-        # 1e400 matches the pattern but is not a finite float64
-        vals = pc.if_else(pa.array(ok), col, pa.scalar(None, pa.string())).cast(pa.float64())
+        try:  # fast path: the whole column casts
+            vals = strings[c].cast(pa.float64())
+        except pa.ArrowInvalid:  # find the bad cells (and accept " 1" after ", ")
+            col = strings[c] = pc.utf8_trim_whitespace(strings[c])
+            ok = pc.fill_null(pc.match_substring_regex(col, _NUMBER_RE), True).to_numpy(
+                zero_copy_only=False)
+            if not ok.all():
+                mark(np.nonzero(~ok)[0], "unparsable_number", c)
+            vals = pc.if_else(pa.array(ok), col, pa.scalar(None, pa.string())).cast(pa.float64())
+        # 1e400, "inf" and "nan" cast but are not usable numbers
+        nan = pc.fill_null(pc.is_nan(vals), False).to_numpy(zero_copy_only=False)
+        if nan.any():
+            mark(np.nonzero(nan)[0], "unparsable_number", c)
         typed[c] = vals
         inf = pc.fill_null(pc.is_inf(vals), False).to_numpy(zero_copy_only=False)
         if inf.any():

@@ -82,10 +82,12 @@ class Splitter:
                     raise ValueError("a time split needs the timestamps of the train source")
                 f_train = fractions.get("train", 1.0)
                 f_valid = fractions.get("valid", 0.0)
-                b1, b2 = np.quantile(times, [f_train, min(1.0, f_train + f_valid)])
-                self.boundaries = (float(b1), float(b2) if "test" in fractions else np.inf)
-                if "valid" not in fractions:
-                    self.boundaries = (float(b1), float(b1))
+                f_test = fractions.get("test", 0.0)
+                # a role that takes nothing from the train source gets no rows at all
+                b1 = float(np.quantile(times, f_train)) if f_valid + f_test > 0 else np.inf
+                b2 = float(np.quantile(times, min(1.0, f_train + f_valid))) if f_test > 0 \
+                    else np.inf
+                self.boundaries = (b1, b2)
 
     def codes(self, table: pa.Table, start: int) -> np.ndarray:
         n = table.num_rows

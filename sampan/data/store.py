@@ -153,8 +153,12 @@ def build_store(cfg: ExperimentConfig, root: str | Path, echo: Any = print) -> S
     n_src = staged["train"][1]
     times = None
     if split.method == "time":
-        times = _column_sample(staged["train"][0], split.column)
         _check_time_order(staged, split.column)
+        if "valid" in explicit and "test" in carve:
+            raise DataError("time split: data.valid is a separate file, so the test rows "
+                            "cannot be carved from data.train (they would come before "
+                            "validation); give data.test as well")
+        times = _column_sample(staged["train"][0], split.column)
     splitter = Splitter(split, fractions, n_src, times)
 
     def batches(role: str) -> Iterator[pa.Table]:

@@ -109,7 +109,9 @@ class CategoricalEncoder:
             x = values.cast(pa.float64())
             big = pc.greater(x, 2.0)
             logsq = pc.floor(pc.power(pc.ln(pc.if_else(big, x, 3.0)), 2))
-            values = pc.if_else(big, logsq, pc.floor(x))
+            # whole numbers by construction (inputs are finite): one cast to text
+            return pc.if_else(big, logsq, pc.floor(x)).cast(pa.int64(), safe=False).cast(
+                pa.string())
         return _as_string(values)
 
     # -- fitting
@@ -263,11 +265,11 @@ def split_lists(values: pa.Array, spec: ListFeature) -> pa.ListArray:
         if spec.kind == "text" and spec.tokenizer == "jieba":
             lists = _jieba_tokens(text)
         elif spec.kind == "text":
-            lists = pc.split_pattern_regex(pc.utf8_lower(text), r"[^\w]+")
+            lists = pc.split_pattern_regex(pc.utf8_lower(text), r"[^\pL\pN_]+")  # Unicode
         else:
             lists = pc.split_pattern(text, spec.delimiter)
     flat = pc.list_flatten(lists)
-    keep = pc.not_equal(flat, "").to_numpy(zero_copy_only=False)
+    keep = pc.fill_null(pc.not_equal(flat, ""), False).to_numpy(zero_copy_only=False)
     if keep.all():
         return lists
     rows = pc.list_parent_indices(lists).to_numpy()

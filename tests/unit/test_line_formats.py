@@ -164,8 +164,6 @@ def test_jsonl_crlf_and_empty_lines(tmp_path) -> None:
     assert log.summary() == {"read": 4, "kept": 4, "rejected": 0, "reasons": {}}
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a whitespace-only JSON line makes Arrow's reader "
-                   "return fewer rows than lines -> raw ArrowInvalid '_line expected length'")
 def test_jsonl_whitespace_only_line(tmp_path) -> None:
     p = tmp_path / "d.jsonl"
     p.write_text(json.dumps(JSON_GOOD[0]) + "\n   \n" + json.dumps(JSON_GOOD[1]) + "\n")
@@ -174,8 +172,6 @@ def test_jsonl_whitespace_only_line(tmp_path) -> None:
     assert _lines(table) == [1, 3]
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: two JSON objects on one line are read as two rows "
-                   "by Arrow's reader -> raw ArrowInvalid instead of a bad_json reject")
 def test_jsonl_two_objects_on_one_line(tmp_path) -> None:
     p = tmp_path / "d.jsonl"
     p.write_text(json.dumps(JSON_GOOD[0]) + " " + json.dumps(JSON_GOOD[1]) + "\n"

@@ -72,8 +72,6 @@ def test_split_list_typed_input() -> None:
     assert _lists(big) == [["a"], ["b"]]
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: split_lists raises IndexError on a list column "
-                   "holding a null element (JSON [\"a\", null], Parquet list with nulls)")
 def test_split_list_typed_input_with_null_elements() -> None:
     arr = pa.array([["a", None], ["b"], [None]], pa.list_(pa.string()))
     assert _lists(arr) == [["a"], ["b"], []]
@@ -87,8 +85,6 @@ def test_split_text_lowercase_word_tokens() -> None:
                    ["route", "66"]]
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: the latin tokenizer splits on non-ASCII letters "
-                   "(RE2 \\w is ASCII-only): 'Café' -> ['caf']")
 def test_split_text_keeps_accented_letters() -> None:
     spec = ListFeature(name="t", kind="text")
     assert _lists(pa.array(["Café AU lait, ÉCOLE naïve"]), spec) == [
@@ -153,6 +149,19 @@ def test_list_encoder_ids_start_at_two_and_padding_is_zero() -> None:
     real = got[got != 0]
     assert real.min() >= 2 and set(real.tolist()) == {2, 3, 4}
     assert (got[:, 0] == 0).all()  # every row shorter than max_len is left-padded
+
+
+def test_list_encoder_own_vocabulary_max_size_and_hash_buckets() -> None:
+    spec = ListFeature(name="g", kind="bag", delimiter="|", max_len=4, max_size=2,
+                       hash_buckets=7)
+    enc = ListEncoder(spec)
+    enc.partial_fit(pa.array(["a|b|c", "a|b", "a"]))
+    enc.finalize()
+    assert enc.vocab.vocab_.to_pylist() == ["a", "b"]  # c (count 1) is beyond max_size
+    assert enc.cardinality == 2 + 2 + 7
+    got = enc.transform(pa.array(["b|c|zz|a"]))
+    h = (stable_hash(pa.array(["c", "zz"])) % np.uint64(7)).astype(np.int64)
+    assert got.tolist() == [[3, 4 + h[0], 4 + h[1], 2]]
 
 
 def test_list_encoder_transform_before_fit_raises() -> None:
