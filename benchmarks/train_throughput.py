@@ -445,17 +445,11 @@ def markdown(report: dict) -> str:
 
 
 def update_readme(path: Path, report: dict) -> None:
-    """Replace the block between this report's markers in ``path`` (append when absent)."""
+    """Rewrite this report's block of the README's Performance section."""
+    from _readme import update_block
+
     key = "train_throughput_memory" if "memory" in report else "train_throughput"
-    BEGIN, END = f"<!-- perf:{key} -->", f"<!-- /perf:{key} -->"
-    text = path.read_text()
-    block = f"{BEGIN}\n{markdown(report)}\n{END}"
-    if BEGIN in text:
-        text = text[: text.index(BEGIN)] + block + text[text.index(END) + len(END):]
-    else:
-        text += f"\n{block}\n"
-    path.write_text(text)
-    print(f"updated {path}")
+    update_block(path, key, markdown(report))
 
 
 if __name__ == "__main__":

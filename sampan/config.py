@@ -120,7 +120,7 @@ class DataConfig(_Strict):
     header: bool = True
     columns: list[str] | None = None
     encoding: str = "utf-8"
-    block_size: int = Field(4 << 20, gt=0, description="bytes read per chunk")
+    block_size: int = Field(16 << 20, gt=0, description="bytes parsed per chunk")
     split: SplitConfig = SplitConfig()
     max_bad_fraction: float = Field(0.01, ge=0.0, le=1.0)
     synthetic: SyntheticConfig = SyntheticConfig()

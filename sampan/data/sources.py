@@ -451,17 +451,10 @@ def _parse_slots(text: pa.Array, roles: ColumnRoles) -> pa.Table:
 # ------------------------------------------------------------------------------ text files
 def _iter_text(cfg: DataConfig, path: Path, fmt: str, roles: ColumnRoles,
                log: RejectLog) -> Iterator[pa.Table]:
+    """CSV / TSV in newline-aligned blocks, each parsed on its own (by all cores) while the
+    previous one is validated. Independent blocks keep memory flat however large the file
+    (Arrow's streaming CSV reader grows with the input); records must be one per line."""
     delimiter = cfg.delimiter or ("\t" if fmt == "tsv" else ",")
-    skipped: list[int] = []
-    skipped_text: list[tuple[int, str, str]] = []
-
-    def on_invalid(row: Any) -> str:
-        skipped.append(row.number)
-        skipped_text.append((row.number, row.text,
-                             f"expected {row.expected_columns} fields, got {row.actual_columns}"))
-        # The reader yields nothing while every row is bad: judge a misread file here.
-        return "error" if len(skipped) >= 1000 and log.kept == 0 and not delivered else "skip"
-
     if cfg.header:
         names = _read_header(path, delimiter, cfg.encoding)
         if cfg.columns is not None:
@@ -469,76 +462,94 @@ def _iter_text(cfg: DataConfig, path: Path, fmt: str, roles: ColumnRoles,
                 raise DataError(f"{path}: data.columns names {len(cfg.columns)} columns but the "
                                 f"header has {len(names)}: {names}")
             names = list(cfg.columns)
-        skip_rows, first_line = 1, 2
     else:
         if not cfg.columns:
             raise DataError(f"{path}: data.header is false, so data.columns must list the "
                             "column names in file order")
-        names, skip_rows, first_line = list(cfg.columns), 0, 1
+        names = list(cfg.columns)
     missing = [c for c in roles.all if c not in names]
     if missing:
         raise DataError(f"{path}: column(s) {missing} not found; the file has {names}")
-
-    read_opts = pacsv.ReadOptions(
-        column_names=names, skip_rows=skip_rows, block_size=cfg.block_size, use_threads=False,
-        encoding="utf8" if cfg.encoding.lower().replace("-", "") == "utf8" else cfg.encoding,
-    )
-    parse_opts = pacsv.ParseOptions(
-        delimiter=delimiter, quote_char=False if fmt == "tsv" else '"',
-        ignore_empty_lines=False, invalid_row_handler=on_invalid,
-    )
+    encoding = "utf8" if cfg.encoding.lower().replace("-", "") == "utf8" else cfg.encoding
     conv_opts = pacsv.ConvertOptions(
         include_columns=roles.all, column_types={c: pa.binary() for c in roles.all},
         null_values=[""], strings_can_be_null=True, quoted_strings_can_be_null=True,
     )
-    delivered = 0
-    reported = 0
 
-    def report_misread() -> None:
-        if len(skipped) >= 1000 and not delivered:  # on_invalid stopped the reader
-            for line, text, why in skipped_text[reported:]:
-                log.read += 1
-                log.reject(str(path), line, "wrong_field_count", None, f"{why}: {text}")
-            log.check_early()
+    def parse(block: bytes, skip: int, threads: bool,
+              bad: list[tuple[int, str, str]]) -> pa.Table:
+        def on_invalid(row: Any) -> str:
+            bad.append((row.number, row.text,
+                        f"expected {row.expected_columns} fields, got {row.actual_columns}"))
+            # a file that is clearly misread stops here instead of filling the rejects file
+            return "error" if len(bad) >= 1000 and log.kept == 0 else "skip"
 
-    stream = pa.input_stream(str(path), compression="detect")
-    try:
-        reader = pacsv.open_csv(stream, read_options=read_opts, parse_options=parse_opts,
-                                convert_options=conv_opts)
-    except pa.ArrowInvalid as e:
-        stream.close()
-        report_misread()
-        raise DataError(f"{path}: cannot read as {fmt.upper()}: {e}") from None
-    try:
-        for batch in _prefetch(reader):
-            new = skipped_text[reported:]  # the reader thread may append meanwhile
-            reported += len(new)
-            for line, text, why in new:
-                log.read += 1
-                log.reject(str(path), line, "wrong_field_count", None, f"{why}: {text}")
-            log.check_early()
-            n = batch.num_rows
-            if n == 0:
-                continue
-            s = np.asarray(skipped, dtype=np.int64)
-            s.sort()
-            before = s - first_line - np.arange(len(s))
-            idx = np.arange(delivered, delivered + n)
-            lines = first_line + idx + np.searchsorted(before, idx, side="right")
-            delivered += n
-            table = pa.Table.from_batches([batch])
-            out = _validate(table, roles, lines, str(path), log, delimiter)
-            log.check_early()
-            if out.num_rows:
-                yield out
-        for line, text, why in skipped_text[reported:]:
+        return pacsv.read_csv(
+            pa.BufferReader(block),
+            read_options=pacsv.ReadOptions(column_names=names, skip_rows=skip,
+                                           use_threads=threads, encoding=encoding),
+            parse_options=pacsv.ParseOptions(
+                delimiter=delimiter, quote_char=False if fmt == "tsv" else '"',
+                ignore_empty_lines=False, invalid_row_handler=on_invalid),
+            convert_options=conv_opts)
+
+    def blocks() -> Iterator[tuple[pa.Table, int, list[tuple[int, str, str]]]]:
+        line = 1
+        for k, (block, n_lines) in enumerate(_raw_blocks(path, cfg.block_size)):
+            skip = 1 if (k == 0 and cfg.header) else 0
+            first = line + skip  # physical line of the block's first record
+            bad: list[tuple[int, str, str]] = []
+            try:
+                table = parse(block, skip, True, bad)
+                if bad:  # row numbers need the serial parser: re-parse this block
+                    bad.clear()
+                    table = parse(block, skip, False, bad)
+            except pa.ArrowInvalid as e:
+                if len(bad) >= 1000:
+                    yield pa.table({}), first, bad  # report what was seen, then stop
+                    return
+                raise DataError(f"{path}: cannot read as {fmt.upper()} near line {first}: "
+                                f"{e}") from None
+            # the parser numbers lines from the block's start (a skipped header included)
+            yield table, first, [(line + b[0] - 1, b[1], b[2]) for b in bad if b[0]]
+            line += n_lines
+
+    for table, first, bad in _prefetch(blocks()):
+        for line, text, why in bad:
             log.read += 1
             log.reject(str(path), line, "wrong_field_count", None, f"{why}: {text}")
-    except pa.ArrowInvalid as e:
-        report_misread()
-        raise DataError(f"{path}: unreadable after line {first_line + delivered}: {e}") from None
-    finally:
-        stream.close()
+        log.check_early()
+        n = table.num_rows
+        if n == 0:
+            continue
+        # physical line of each delivered row: skip over the rejected lines before it
+        s = np.sort(np.asarray([b[0] for b in bad], dtype=np.int64))
+        before = s - first - np.arange(len(s))
+        idx = np.arange(n)
+        lines = first + idx + np.searchsorted(before, idx, side="right")
+        out = _validate(table, roles, lines, str(path), log, delimiter)
+        log.check_early()
+        if out.num_rows:
+            yield out
+
+
+def _raw_blocks(path: Path, block_size: int) -> Iterator[tuple[bytes, int]]:
+    """Newline-aligned blocks of a (decompressed) file and the number of lines in each."""
+    rest = b""
+    with pa.input_stream(str(path), compression="detect") as f:
+        while True:
+            chunk = f.read(block_size)
+            data = rest + chunk
+            if not chunk:
+                if data:
+                    yield data, data.count(b"\n") + (not data.endswith(b"\n"))
+                return
+            cut = data.rfind(b"\n")
+            if cut < 0:
+                rest = data
+                continue
+            block, rest = data[: cut + 1], data[cut + 1:]
+            yield block, block.count(b"\n")
 
 
 def _prefetch(it: Iterator[Any], depth: int = 2) -> Iterator[Any]:

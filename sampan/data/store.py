@@ -167,7 +167,7 @@ def build_store(cfg: ExperimentConfig, root: str | Path, echo: Any = print) -> S
         if n == 0:  # a valid/test file with no usable rows: an empty split
             return
         start = 0
-        with pa.memory_map(str(path)) as mm:
+        with pa.OSFile(str(path)) as mm:  # read, not mapped: memory stays bounded
             reader = pa.ipc.open_file(mm)
             for i in range(reader.num_record_batches):
                 b = reader.get_batch(i)
@@ -221,7 +221,7 @@ def _staged_chunks(path: Path, columns: list[str]) -> Iterator[tuple[int, pa.Tab
     if path.stat().st_size == 0:
         return
     start = 0
-    with pa.memory_map(str(path)) as mm:
+    with pa.OSFile(str(path)) as mm:
         reader = pa.ipc.open_file(mm)
         for i in range(reader.num_record_batches):
             b = reader.get_batch(i)
@@ -290,22 +290,29 @@ def _write_split(pipe: FeaturePipeline, tables: Iterator[pa.Table], out: Path, n
         keys.append(f"seq_{spec.name}")
         shapes[f"seq_{spec.name}"] = (n, spec.max_len)
         dtypes[f"seq_{spec.name}"] = np.int64
-    mms = {k: np.lib.format.open_memmap(out / f"{k}.npy", mode="w+", dtype=dtypes[k],
-                                        shape=shapes[k]) for k in keys}
-    pos = 0
-    for t in tables:
-        arrays = pipe.transform(t)
-        for name, ids in arrays.pop("sequences", {}).items():
-            arrays[f"seq_{name}"] = ids
-        if oracle:
-            arrays["oracle"] = arrays.pop(oracle)
-        for k in keys:
-            mms[k][pos:pos + t.num_rows] = arrays[k]
-        pos += t.num_rows
+    # Plain appends (not a writable memory map): written pages do not stay in this
+    # process's resident set, so peak memory does not grow with the data.
+    files = {k: open(out / f"{k}.npy", "wb") for k in keys}  # noqa: SIM115 - closed below
+    try:
+        for k, f in files.items():
+            np.lib.format.write_array_header_1_0(
+                f, {"descr": np.lib.format.dtype_to_descr(np.dtype(dtypes[k])),
+                    "fortran_order": False, "shape": shapes[k]})
+        pos = 0
+        for t in tables:
+            arrays = pipe.transform(t)
+            for name, ids in arrays.pop("sequences", {}).items():
+                arrays[f"seq_{name}"] = ids
+            if oracle:
+                arrays["oracle"] = arrays.pop(oracle)
+            for k in keys:
+                files[k].write(np.ascontiguousarray(arrays[k], dtype=dtypes[k]).tobytes())
+            pos += t.num_rows
+    finally:
+        for f in files.values():
+            f.close()
     if pos != n:
         raise RuntimeError(f"{out.name}: wrote {pos} rows, expected {n}")
-    for mm in mms.values():
-        mm.flush()
     return n
 
 

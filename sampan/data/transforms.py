@@ -98,6 +98,7 @@ class CategoricalEncoder:
         self.spec = spec
         self._parts: list[pa.Table] = []
         self._pending = 0
+        self._merged_size = 0
         self.vocab_: pa.Array | None = None  # string values, id = FIRST_VOCAB_ID + position
         self.counts_: np.ndarray | None = None
         self.oov_count_: int | None = None
@@ -125,9 +126,11 @@ class CategoricalEncoder:
         vc = pc.value_counts(pc.fill_null(self._prepare(values), ""))
         self._parts.append(pa.table({"v": vc.field("values"), "c": vc.field("counts")}))
         self._pending += len(vc)
-        if self._pending > 2_000_000:  # bound memory: merge the partial counts
+        # Merge the partial counts once they outgrow the merged table: memory stays
+        # proportional to the vocabulary, not to the rows read.
+        if self._pending > max(100_000, 2 * self._merged_size):
             self._parts = [self._merged()]
-            self._pending = len(self._parts[0])
+            self._merged_size = self._pending = len(self._parts[0])
 
     def _merged(self) -> pa.Table:
         if not self._parts:
