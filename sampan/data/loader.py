@@ -121,14 +121,21 @@ class BatchLoader:
         else:
             sel = np.sort(order[lo:hi])  # sorted gathers are friendlier to memory-mapped pages
 
-        def take(a: np.ndarray | None) -> torch.Tensor | None:
-            # A slice of a read-only memory map is a view: copy it so the tensor owns its data.
-            return None if a is None else torch.from_numpy(np.array(a[sel], copy=True))
+        def take(a: np.ndarray | None, ids: bool = False) -> torch.Tensor | None:
+            # A slice of a read-only memory map is a view: copy it so the tensor owns its
+            # data. Ids may be stored as int32; the Batch carries int64.
+            if a is None:
+                return None
+            part = a[sel]
+            if ids and part.dtype != np.int64:
+                return torch.from_numpy(part.astype(np.int64))
+            return torch.from_numpy(np.array(part, copy=True))
 
         d = self.data
-        seqs = {k: take(v) for k, v in d.sequences.items()} if d.sequences else None
-        batch = Batch(dense=take(d.dense), sparse=take(d.sparse), labels=take(d.labels),
-                      group=take(d.group), oracle=take(d.oracle), sequences=seqs)
+        seqs = {k: take(v, ids=True) for k, v in d.sequences.items()} if d.sequences else None
+        batch = Batch(dense=take(d.dense), sparse=take(d.sparse, ids=True),
+                      labels=take(d.labels), group=take(d.group), oracle=take(d.oracle),
+                      sequences=seqs)
         return batch.pin_memory() if self.pin_memory else batch
 
     def __iter__(self) -> Iterator[Batch]:

@@ -6,7 +6,7 @@ Layout of ``<run>/data``::
     rejects.jsonl          every rejected raw row: file, line, reason, column, text
     pipeline/              the fitted FeaturePipeline (pipeline.json + vocab .npy files)
     train/ valid/ test/    one .npy per Batch field, rows aligned:
-        dense.npy  [N, Nd] float32      sparse.npy [N, F] int64
+        dense.npy  [N, Nd] float32      sparse.npy [N, F] int32 (int64 for > 2^31 ids)
         labels.npy [N, T]  float32      group.npy  [N] int64   (when features.group is set)
         oracle.npy [N]     float64      (when data.oracle_column is set)
 
@@ -182,15 +182,29 @@ def build_store(cfg: ExperimentConfig, root: str | Path, echo: Any = print) -> S
     pipe.fit(batches("train"))
     pipe.save(root / "pipeline")
 
-    # 4. Transform every split into memory-mapped arrays.
+    # 4. Transform every split: one pass over the train source feeds all carved splits.
     rows = {r: 0 if r in carve else staged[r][1] for r in SPLITS}
-    for start, t in _staged_chunks(staged["train"][0], [split.column] if split.column and
-                                   split.method in ("time", "group") else []):
+    key_cols = [split.column] if split.method in ("time", "group") else []
+    for start, t in _staged_chunks(staged["train"][0], key_cols):
         codes = splitter.codes(t, start)  # chunk by chunk: memory stays bounded
         for r in carve:
             rows[r] += int((codes == ROLE_CODES[r]).sum())
-    for role in SPLITS:
-        _write_split(pipe, batches(role), root / role, rows[role], extra[0] if extra else None)
+    oracle = extra[0] if extra else None
+    writers = {r: _SplitWriter(root / r, pipe.schema(), rows[r], oracle) for r in SPLITS}
+    try:
+        for start, t in _staged_chunks(staged["train"][0], None):
+            codes = splitter.codes(t, start)
+            for r in carve:
+                part = t.filter(pa.array(codes == ROLE_CODES[r]))
+                if part.num_rows:
+                    writers[r].append(pipe.transform(part))
+        for r in SPLITS:
+            if r not in carve:
+                for t in batches(r):
+                    writers[r].append(pipe.transform(t))
+    finally:
+        for w in writers.values():
+            w.close()
     shutil.rmtree(root / "staging")
 
     sources = {r: (cfg.data.synthetic.model_dump() if cfg.data.format == "synthetic"
@@ -216,16 +230,18 @@ def build_store(cfg: ExperimentConfig, root: str | Path, echo: Any = print) -> S
     return Store.open(root)
 
 
-def _staged_chunks(path: Path, columns: list[str]) -> Iterator[tuple[int, pa.Table]]:
-    """(first row index, chunk) over a staged file, reading only ``columns``."""
+def _staged_chunks(path: Path, columns: list[str] | None) -> Iterator[tuple[int, pa.Table]]:
+    """(first row index, chunk) over a staged file: every column (``None``), or only
+    ``columns`` — then the file is memory-mapped so only those columns' pages are read."""
     if path.stat().st_size == 0:
         return
     start = 0
-    with pa.OSFile(str(path)) as mm:
-        reader = pa.ipc.open_file(mm)
+    with (pa.memory_map(str(path)) if columns is not None else pa.OSFile(str(path))) as f:
+        reader = pa.ipc.open_file(f)
         for i in range(reader.num_record_batches):
             b = reader.get_batch(i)
-            yield start, pa.Table.from_batches([b]).select(columns)
+            t = pa.Table.from_batches([b])
+            yield start, (t if columns is None else t.select(columns))
             start += b.num_rows
 
 
@@ -275,45 +291,50 @@ def _stage(tables: Iterator[pa.Table], path: Path) -> int:
     return n
 
 
-def _write_split(pipe: FeaturePipeline, tables: Iterator[pa.Table], out: Path, n: int,
-                 oracle: str | None) -> int:
-    """Transform ``tables`` chunk by chunk straight into the split's memory-mapped arrays."""
-    out.mkdir(parents=True, exist_ok=True)
-    schema = pipe.schema()
-    shapes = {"dense": (n, schema.num_dense), "sparse": (n, schema.num_sparse),
-              "labels": (n, schema.num_tasks), "group": (n,), "oracle": (n,)}
-    dtypes = {"dense": np.float32, "sparse": np.int64, "labels": np.float32,
-              "group": np.int64, "oracle": np.float64}
-    keys = ["dense", "sparse", "labels"] + (["group"] if schema.has_group else []) \
-        + (["oracle"] if oracle else [])
-    for spec in schema.sequences:
-        keys.append(f"seq_{spec.name}")
-        shapes[f"seq_{spec.name}"] = (n, spec.max_len)
-        dtypes[f"seq_{spec.name}"] = np.int64
-    # Plain appends (not a writable memory map): written pages do not stay in this
-    # process's resident set, so peak memory does not grow with the data.
-    files = {k: open(out / f"{k}.npy", "wb") for k in keys}  # noqa: SIM115 - closed below
-    try:
-        for k, f in files.items():
+class _SplitWriter:
+    """Appends transformed chunks to one split's ``.npy`` files (header first, then rows).
+
+    Plain appends, not a writable memory map: written pages do not stay in this process's
+    resident set, so peak memory does not grow with the data."""
+
+    def __init__(self, out: Path, schema: DataSchema, n: int, oracle: str | None):
+        out.mkdir(parents=True, exist_ok=True)
+        self.out, self.n, self.oracle, self.pos = out, n, oracle, 0
+        shapes = {"dense": (n, schema.num_dense), "sparse": (n, schema.num_sparse),
+                  "labels": (n, schema.num_tasks), "group": (n,), "oracle": (n,)}
+        # Ids are stored as int32 when every table fits (half the bytes to write and to
+        # read while training); the loader hands int64 tensors to the model.
+        cards = [f.cardinality for f in schema.sparse] + [t.cardinality
+                                                           for t in schema.own_tables]
+        ids = np.int32 if max(cards, default=0) < 2**31 else np.int64
+        self.dtypes = {"dense": np.float32, "sparse": ids, "labels": np.float32,
+                       "group": np.int64, "oracle": np.float64}
+        keys = ["dense", "sparse", "labels"] + (["group"] if schema.has_group else []) \
+            + (["oracle"] if oracle else [])
+        for spec in schema.sequences:
+            keys.append(f"seq_{spec.name}")
+            shapes[f"seq_{spec.name}"] = (n, spec.max_len)
+            self.dtypes[f"seq_{spec.name}"] = ids
+        self.files = {k: open(out / f"{k}.npy", "wb") for k in keys}  # noqa: SIM115
+        for k, f in self.files.items():
             np.lib.format.write_array_header_1_0(
-                f, {"descr": np.lib.format.dtype_to_descr(np.dtype(dtypes[k])),
+                f, {"descr": np.lib.format.dtype_to_descr(np.dtype(self.dtypes[k])),
                     "fortran_order": False, "shape": shapes[k]})
-        pos = 0
-        for t in tables:
-            arrays = pipe.transform(t)
-            for name, ids in arrays.pop("sequences", {}).items():
-                arrays[f"seq_{name}"] = ids
-            if oracle:
-                arrays["oracle"] = arrays.pop(oracle)
-            for k in keys:
-                files[k].write(np.ascontiguousarray(arrays[k], dtype=dtypes[k]).tobytes())
-            pos += t.num_rows
-    finally:
-        for f in files.values():
+
+    def append(self, arrays: dict[str, Any]) -> None:
+        for name, ids in arrays.pop("sequences", {}).items():
+            arrays[f"seq_{name}"] = ids
+        if self.oracle:
+            arrays["oracle"] = arrays.pop(self.oracle)
+        for k, f in self.files.items():
+            f.write(memoryview(np.ascontiguousarray(arrays[k], dtype=self.dtypes[k])))
+        self.pos += len(arrays["sparse"])
+
+    def close(self) -> None:
+        for f in self.files.values():
             f.close()
-    if pos != n:
-        raise RuntimeError(f"{out.name}: wrote {pos} rows, expected {n}")
-    return n
+        if self.pos != self.n:
+            raise RuntimeError(f"{self.out.name}: wrote {self.pos} rows, expected {self.n}")
 
 
 def transform_files(cfg: ExperimentConfig, pipe: FeaturePipeline, spec: str | list[str],
