@@ -45,6 +45,14 @@ class Batch:
     def size(self) -> int:
         return int(self.sparse.shape[0])
 
+    def mask(self, name: str) -> torch.Tensor:
+        """``[B, L]`` True where list feature ``name`` holds a value (False = padding)."""
+        return self.sequences[name] != 0
+
+    def lengths(self, name: str) -> torch.Tensor:
+        """``[B]`` number of values of list feature ``name`` in each row."""
+        return self.mask(name).sum(dim=1)
+
     def apply(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> Batch:
         """A new Batch with ``fn`` applied to every tensor (sequences included)."""
         out = {}

@@ -392,3 +392,11 @@ def test_list_feature_config_checks() -> None:
         FeaturesConfig(categorical=["item"], lists=[{"name": "h", "share": "itm"}])
     with pytest.raises(ValidationError, match="unique"):
         FeaturesConfig(categorical=["item"], lists=[{"name": "item"}])
+
+
+def test_jieba_tokenizer_segments_chinese():
+    pytest.importorskip("jieba")
+    lists = split_lists(pa.array(["我爱北京天安门"]),
+                        ListFeature(name="t", kind="text", tokenizer="jieba"))
+    tokens = lists.to_pylist()[0]
+    assert "".join(tokens) == "我爱北京天安门" and len(tokens) > 1

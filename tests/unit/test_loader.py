@@ -69,3 +69,16 @@ def test_drop_last_and_early_break_do_not_hang():
 def test_bad_shuffle_name():
     with pytest.raises(ValueError, match="shuffle"):
         BatchLoader(data(), 10, shuffle="random")
+
+
+def test_batch_mask_and_lengths_of_list_features():
+    import torch
+
+    from sampan.data.loader import Batch
+
+    seq = torch.tensor([[0, 0, 5], [3, 4, 5], [0, 0, 0]])
+    b = Batch(dense=torch.zeros(3, 1), sparse=torch.zeros(3, 1, dtype=torch.long),
+              sequences={"h": seq})
+    assert b.mask("h").tolist() == [[False, False, True], [True, True, True],
+                                    [False, False, False]]
+    assert b.lengths("h").tolist() == [1, 3, 0]
