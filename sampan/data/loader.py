@@ -15,8 +15,6 @@ Example::
 
 from __future__ import annotations
 
-import queue
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
 
@@ -24,6 +22,7 @@ import numpy as np
 import torch
 
 from sampan.data.store import SplitArrays
+from sampan.data.threads import prefetch
 
 
 @dataclass
@@ -150,38 +149,8 @@ class BatchLoader:
         order = self._order()
         indices = range(self.start_batch, len(self))
         self.start_batch = 0
+        batches = (self._make(order, i) for i in indices)
         if self.prefetch <= 0:
-            for i in indices:
-                yield self._make(order, i)
-            return
-        q: queue.Queue = queue.Queue(maxsize=self.prefetch)
-        stop = threading.Event()
-        sentinel = object()
-
-        def work() -> None:
-            try:
-                for i in indices:
-                    if stop.is_set():
-                        return
-                    q.put(self._make(order, i))
-            except BaseException as e:  # re-raised in the consumer
-                q.put(e)
-            q.put(sentinel)
-
-        t = threading.Thread(target=work, daemon=True, name="sampan-loader")
-        t.start()
-        try:
-            while True:
-                item = q.get()
-                if item is sentinel:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-        finally:
-            stop.set()
-            while t.is_alive():  # unblock a producer waiting on a full queue
-                try:
-                    q.get_nowait()
-                except queue.Empty:
-                    t.join(timeout=0.01)
+            yield from batches
+        else:
+            yield from prefetch(batches, self.prefetch, name="sampan-loader")

@@ -28,6 +28,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from sampan.config import DataConfig
+from sampan.data.threads import prefetch
 
 LINE_COLUMN = "_line"  # source line number of each kept row, carried next to the data
 _NUMBER_RE = r"^[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?$"
@@ -249,24 +250,11 @@ def _file_columns(cfg: DataConfig, path: Path) -> list[str]:
 def _iter_lines(path: Path, block_size: int) -> Iterator[tuple[pa.Array, int]]:
     """Blocks of whole lines as a binary array, with the 1-based number of the first line.
     Splitting runs in Arrow (no per-line Python)."""
-    rest = b""
     line_no = 1
-    with pa.input_stream(str(path), compression="detect") as f:
-        while True:
-            chunk = f.read(block_size)
-            data = rest + chunk
-            if not chunk:
-                if data:
-                    yield _lines_of(data.rstrip(b"\r\n")), line_no
-                return
-            cut = data.rfind(b"\n")
-            if cut < 0:
-                rest = data
-                continue
-            block, rest = data[:cut], data[cut + 1:]
-            lines = _lines_of(block)
-            yield lines, line_no
-            line_no += len(lines)
+    for block, n_lines in _raw_blocks(path, block_size):
+        lines = _lines_of(block[:-1] if block.endswith(b"\n") else block)
+        yield lines, line_no
+        line_no += n_lines
 
 
 def _lines_of(block: bytes) -> pa.Array:
@@ -514,7 +502,7 @@ def _iter_text(cfg: DataConfig, path: Path, fmt: str, roles: ColumnRoles,
             yield table, first, [(line + b[0] - 1, b[1], b[2]) for b in bad if b[0]]
             line += n_lines
 
-    for table, first, bad in _prefetch(blocks()):
+    for table, first, bad in prefetch(blocks(), name="sampan-read"):
         for line, text, why in bad:
             log.read += 1
             log.reject(str(path), line, "wrong_field_count", None, f"{why}: {text}")
@@ -550,47 +538,6 @@ def _raw_blocks(path: Path, block_size: int) -> Iterator[tuple[bytes, int]]:
                 continue
             block, rest = data[: cut + 1], data[cut + 1:]
             yield block, block.count(b"\n")
-
-
-def _prefetch(it: Iterator[Any], depth: int = 2) -> Iterator[Any]:
-    """Run ``it`` in a background thread (CSV parsing releases the GIL, so the next block is
-    parsed while this one is validated)."""
-    import queue
-    import threading
-
-    q: queue.Queue = queue.Queue(maxsize=depth)
-    done = object()
-    stop = threading.Event()
-
-    def work() -> None:
-        try:
-            for x in it:
-                while not stop.is_set():
-                    try:
-                        q.put(x, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
-                    return
-        except BaseException as e:  # re-raised in the consumer
-            q.put(e)
-            return
-        q.put(done)
-
-    t = threading.Thread(target=work, daemon=True, name="sampan-read")
-    t.start()
-    try:
-        while True:
-            x = q.get()
-            if x is done:
-                return
-            if isinstance(x, BaseException):
-                raise x
-            yield x
-    finally:
-        stop.set()
-        t.join()
 
 
 def _read_header(path: Path, delimiter: str, encoding: str) -> list[str]:
