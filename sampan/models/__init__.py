@@ -2,10 +2,21 @@
 
 >>> from sampan.models import model_names
 >>> model_names()
-['dcn_v2', 'deepfm', 'din', 'fm', 'lr']
+['autoint', 'dcn', 'dcn_v2', 'deepfm', 'din', 'fibinet', 'fm', 'lr', 'wide_deep', 'xdeepfm']
 """
 
-from sampan.models import dcn_v2, deepfm, din, fm, lr  # noqa: F401  (registers the models)
+from sampan.models import (  # noqa: F401  (importing registers the models)
+    autoint,
+    dcn,
+    dcn_v2,
+    deepfm,
+    din,
+    fibinet,
+    fm,
+    lr,
+    wide_deep,
+    xdeepfm,
+)
 from sampan.models.registry import build_model, get_model_class, model_names, register_model
 
 __all__ = ["build_model", "get_model_class", "model_names", "register_model"]

@@ -1,0 +1,78 @@
+"""AutoInt (Song et al., 2019): multi-head self-attention across fields learns feature
+interactions; with an MLP beside it (``mlp`` not empty) it is AutoInt+."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import Field
+from torch import nn
+
+from sampan.config import ModelConfig
+from sampan.data.loader import Batch
+from sampan.embedding import EmbeddingCollection
+from sampan.layers import MLP, Linear, embed_fields
+from sampan.models.registry import register_model
+from sampan.schema import DataSchema
+
+
+class InteractingLayer(nn.Module):
+    """Self-attention over fields with a residual projection: ``[B, F, d] -> [B, F, H*a]``."""
+
+    def __init__(self, dim: int, heads: int, att_dim: int):
+        super().__init__()
+        self.heads, self.att_dim = heads, att_dim
+        self.qkv = Linear(dim, 3 * heads * att_dim, bias=False)
+        self.res = Linear(dim, heads * att_dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, f, _ = x.shape
+        q, k, v = self.qkv(x).view(b, f, 3, self.heads, self.att_dim).permute(2, 0, 3, 1, 4)
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v)  # [B, H, F, a]
+        out = out.transpose(1, 2).reshape(b, f, self.heads * self.att_dim)
+        return torch.relu(out + self.res(x))
+
+
+@register_model("autoint")
+class AutoInt(nn.Module):
+    """``Batch -> [B, T]``: attention layers over the fields (numeric features embedded as
+    fields), flattened into a linear output, plus an optional MLP (AutoInt+).
+
+    >>> from sampan.schema import SparseFeatureSpec
+    >>> s = DataSchema(dense=["x"], sparse=[SparseFeatureSpec("a", 5), SparseFeatureSpec("b", 3)])
+    >>> AutoInt(s, AutoInt.Config(embedding_dim=4, mlp=[8]))(Batch(dense=torch.ones(2, 1),
+    ...     sparse=torch.ones(2, 2, dtype=torch.long))).shape
+    torch.Size([2, 1])
+    """
+
+    class Config(ModelConfig):
+        name: Literal["autoint"] = "autoint"
+        attention_layers: int = Field(3, ge=1)
+        heads: int = Field(2, ge=1)
+        attention_dim: int = Field(16, ge=1)
+        mlp: list[int] = Field(default_factory=lambda: [256, 128],
+                               description="[] for plain AutoInt; layers for AutoInt+")
+        dropout: float = Field(0.0, ge=0.0, lt=1.0)
+
+    def __init__(self, schema: DataSchema, cfg: Config):
+        super().__init__()
+        self.schema = schema
+        d = cfg.embedding_dim
+        self.embedding = EmbeddingCollection(schema.tables(d), cfg.embedding_init_std)
+        self.dense_embed = nn.Parameter(torch.randn(schema.num_dense, d) * cfg.embedding_init_std)
+        f = schema.num_fields() + schema.num_dense
+        layers, width = [], d
+        for _ in range(cfg.attention_layers):
+            layers.append(InteractingLayer(width, cfg.heads, cfg.attention_dim))
+            width = cfg.heads * cfg.attention_dim
+        self.attention = nn.Sequential(*layers)
+        self.out = Linear(f * width, schema.num_tasks)
+        self.mlp = MLP(f * d, cfg.mlp, out=schema.num_tasks, dropout=cfg.dropout) \
+            if cfg.mlp else None
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        fields, _ = embed_fields(self.embedding, batch, self.schema)
+        x = torch.cat([fields, batch.dense.unsqueeze(-1) * self.dense_embed], dim=1)
+        logit = self.out(self.attention(x).flatten(1))
+        return logit + self.mlp(x.flatten(1)) if self.mlp is not None else logit

@@ -1,0 +1,66 @@
+"""DCN (Wang et al., 2017): a cross network of rank-one crosses beside an MLP."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import Field
+from torch import nn
+
+from sampan.config import ModelConfig
+from sampan.data.loader import Batch
+from sampan.embedding import EmbeddingCollection
+from sampan.layers import MLP, Linear, embed_fields
+from sampan.models.registry import register_model
+from sampan.schema import DataSchema
+
+
+class CrossNet(nn.Module):
+    """``x_{l+1} = x_0 (x_l . w_l) + b_l + x_l``; ``[B, d] -> [B, d]``."""
+
+    def __init__(self, dim: int, layers: int):
+        super().__init__()
+        self.w = nn.ParameterList(nn.Parameter(torch.randn(dim) * dim**-0.5)
+                                  for _ in range(layers))
+        self.b = nn.ParameterList(nn.Parameter(torch.zeros(dim)) for _ in range(layers))
+
+    def forward(self, x0: torch.Tensor) -> torch.Tensor:
+        x = x0
+        for w, b in zip(self.w, self.b, strict=True):
+            x = x0 * (x @ w).unsqueeze(1) + b + x
+        return x
+
+
+@register_model("dcn")
+class DCN(nn.Module):
+    """``Batch -> [B, T]``: ``out([CrossNet(x_0), MLP(x_0)])`` with ``x_0 = [e_1 .. e_F', dense]``.
+
+    >>> from sampan.schema import SparseFeatureSpec
+    >>> s = DataSchema(dense=["x"], sparse=[SparseFeatureSpec("a", 5), SparseFeatureSpec("b", 3)])
+    >>> DCN(s, DCN.Config(embedding_dim=4, mlp=[8]))(Batch(dense=torch.ones(2, 1),
+    ...     sparse=torch.ones(2, 2, dtype=torch.long))).shape
+    torch.Size([2, 1])
+    """
+
+    class Config(ModelConfig):
+        name: Literal["dcn"] = "dcn"
+        cross_layers: int = Field(3, ge=1)
+        mlp: list[int] = Field(default_factory=lambda: [256, 128])
+        dropout: float = Field(0.0, ge=0.0, lt=1.0)
+        batch_norm: bool = False
+
+    def __init__(self, schema: DataSchema, cfg: Config):
+        super().__init__()
+        self.schema = schema
+        self.embedding = EmbeddingCollection(schema.tables(cfg.embedding_dim),
+                                             cfg.embedding_init_std)
+        d = schema.num_fields() * cfg.embedding_dim + schema.num_dense
+        self.cross = CrossNet(d, cfg.cross_layers)
+        self.mlp = MLP(d, cfg.mlp, dropout=cfg.dropout, batch_norm=cfg.batch_norm)
+        self.out = Linear(d + self.mlp.out_dim, schema.num_tasks)
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        fields, _ = embed_fields(self.embedding, batch, self.schema)
+        x0 = torch.cat([fields.flatten(1), batch.dense], dim=1)
+        return self.out(torch.cat([self.cross(x0), self.mlp(x0)], dim=1))
