@@ -101,7 +101,7 @@ class JoinConfig(_Strict):
     path: str
     by: str = Field(description="key column of the main data (the side table key defaults to it)")
     key: str | None = Field(None, description="key column in the side table (default: by)")
-    format: Literal["auto", "csv", "tsv", "parquet", "jsonl"] = "auto"
+    format: Literal["auto", "csv", "tsv", "parquet"] = "auto"
     delimiter: str | None = None
     header: bool = True
     columns: list[str] | None = None
@@ -275,11 +275,14 @@ class FeaturesConfig(_Strict):
     def _unique(self) -> FeaturesConfig:
         names = [f.name for f in self.categorical] + [f.name for f in self.numeric] \
             + [f.name for f in self.lists]
-        cats = {f.name for f in self.categorical}
+        cats = {f.name: f for f in self.categorical}
         for f in self.lists:
             if f.share and f.share not in cats:
                 raise ValueError(f"features.lists: {f.name!r} shares {f.share!r}, which is not "
                                  f"a categorical feature; known: {sorted(cats)}")
+            if f.share and (cats[f.share].cross or cats[f.share].bucketize != "none"):
+                raise ValueError(f"features.lists: {f.name!r} cannot share {f.share!r}, a "
+                                 "crossed or bucketized feature has no vocabulary of values")
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"feature names must be unique; repeated: {', '.join(dup)}")

@@ -73,7 +73,9 @@ def build_sequences(events: str | list[str], out: str | Path, opt: BuildOptions)
     cats = [c for c in (opt.user, opt.item, opt.category, opt.action, *opt.extra) if c]
     roles = ColumnRoles(numeric=[opt.time], categorical=cats, required=[opt.time, opt.user,
                                                                         opt.item])
-    log = RejectLog(Path(out).with_suffix(".rejects.jsonl"))
+    rejects = Path(out).with_suffix(".rejects.jsonl")
+    rejects.unlink(missing_ok=True)  # this run's rejects only
+    log = RejectLog(rejects)
     try:
         parts = list(iter_source(cfg, expand_paths(events), roles, log))
     finally:
@@ -150,7 +152,7 @@ def build_from_table(t: pa.Table, opt: BuildOptions) -> pa.Table:
 
     def hist(col: str) -> pa.Array:
         values = t.column(col).combine_chunks().take(pa.array(gather))
-        return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), values)
+        return pa.LargeListArray.from_arrays(pa.array(offsets.astype(np.int64)), values)
 
     cols: dict[str, pa.Array] = {}
     sel = pa.array(targets)
@@ -181,6 +183,9 @@ def _negatives(events: pa.Table, samples: pa.Table, positive: np.ndarray,
     p = vc.field("counts").to_numpy().astype(np.float64)
     p /= p.sum()
     pos_idx = np.nonzero(positive)[0]
+    if len(catalog) < 2:
+        raise DataError(f"negatives: the events hold {len(catalog)} distinct item(s); sampling "
+                        "negatives needs at least two")
     rng = np.random.default_rng(opt.seed)
     draw = rng.choice(len(catalog), size=(len(pos_idx), opt.negatives), p=p)
     target = pc.index_in(samples.column(opt.item).combine_chunks().take(pa.array(pos_idx)),

@@ -12,11 +12,11 @@ import pyarrow.csv as pacsv
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
-from sampan.data.sources import detect_format
+from sampan.data.sources import detect_format, open_input
 
 
 def _head_bytes(path: Path, limit: int = 8 << 20) -> bytes:
-    with pa.input_stream(str(path), compression="detect") as f:
+    with open_input(path) as f:
         data = f.read(limit)
     cut = data.rfind(b"\n")
     return data[: cut + 1] if cut > 0 else data

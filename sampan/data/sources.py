@@ -118,7 +118,9 @@ def expand_paths(spec: str | list[str]) -> list[Path]:
     for item in items:
         p = Path(os.path.expanduser(item))
         if p.is_dir():
-            out.extend(sorted(q for q in p.iterdir() if q.is_file() and not q.name.startswith(".")))
+            # skip hidden files and markers such as Spark's _SUCCESS
+            out.extend(sorted(q for q in p.iterdir()
+                              if q.is_file() and not q.name.startswith((".", "_"))))
         elif any(ch in item for ch in "*?["):
             matches = sorted(Path(m) for m in glob.glob(os.path.expanduser(item)))
             if not matches:
@@ -129,6 +131,15 @@ def expand_paths(spec: str | list[str]) -> list[Path]:
         else:
             raise DataError(f"data file {item!r} does not exist")
     return out
+
+
+_COMPRESSION = {".gz": "gzip", ".gzip": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2",
+                ".lz4": "lz4"}
+
+
+def open_input(path: Path) -> Any:
+    """A binary input stream of ``path``, decompressed by its extension."""
+    return pa.input_stream(str(path), compression=_COMPRESSION.get(Path(path).suffix.lower()))
 
 
 def detect_format(path: Path, fmt: str) -> str:
@@ -170,6 +181,17 @@ def read_source(cfg: DataConfig, spec: str | list[str], roles: ColumnRoles,
     joined to every chunk (row order kept)."""
     sides = [SideTable(j, roles) for j in cfg.joins]
     provided = {c for side in sides for c in side.columns}
+    if sides:
+        paths = expand_paths(spec)
+        main_cols = set(_file_columns(cfg, paths[0])) if paths and detect_format(
+            paths[0], cfg.format) in ("csv", "tsv", "parquet") else set()
+        clash = sorted(provided & main_cols)
+        if clash:
+            raise DataError(f"data.joins: column(s) {clash} are both in the main data and in a "
+                            "side table; rename or drop one of them")
+        if set(roles.labels) & provided:
+            raise DataError("data.joins: labels must come from the main data, not a side "
+                            "table")
     keys = [side.join.by for side in sides if side.join.by not in provided]
     main = ColumnRoles(
         numeric=[c for c in roles.numeric if c not in provided],
@@ -206,13 +228,13 @@ class SideTable:
                             f"{dict(log.reasons)}")
         table = pa.concat_tables(parts) if parts else pa.table(
             {c: pa.array([], pa.string()) for c in side_roles.all})
-        keys = table.column(key).combine_chunks()
+        keys = _key_text(table.column(key).combine_chunks())
         if len(pc.unique(keys)) != len(keys):
             counts = pc.value_counts(keys)
             dup = pc.filter(counts, pc.greater(counts.field("counts"), 1))[0]["values"]
             raise DataError(f"data.joins: key {key!r} of {join.path} is not unique "
                             f"(e.g. {dup.as_py()!r})")
-        self.keys = keys
+        self.keys = _key_text(keys)
         # Numbers of a side table are checked like those of the main file, but a bad one
         # becomes missing (the row it belongs to is not the main file's to reject).
         self.values = {}
@@ -224,11 +246,24 @@ class SideTable:
             self.values[c] = col
 
     def attach(self, table: pa.Table) -> pa.Table:
-        idx = pc.index_in(pc.cast(table.column(self.join.by), pa.string()),
-                          value_set=self.keys)
+        # a missing key matches nothing (not a side row with an empty key)
+        idx = pc.index_in(_key_text(table.column(self.join.by).combine_chunks()),
+                          value_set=self.keys, skip_nulls=True)
         for c in self.columns:
             table = table.append_column(c, pc.take(self.values[c], idx))
         return table
+
+
+def _key_text(keys: pa.Array) -> pa.Array:
+    """Join keys compared as text: trimmed, and 1.0 written as 1 (numbers read as floats)."""
+    if pa.types.is_floating(keys.type) or pa.types.is_integer(keys.type):
+        from sampan.data.transforms import _as_string
+
+        return _as_string(keys)
+    text = pc.utf8_trim_whitespace(keys.cast(pa.string()))
+    as_num = pc.match_substring_regex(text, r"^-?\d+\.0+$")
+    return pc.if_else(pc.fill_null(as_num, False), pc.replace_substring_regex(
+        text, r"\.0+$", ""), text)
 
 
 def _file_columns(cfg: DataConfig, path: Path) -> list[str]:
@@ -264,6 +299,14 @@ def _lines_of(block: bytes) -> pa.Array:
 
 def _iter_line_format(cfg: DataConfig, path: Path, fmt: str, roles: ColumnRoles,
                       log: RejectLog) -> Iterator[pa.Table]:
+    seen: set[str] = set()  # JSON keys met in this file
+    yield from _line_format_blocks(cfg, path, fmt, roles, log, seen)
+    if fmt == "jsonl" and seen:
+        _missing_columns(roles, sorted(seen), str(path))
+
+
+def _line_format_blocks(cfg: DataConfig, path: Path, fmt: str, roles: ColumnRoles,
+                        log: RejectLog, seen: set[str]) -> Iterator[pa.Table]:
     for raw, first in _iter_lines(path, cfg.block_size):
         lines = np.arange(first, first + len(raw))
         text, ok = _decode(raw)
@@ -277,7 +320,7 @@ def _iter_line_format(cfg: DataConfig, path: Path, fmt: str, roles: ColumnRoles,
         keep &= ok
         text, lines = pc.filter(text, pa.array(keep)), lines[keep]
         if fmt == "jsonl":
-            table, lines = _parse_jsonl(text, lines, roles, str(path), log)
+            table, lines = _parse_jsonl(text, lines, roles, str(path), log, seen)
         elif fmt == "libsvm":
             table = _parse_libsvm(text, cfg, roles)
         else:
@@ -304,7 +347,7 @@ def _missing_columns(roles: ColumnRoles, have: list[str], path: str) -> None:
 
 
 def _parse_jsonl(text: pa.Array, lines: np.ndarray, roles: ColumnRoles, path: str,
-                 log: RejectLog) -> tuple[pa.Table, np.ndarray]:
+                 log: RejectLog, seen: set[str]) -> tuple[pa.Table, np.ndarray]:
     """Arrow's JSON reader for regular blocks. A block it cannot take (a line that is not a
     JSON object, or a field whose type changes between lines) is parsed line by line instead:
     bad lines are rejected and values become strings, validated like CSV text."""
@@ -318,8 +361,8 @@ def _parse_jsonl(text: pa.Array, lines: np.ndarray, roles: ColumnRoles, path: st
     try:
         table = pajson.read_json(pa.BufferReader(buf))
         if table.num_rows == len(lines):  # else some line held 0 or 2+ objects: go slow
-            _missing_columns(roles, table.column_names, path)
-            return table.select(roles.all), lines
+            seen.update(table.column_names)
+            return _with_columns(table, roles), lines
     except pa.ArrowInvalid:
         pass
     rows: list[dict] = []
@@ -336,19 +379,35 @@ def _parse_jsonl(text: pa.Array, lines: np.ndarray, roles: ColumnRoles, path: st
         good[i] = True
         rows.append(rec)
 
+    def text(v: Any) -> str:  # as Arrow's reader + cast would spell it
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, float) and v.is_integer():
+            return str(int(v))
+        return _json.dumps(v) if isinstance(v, (dict, list)) else str(v)
+
     def cell(v: Any, as_list: bool) -> Any:
         if v is None:
             return None
         if as_list:
-            return [str(x) for x in v] if isinstance(v, list) else [str(v)]
-        return _json.dumps(v) if isinstance(v, (dict, list)) else str(v)
+            return [text(x) for x in v] if isinstance(v, list) else [text(v)]
+        return text(v)
 
     cols = {c: pa.array([cell(r.get(c), c in roles.lists) for r in rows],
                         pa.list_(pa.string()) if c in roles.lists else pa.string())
             for c in roles.all}
-    if rows:
-        _missing_columns(roles, sorted({k for r in rows for k in r}), path)
+    seen.update(k for r in rows for k in r)
     return pa.table(cols), lines[good]
+
+
+def _with_columns(table: pa.Table, roles: ColumnRoles) -> pa.Table:
+    """``table`` with every needed column, absent ones (an optional key no line of this
+    block has) as nulls."""
+    for c in roles.all:
+        if c not in table.column_names:
+            typ = pa.list_(pa.string()) if c in roles.lists else pa.string()
+            table = table.append_column(c, pa.nulls(table.num_rows, typ))
+    return table.select(roles.all)
 
 
 def _tokens(text: pa.Array) -> tuple[pa.Array, np.ndarray]:
@@ -524,7 +583,7 @@ def _iter_text(cfg: DataConfig, path: Path, fmt: str, roles: ColumnRoles,
 def _raw_blocks(path: Path, block_size: int) -> Iterator[tuple[bytes, int]]:
     """Newline-aligned blocks of a (decompressed) file and the number of lines in each."""
     rest = b""
-    with pa.input_stream(str(path), compression="detect") as f:
+    with open_input(path) as f:
         while True:
             chunk = f.read(block_size)
             data = rest + chunk
@@ -541,7 +600,7 @@ def _raw_blocks(path: Path, block_size: int) -> Iterator[tuple[bytes, int]]:
 
 
 def _read_header(path: Path, delimiter: str, encoding: str) -> list[str]:
-    with pa.input_stream(str(path), compression="detect") as f:
+    with open_input(path) as f:
         head = f.read(1 << 16)
     line = head.split(b"\n", 1)[0].rstrip(b"\r")
     if encoding.lower().replace("-", "").replace("_", "") == "utf8":
@@ -590,6 +649,10 @@ def _validate(table: pa.Table, roles: ColumnRoles, lines: np.ndarray, file: str,
     typed: dict[str, pa.Array] = {}  # numeric columns that arrive typed (Parquet)
     for c in roles.all:
         col = table.column(c).combine_chunks()
+        if c in roles.numeric and pa.types.is_temporal(col.type):
+            # timestamps / dates (Parquet) as seconds since the epoch
+            col = (col.cast(pa.timestamp("s")) if not pa.types.is_timestamp(col.type)
+                   else col.cast(pa.timestamp("s"), safe=False)).cast(pa.int64())
         if c in roles.numeric and (pa.types.is_integer(col.type) or pa.types.is_floating(col.type)
                                    or pa.types.is_boolean(col.type)):
             x = col.cast(pa.float64())
@@ -602,9 +665,16 @@ def _validate(table: pa.Table, roles: ColumnRoles, lines: np.ndarray, file: str,
         if c in roles.lists and (pa.types.is_list(col.type) or pa.types.is_large_list(col.type)):
             strings[c] = col.cast(pa.list_(pa.string()))  # already a list (JSON, Parquet)
             continue
+        if pa.types.is_floating(col.type):  # a NaN category is a missing value
+            col = pc.if_else(pc.is_nan(col), pa.scalar(None, col.type), col)
         if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)
                 or pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type)):
-            col = col.cast(pa.string())
+            try:
+                col = col.cast(pa.string())
+            except pa.ArrowNotImplementedError:
+                raise DataError(f"{file}: column {c!r} holds {col.type} values; a categorical "
+                                "column must hold single values (use a list feature for "
+                                "lists)") from None
         if pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type):
             try:
                 col = col.cast(pa.string())

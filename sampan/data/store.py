@@ -121,7 +121,10 @@ def build_store(cfg: ExperimentConfig, root: str | Path, echo: Any = print) -> S
     """Read, validate, split, fit the pipeline on train, transform and write every split."""
     root = Path(root)
     if root.exists():
-        shutil.rmtree(root)
+        if any(root.iterdir()) and not (root / "manifest.json").exists():
+            raise DataError(f"{root} exists and is not processed data (no manifest.json); "
+                            "refusing to overwrite it: choose an empty or new folder")
+        shutil.rmtree(root)  # an earlier store being rebuilt
     (root / "staging").mkdir(parents=True)
     extra = [cfg.data.oracle_column] if cfg.data.oracle_column else []
     if cfg.data.format == "synthetic" and not extra:
@@ -152,6 +155,9 @@ def build_store(cfg: ExperimentConfig, root: str | Path, echo: Any = print) -> S
     fractions = split_fractions(split, carve)
     n_src = staged["train"][1]
     times = None
+    if split.boundaries is not None and len(carve) < 3:
+        raise DataError("split.boundaries carve valid and test out of data.train; with "
+                        "data.valid / data.test files, leave boundaries out")
     if split.method == "time":
         _check_time_order(staged, split.column)
         if "valid" in explicit and "test" in carve:

@@ -272,6 +272,11 @@ def split_lists(values: pa.Array, spec: ListFeature) -> pa.ListArray:
         else:
             lists = pc.split_pattern(text, spec.delimiter)
     flat = pc.list_flatten(lists)
+    is_list = pa.types.is_list(values.type) or pa.types.is_large_list(values.type)
+    if spec.kind == "sequence" and is_list:
+        # positions matter (an item history and its category history must stay aligned):
+        # a missing element of a list is kept, as the missing value
+        return pa.ListArray.from_arrays(lists.offsets, pc.fill_null(flat, ""))
     keep = pc.fill_null(pc.not_equal(flat, ""), False).to_numpy(zero_copy_only=False)
     if keep.all():
         return lists

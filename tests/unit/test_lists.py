@@ -63,18 +63,23 @@ def test_split_sliced_input() -> None:
     assert _lists(arr) == [["a", "b"], [], ["c"]]
 
 
+BAG = ListFeature(name="b", kind="bag")
+
+
 def test_split_list_typed_input() -> None:
     arr = pa.array([["a", "b"], None, [], ["", "c"]], pa.list_(pa.string()))
-    assert _lists(arr) == [["a", "b"], [], [], ["c"]]
+    assert _lists(arr, BAG) == [["a", "b"], [], [], ["c"]]
     # a list of numbers becomes a list of their spellings
-    assert _lists(pa.array([[1, 2], None, [3]])) == [["1", "2"], [], ["3"]]
+    assert _lists(pa.array([[1, 2], None, [3]]), BAG) == [["1", "2"], [], ["3"]]
     big = pa.array([["a", ""], ["b"]], pa.large_list(pa.string()))
-    assert _lists(big) == [["a"], ["b"]]
+    assert _lists(big, BAG) == [["a"], ["b"]]
 
 
 def test_split_list_typed_input_with_null_elements() -> None:
     arr = pa.array([["a", None], ["b"], [None]], pa.list_(pa.string()))
-    assert _lists(arr) == [["a"], ["b"], []]
+    assert _lists(arr, BAG) == [["a"], ["b"], []]  # a bag drops them
+    # a sequence keeps positions (histories of items and of categories stay aligned)
+    assert _lists(arr, ListFeature(name="h", kind="sequence")) == [["a", ""], ["b"], [""]]
 
 
 def test_split_text_lowercase_word_tokens() -> None:
