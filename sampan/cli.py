@@ -18,6 +18,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode="markdown",
 )
 console = Console()
 err = Console(stderr=True)
@@ -133,7 +134,7 @@ def predict(
 
 
 data_app = typer.Typer(help="Look at raw data, prepare it, build behaviour sequences.",
-                       no_args_is_help=True)
+                       no_args_is_help=True, rich_markup_mode="markdown")
 app.add_typer(data_app, name="data")
 
 
