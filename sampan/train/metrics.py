@@ -128,3 +128,46 @@ class MetricAccumulator:
             out.update(gauc=r.value, gauc_groups=float(r.groups_used),
                        gauc_skipped=float(r.groups_skipped))
         return out
+
+
+# ---------------------------------------------------------------- top-K ranking metrics
+def _ranks_of_relevant(scores: torch.Tensor, relevant: torch.Tensor) -> torch.Tensor:
+    """1-based rank of every relevant item in its row (ties broken pessimistically: an item
+    ranks below every item with an equal score), ``[Q, N] -> [Q, N]`` (0 where irrelevant)."""
+    s = scores.to(torch.float64).contiguous()
+    asc = torch.sort(s, dim=1).values
+    # items scoring at least as high as this one (itself included): O(N log N) per query
+    at_least = s.shape[1] - torch.searchsorted(asc, s, right=False)
+    return torch.where(relevant, at_least, torch.zeros_like(at_least))
+
+
+def ranking_metrics(scores: torch.Tensor, relevant: torch.Tensor, k: int) -> dict[str, float]:
+    """Mean over queries of Recall@K, HitRate@K, NDCG@K (binary gains) and MRR.
+
+    ``scores [Q, N]`` ranks each query's ``N`` candidates; ``relevant [Q, N]`` marks the
+    relevant ones. Queries without a relevant item are skipped. Ties rank pessimistically.
+
+    >>> s = torch.tensor([[0.9, 0.8, 0.1], [0.2, 0.9, 0.5]])
+    >>> r = torch.tensor([[False, True, False], [True, False, False]])
+    >>> {k: round(v, 4) for k, v in ranking_metrics(s, r, k=2).items()}
+    {'recall@2': 0.5, 'hitrate@2': 0.5, 'ndcg@2': 0.3155, 'mrr': 0.4167, 'queries': 2.0}
+    """
+    rel = relevant.bool()
+    has = rel.any(dim=1)
+    rel, scores = rel[has], scores[has]
+    if not len(rel):
+        return {f"recall@{k}": math.nan, f"hitrate@{k}": math.nan, f"ndcg@{k}": math.nan,
+                "mrr": math.nan, "queries": 0.0}
+    ranks = _ranks_of_relevant(scores, rel).to(torch.float64)
+    in_k = (ranks > 0) & (ranks <= k)
+    n_rel = rel.sum(dim=1).to(torch.float64)
+    recall = in_k.sum(dim=1) / n_rel
+    hit = in_k.any(dim=1).to(torch.float64)
+    dcg = torch.where(in_k, 1.0 / torch.log2(ranks + 1.0), torch.zeros_like(ranks)).sum(dim=1)
+    ideal_n = torch.clamp(n_rel, max=k)
+    idcg = (1.0 / torch.log2(torch.arange(2, k + 2, dtype=torch.float64))).cumsum(0)[
+        ideal_n.long() - 1]
+    first = torch.where(rel, ranks, torch.full_like(ranks, math.inf)).min(dim=1).values
+    return {f"recall@{k}": recall.mean().item(), f"hitrate@{k}": hit.mean().item(),
+            f"ndcg@{k}": (dcg / idcg).mean().item(), "mrr": (1.0 / first).mean().item(),
+            "queries": float(len(rel))}

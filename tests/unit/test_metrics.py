@@ -198,3 +198,55 @@ def test_accumulator_single_task_has_no_per_task_keys_and_no_gauc_without_groups
     assert set(out) == {"auc", "logloss", "rows", "ctr", "pred_ctr"}
     # pos {0.5}, neg {-1.0, 2.0}: one of two pairs ordered correctly
     assert out["auc"] == pytest.approx(0.5, abs=TOL)
+
+
+# ------------------------------------------------------------------ top-K ranking metrics
+def _reference_ranking(scores, relevant, k):
+    """Plain-Python reference: pessimistic ties, binary gains, queries without relevant
+    items skipped."""
+    out = {"recall": [], "hit": [], "ndcg": [], "mrr": []}
+    for s, r in zip(scores.tolist(), relevant.tolist(), strict=True):
+        if not any(r):
+            continue
+        ranks = [sum(1 for t in s if t >= s[j]) for j in range(len(s)) if r[j]]
+        top = [x for x in ranks if x <= k]
+        out["recall"].append(len(top) / len(ranks))
+        out["hit"].append(float(bool(top)))
+        dcg = sum(1 / math.log2(x + 1) for x in top)
+        idcg = sum(1 / math.log2(i + 2) for i in range(min(len(ranks), k)))
+        out["ndcg"].append(dcg / idcg)
+        out["mrr"].append(1 / min(ranks))
+    return {key: sum(v) / len(v) for key, v in out.items()}
+
+
+def test_ranking_metrics_hand_computed():
+    from sampan.train.metrics import ranking_metrics
+
+    s = torch.tensor([[0.9, 0.8, 0.1, 0.7], [0.2, 0.9, 0.5, 0.5], [0.1, 0.2, 0.3, 0.4]])
+    r = torch.tensor([[False, True, False, True], [True, False, True, False],
+                      [False, False, False, False]])
+    got = ranking_metrics(s, r, k=2)
+    # q1: relevant ranks 2 and 3 -> recall 1/2, hit 1, ndcg (1/log2 3)/(1 + 1/log2 3), mrr 1/2
+    # q2: relevant ranks 4 (0.2) and 3 (0.5 tied with 0.5 -> pessimistic 3): nothing in top 2
+    # q3: no relevant item: skipped
+    assert got["queries"] == 2
+    assert got["recall@2"] == pytest.approx((0.5 + 0) / 2)
+    assert got["hitrate@2"] == pytest.approx(0.5)
+    ndcg1 = (1 / math.log2(3)) / (1 + 1 / math.log2(3))
+    assert got["ndcg@2"] == pytest.approx(ndcg1 / 2)
+    assert got["mrr"] == pytest.approx((1 / 2 + 1 / 3) / 2)
+
+
+def test_ranking_metrics_match_reference_on_random_inputs():
+    from sampan.train.metrics import ranking_metrics
+
+    g = torch.Generator().manual_seed(0)
+    for k in (1, 3, 10):
+        s = torch.randint(0, 6, (40, 12), generator=g).float()  # many ties
+        r = torch.rand(40, 12, generator=g) < 0.2
+        got = ranking_metrics(s, r, k=k)
+        want = _reference_ranking(s, r, k)
+        assert got[f"recall@{k}"] == pytest.approx(want["recall"])
+        assert got[f"hitrate@{k}"] == pytest.approx(want["hit"])
+        assert got[f"ndcg@{k}"] == pytest.approx(want["ndcg"])
+        assert got["mrr"] == pytest.approx(want["mrr"])
