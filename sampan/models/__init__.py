@@ -2,7 +2,7 @@
 
 >>> from sampan.models import model_names
 >>> model_names()
-['autoint', 'dcn', 'dcn_v2', 'deepfm', 'din', 'fibinet', 'fm', 'lr', 'wide_deep', 'xdeepfm']
+['autoint', 'dcn', 'dcn_v2', 'deepfm', 'din', 'fibinet', 'fm', 'lr', 'mmoe', 'ple', 'wide_deep', 'xdeepfm']
 """
 
 from sampan.models import (  # noqa: F401  (importing registers the models)
@@ -14,6 +14,8 @@ from sampan.models import (  # noqa: F401  (importing registers the models)
     fibinet,
     fm,
     lr,
+    mmoe,
+    ple,
     wide_deep,
     xdeepfm,
 )

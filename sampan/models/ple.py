@@ -1,0 +1,96 @@
+"""PLE (Tang et al., 2020): progressive layered extraction with task-specific and shared
+experts (customised gate control at each level)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import Field
+from torch import nn
+
+from sampan.config import ModelConfig
+from sampan.data.loader import Batch
+from sampan.embedding import EmbeddingCollection
+from sampan.layers import MLP, Linear, embed_fields
+from sampan.models.registry import register_model
+from sampan.schema import DataSchema
+
+
+class CGC(nn.Module):
+    """One extraction level: each task mixes its own experts and the shared ones; the shared
+    output mixes all experts (except at the last level, which has no shared output)."""
+
+    def __init__(self, dim: int, tasks: int, task_experts: int, shared_experts: int,
+                 hidden: list[int], dropout: float, last: bool):
+        super().__init__()
+        self.tasks, self.k, self.last = tasks, task_experts, last
+
+        def expert() -> MLP:
+            return MLP(dim, hidden, dropout=dropout)
+
+        self.task_experts = nn.ModuleList(nn.ModuleList(expert() for _ in range(task_experts))
+                                          for _ in range(tasks))
+        self.shared = nn.ModuleList(expert() for _ in range(shared_experts))
+        self.task_gates = nn.ModuleList(Linear(dim, task_experts + shared_experts)
+                                        for _ in range(tasks))
+        self.shared_gate = None if last else Linear(dim, tasks * task_experts + shared_experts)
+        self.out_dim = hidden[-1]
+
+    def forward(self, xs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """``xs``: one input per task plus the shared input, each ``[B, d]``."""
+        shared = [e(xs[-1]) for e in self.shared]
+        own = [[e(xs[t]) for e in self.task_experts[t]] for t in range(self.tasks)]
+        out = []
+        for t in range(self.tasks):
+            ex = torch.stack(own[t] + shared, dim=1)  # [B, k + s, H]
+            w = torch.softmax(self.task_gates[t](xs[t]), dim=1).unsqueeze(1)
+            out.append(torch.bmm(w, ex).squeeze(1))
+        if self.shared_gate is not None:
+            ex = torch.stack([h for hs in own for h in hs] + shared, dim=1)
+            w = torch.softmax(self.shared_gate(xs[-1]), dim=1).unsqueeze(1)
+            out.append(torch.bmm(w, ex).squeeze(1))
+        return out
+
+
+@register_model("ple")
+class PLE(nn.Module):
+    """``Batch -> [B, T]``: ``levels`` CGC layers, then one tower per task.
+
+    >>> from sampan.schema import SparseFeatureSpec
+    >>> s = DataSchema(dense=["x"], sparse=[SparseFeatureSpec("a", 5)], labels=["click", "buy"])
+    >>> PLE(s, PLE.Config(embedding_dim=4, expert_mlp=[8], tower_mlp=[4]))(Batch(
+    ...     dense=torch.ones(3, 1), sparse=torch.ones(3, 1, dtype=torch.long))).shape
+    torch.Size([3, 2])
+    """
+
+    class Config(ModelConfig):
+        name: Literal["ple"] = "ple"
+        levels: int = Field(2, ge=1)
+        task_experts: int = Field(1, ge=1)
+        shared_experts: int = Field(1, ge=1)
+        expert_mlp: list[int] = Field(default_factory=lambda: [256, 128], min_length=1)
+        tower_mlp: list[int] = Field(default_factory=lambda: [64])
+        dropout: float = Field(0.0, ge=0.0, lt=1.0)
+
+    def __init__(self, schema: DataSchema, cfg: Config):
+        super().__init__()
+        self.schema, self.tasks = schema, schema.num_tasks
+        self.embedding = EmbeddingCollection(schema.tables(cfg.embedding_dim),
+                                             cfg.embedding_init_std)
+        d = schema.num_fields() * cfg.embedding_dim + schema.num_dense
+        self.levels = nn.ModuleList()
+        for level in range(cfg.levels):
+            self.levels.append(CGC(d, self.tasks, cfg.task_experts, cfg.shared_experts,
+                                   cfg.expert_mlp, cfg.dropout, last=level == cfg.levels - 1))
+            d = cfg.expert_mlp[-1]
+        self.towers = nn.ModuleList(MLP(d, cfg.tower_mlp, out=1, dropout=cfg.dropout)
+                                    for _ in range(self.tasks))
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        fields, _ = embed_fields(self.embedding, batch, self.schema)
+        x = torch.cat([fields.flatten(1), batch.dense], dim=1)
+        xs = [x] * (self.tasks + 1)
+        for level in self.levels:
+            xs = level(xs)
+        return torch.cat([tower(h) for tower, h in zip(self.towers, xs, strict=False)], dim=1)
