@@ -1,8 +1,8 @@
 """Registered models, one per file. ``build_model`` turns a config section into a module.
 
 >>> from sampan.models import model_names
->>> model_names()
-['autoint', 'dcn', 'dcn_v2', 'deepfm', 'din', 'fibinet', 'fm', 'lr', 'mmoe', 'ple', 'wide_deep', 'xdeepfm']
+>>> len(model_names()), model_names()[:4]
+(12, ['autoint', 'dcn', 'dcn_v2', 'deepfm'])
 """
 
 from sampan.models import (  # noqa: F401  (importing registers the models)
