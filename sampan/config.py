@@ -306,6 +306,14 @@ class ModelConfig(_Strict):
     embedding_init_std: float = Field(1e-2, gt=0)
 
 
+class MLPModelConfig(ModelConfig):
+    """Options of models with an MLP over the fields."""
+
+    mlp: list[int] = Field(default_factory=lambda: [256, 128])
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    batch_norm: bool = False
+
+
 # ---------------------------------------------------------------------------------- train
 class EarlyStoppingConfig(_Strict):
     metric: Literal["auc", "logloss", "gauc"] = "auc"

@@ -86,3 +86,25 @@ def embed_fields(embedding: EmbeddingCollection, batch: Batch, schema: DataSchem
     if pooled:
         fields = torch.cat([fields, torch.stack(pooled, dim=1)], dim=1)
     return fields, {name: looked[name] for name in attend}
+
+
+class FieldInput(nn.Module):
+    """The flat input of MLP-style models: ``Batch -> x_0 [B, F' * D + Nd]`` (every field's
+    vector, bags and pooled sequences included, then the numeric features).
+
+    >>> from sampan.schema import SparseFeatureSpec
+    >>> layer = FieldInput(DataSchema(dense=["x"], sparse=[SparseFeatureSpec("c", 5)]), dim=4)
+    >>> layer.out_dim, layer(Batch(dense=torch.ones(2, 1),
+    ...                            sparse=torch.ones(2, 1, dtype=torch.long))).shape
+    (5, torch.Size([2, 5]))
+    """
+
+    def __init__(self, schema: DataSchema, dim: int, init_std: float = 1e-2):
+        super().__init__()
+        self.schema = schema
+        self.embedding = EmbeddingCollection(schema.tables(dim), init_std)
+        self.out_dim = schema.num_fields() * dim + schema.num_dense
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        fields, _ = embed_fields(self.embedding, batch, self.schema)
+        return torch.cat([fields.flatten(1), batch.dense], dim=1)

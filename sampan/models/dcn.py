@@ -8,10 +8,9 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from sampan.config import ModelConfig
+from sampan.config import MLPModelConfig
 from sampan.data.loader import Batch
-from sampan.embedding import EmbeddingCollection
-from sampan.layers import MLP, Linear, embed_fields
+from sampan.layers import MLP, FieldInput, Linear
 from sampan.models.registry import register_model
 from sampan.schema import DataSchema
 
@@ -43,24 +42,18 @@ class DCN(nn.Module):
     torch.Size([2, 1])
     """
 
-    class Config(ModelConfig):
+    class Config(MLPModelConfig):
         name: Literal["dcn"] = "dcn"
         cross_layers: int = Field(3, ge=1)
-        mlp: list[int] = Field(default_factory=lambda: [256, 128])
-        dropout: float = Field(0.0, ge=0.0, lt=1.0)
-        batch_norm: bool = False
 
     def __init__(self, schema: DataSchema, cfg: Config):
         super().__init__()
-        self.schema = schema
-        self.embedding = EmbeddingCollection(schema.tables(cfg.embedding_dim),
-                                             cfg.embedding_init_std)
-        d = schema.num_fields() * cfg.embedding_dim + schema.num_dense
+        self.input = FieldInput(schema, cfg.embedding_dim, cfg.embedding_init_std)
+        d = self.input.out_dim
         self.cross = CrossNet(d, cfg.cross_layers)
         self.mlp = MLP(d, cfg.mlp, dropout=cfg.dropout, batch_norm=cfg.batch_norm)
         self.out = Linear(d + self.mlp.out_dim, schema.num_tasks)
 
     def forward(self, batch: Batch) -> torch.Tensor:
-        fields, _ = embed_fields(self.embedding, batch, self.schema)
-        x0 = torch.cat([fields.flatten(1), batch.dense], dim=1)
+        x0 = self.input(batch)
         return self.out(torch.cat([self.cross(x0), self.mlp(x0)], dim=1))

@@ -10,8 +10,7 @@ from torch import nn
 
 from sampan.config import ModelConfig
 from sampan.data.loader import Batch
-from sampan.embedding import EmbeddingCollection
-from sampan.layers import MLP, Linear, embed_fields
+from sampan.layers import MLP, FieldInput, Linear
 from sampan.models.registry import register_model
 from sampan.schema import DataSchema
 
@@ -37,10 +36,8 @@ class MMoE(nn.Module):
 
     def __init__(self, schema: DataSchema, cfg: Config):
         super().__init__()
-        self.schema = schema
-        self.embedding = EmbeddingCollection(schema.tables(cfg.embedding_dim),
-                                             cfg.embedding_init_std)
-        d = schema.num_fields() * cfg.embedding_dim + schema.num_dense
+        self.input = FieldInput(schema, cfg.embedding_dim, cfg.embedding_init_std)
+        d = self.input.out_dim
         self.experts = nn.ModuleList(MLP(d, cfg.expert_mlp, dropout=cfg.dropout)
                                      for _ in range(cfg.experts))
         self.gates = nn.ModuleList(Linear(d, cfg.experts) for _ in range(schema.num_tasks))
@@ -48,8 +45,7 @@ class MMoE(nn.Module):
                                         dropout=cfg.dropout) for _ in range(schema.num_tasks))
 
     def forward(self, batch: Batch) -> torch.Tensor:
-        fields, _ = embed_fields(self.embedding, batch, self.schema)
-        x = torch.cat([fields.flatten(1), batch.dense], dim=1)
+        x = self.input(batch)
         experts = torch.stack([e(x) for e in self.experts], dim=1)  # [B, E, H]
         out = []
         for gate, tower in zip(self.gates, self.towers, strict=True):

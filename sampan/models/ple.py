@@ -11,8 +11,7 @@ from torch import nn
 
 from sampan.config import ModelConfig
 from sampan.data.loader import Batch
-from sampan.embedding import EmbeddingCollection
-from sampan.layers import MLP, Linear, embed_fields
+from sampan.layers import MLP, FieldInput, Linear
 from sampan.models.registry import register_model
 from sampan.schema import DataSchema
 
@@ -75,10 +74,9 @@ class PLE(nn.Module):
 
     def __init__(self, schema: DataSchema, cfg: Config):
         super().__init__()
-        self.schema, self.tasks = schema, schema.num_tasks
-        self.embedding = EmbeddingCollection(schema.tables(cfg.embedding_dim),
-                                             cfg.embedding_init_std)
-        d = schema.num_fields() * cfg.embedding_dim + schema.num_dense
+        self.tasks = schema.num_tasks
+        self.input = FieldInput(schema, cfg.embedding_dim, cfg.embedding_init_std)
+        d = self.input.out_dim
         self.levels = nn.ModuleList()
         for level in range(cfg.levels):
             self.levels.append(CGC(d, self.tasks, cfg.task_experts, cfg.shared_experts,
@@ -88,8 +86,7 @@ class PLE(nn.Module):
                                     for _ in range(self.tasks))
 
     def forward(self, batch: Batch) -> torch.Tensor:
-        fields, _ = embed_fields(self.embedding, batch, self.schema)
-        x = torch.cat([fields.flatten(1), batch.dense], dim=1)
+        x = self.input(batch)
         xs = [x] * (self.tasks + 1)
         for level in self.levels:
             xs = level(xs)

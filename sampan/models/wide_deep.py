@@ -5,10 +5,9 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-from pydantic import Field
 from torch import nn
 
-from sampan.config import ModelConfig
+from sampan.config import MLPModelConfig
 from sampan.data.loader import Batch
 from sampan.layers import MLP, FeatureEmbedding
 from sampan.models.registry import register_model
@@ -26,11 +25,8 @@ class WideDeep(nn.Module):
     torch.Size([2, 1])
     """
 
-    class Config(ModelConfig):
+    class Config(MLPModelConfig):
         name: Literal["wide_deep"] = "wide_deep"
-        mlp: list[int] = Field(default_factory=lambda: [256, 128])
-        dropout: float = Field(0.0, ge=0.0, lt=1.0)
-        batch_norm: bool = False
 
     def __init__(self, schema: DataSchema, cfg: Config):
         super().__init__()
