@@ -2,7 +2,7 @@
 
 >>> from sampan.models import model_names
 >>> len(model_names()), model_names()[:4]
-(12, ['autoint', 'dcn', 'dcn_v2', 'deepfm'])
+(13, ['autoint', 'dcn', 'dcn_v2', 'deepfm'])
 """
 
 from sampan.models import (  # noqa: F401  (importing registers the models)
@@ -11,6 +11,7 @@ from sampan.models import (  # noqa: F401  (importing registers the models)
     dcn_v2,
     deepfm,
     din,
+    esmm,
     fibinet,
     fm,
     lr,

@@ -1,5 +1,6 @@
 """Every registered model honours the model contract (parametrised from the registry)."""
 
+import dataclasses
 import io
 
 import pytest
@@ -19,7 +20,13 @@ SCHEMA = DataSchema(dense=["x1", "x2"],
                     own_tables=[SparseFeatureSpec("genres", 7)])
 
 
-def batch(b=16, seed=0):
+def schema_for(name):
+    """The tiny schema, with as many labels as the model needs (most need one)."""
+    tasks = getattr(get_model_class(name), "tasks", 1)
+    return dataclasses.replace(SCHEMA, labels=[f"y{t}" for t in range(tasks)])
+
+
+def batch(b=16, seed=0, tasks=1):
     g = torch.Generator().manual_seed(seed)
     sparse = torch.stack([torch.randint(0, s.cardinality, (b,), generator=g)
                           for s in SCHEMA.sparse], 1)
@@ -27,7 +34,7 @@ def batch(b=16, seed=0):
     lengths = torch.randint(0, 6, (b,), generator=g)
     hist[torch.arange(5).expand(b, 5) < (5 - lengths).unsqueeze(1)] = 0  # left padding
     return Batch(dense=torch.randn(b, 2, generator=g), sparse=sparse,
-                 labels=torch.randint(0, 2, (b, 1), generator=g).float(),
+                 labels=torch.randint(0, 2, (b, tasks), generator=g).float(),
                  sequences={"hist_c": hist,
                             "genres": torch.randint(0, 7, (b, 3), generator=g)})
 
@@ -35,7 +42,11 @@ def batch(b=16, seed=0):
 def build(name):
     torch.manual_seed(0)
     cfg = get_model_class(name).Config(embedding_dim=4)
-    return build_model(cfg, SCHEMA)
+    return build_model(cfg, schema_for(name))
+
+
+def tasks_of(name):
+    return getattr(get_model_class(name), "tasks", 1)
 
 
 @pytest.fixture(params=model_names())
@@ -45,9 +56,9 @@ def name(request):
 
 def test_output_shape_and_finite_loss(name):
     model = build(name)
-    out = model(batch())
-    assert out.shape == (16, 1)
-    loss = binary_loss(out, batch().labels)
+    out = model(batch(tasks=tasks_of(name)))
+    assert out.shape == (16, tasks_of(name))
+    loss = binary_loss(out, batch(tasks=tasks_of(name)).labels)
     assert torch.isfinite(loss)
 
 
@@ -56,7 +67,8 @@ def test_every_parameter_learns(name):
     # One step first so zero-initialised first-order weights do not hide gradients.
     for _ in range(2):
         model.zero_grad()
-        loss = binary_loss(model(batch()), batch().labels)
+        b = batch(tasks=tasks_of(name))
+        loss = binary_loss(model(b), b.labels)
         loss.backward()
         dense = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         for n, p in dense:
@@ -87,7 +99,7 @@ def test_state_dict_round_trip(name):
     torch.save(model.state_dict(), buf)
     buf.seek(0)
     torch.manual_seed(123)
-    other = build_model(get_model_class(name).Config(embedding_dim=4), SCHEMA).eval()
+    other = build_model(get_model_class(name).Config(embedding_dim=4), schema_for(name)).eval()
     other.load_state_dict(torch.load(buf, weights_only=True))
     with torch.no_grad():
         assert torch.equal(model(batch()), other(batch()))

@@ -7,7 +7,13 @@ from sampan.config import load_config
 from sampan.train.experiment import run_experiment
 
 
-@pytest.mark.parametrize("model", ["mmoe", "ple"])
+MODELS = {"mmoe": {"expert_mlp": [16], "tower_mlp": [8]},
+          "ple": {"expert_mlp": [16], "tower_mlp": [8]},
+          # ESMM's labels: click, and click-and-buy over every impression (as here)
+          "esmm": {"tower_mlp": [16, 8]}}
+
+
+@pytest.mark.parametrize("model", sorted(MODELS))
 def test_two_labels_learn(tmp_path, model):
     rng = np.random.default_rng(0)
     n = 3000
@@ -22,7 +28,7 @@ def test_two_labels_learn(tmp_path, model):
     cfg = load_config(raw={
         "output_dir": str(tmp_path), "data": {"train": str(path)},
         "features": {"label": ["click", "buy"], "categorical": ["u", "i"]},
-        "model": {"name": model, "embedding_dim": 8, "expert_mlp": [16], "tower_mlp": [8]},
+        "model": {"name": model, "embedding_dim": 8, **MODELS[model]},
         "train": {"epochs": 3, "batch_size": 128, "lr": 0.01, "progress": False,
                   "tensorboard": False}})
     results = run_experiment(cfg, run_dir=tmp_path / "run")
