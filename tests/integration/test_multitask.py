@@ -6,7 +6,6 @@ import pytest
 from sampan.config import load_config
 from sampan.train.experiment import run_experiment
 
-
 MODELS = {"mmoe": {"expert_mlp": [16], "tower_mlp": [8]},
           "ple": {"expert_mlp": [16], "tower_mlp": [8]},
           # ESMM's labels: click, and click-and-buy over every impression (as here)
