@@ -2,11 +2,12 @@
 
 >>> from sampan.models import model_names
 >>> len(model_names()), model_names()[:4]
-(13, ['autoint', 'dcn', 'dcn_v2', 'deepfm'])
+(14, ['autoint', 'bst', 'dcn', 'dcn_v2'])
 """
 
 from sampan.models import (  # noqa: F401  (importing registers the models)
     autoint,
+    bst,
     dcn,
     dcn_v2,
     deepfm,

@@ -1,0 +1,73 @@
+"""BST (Chen et al., 2019, Alibaba): a transformer over the behaviour sequence with the
+target item appended, so every event attends to the candidate and to each other."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import Field
+from torch import nn
+
+from sampan.config import ModelConfig
+from sampan.data.loader import Batch
+from sampan.embedding import EmbeddingCollection
+from sampan.layers import MLP, embed_fields
+from sampan.models.registry import register_model
+from sampan.schema import DataSchema
+
+
+@register_model("bst")
+class BST(nn.Module):
+    """``Batch -> [B, T]``: MLP over ``[e_1 .. e_F', transformer([history, target]), dense]``.
+
+    The transformer output is pooled over the real (non-padding) positions. ``target`` and
+    ``history`` default as in DIN (the only behaviour sequence and the feature it shares).
+    """
+
+    class Config(ModelConfig):
+        name: Literal["bst"] = "bst"
+        target: str | None = None
+        history: str | None = None
+        layers: int = Field(1, ge=1)
+        heads: int = Field(2, ge=1)
+        mlp: list[int] = Field(default_factory=lambda: [256, 128])
+        dropout: float = Field(0.1, ge=0.0, lt=1.0)
+
+    def __init__(self, schema: DataSchema, cfg: Config):
+        super().__init__()
+        seqs = {s.name: s for s in schema.behaviour}
+        if not seqs:
+            raise ValueError("bst needs a behaviour sequence (features.lists with kind: "
+                             "sequence) in the data schema")
+        history = cfg.history or (next(iter(seqs)) if len(seqs) == 1 else None)
+        if history not in seqs:
+            raise ValueError(f"bst: model.history must name one of the sequences "
+                             f"{sorted(seqs)}, got {cfg.history!r}")
+        target = cfg.target or seqs[history].table
+        names = [f.name for f in schema.sparse]
+        if target not in names or seqs[history].table != target:
+            raise ValueError(f"bst: the target {target!r} must be the sparse feature whose ids "
+                             f"the history {history!r} holds ({seqs[history].table!r})")
+        if cfg.embedding_dim % cfg.heads:
+            raise ValueError(f"bst: embedding_dim {cfg.embedding_dim} must be divisible by "
+                             f"heads {cfg.heads}")
+        self.schema, self.history, self.target_idx = schema, history, names.index(target)
+        d = cfg.embedding_dim
+        self.embedding = EmbeddingCollection(schema.tables(d), cfg.embedding_init_std)
+        self.position = nn.Parameter(torch.randn(seqs[history].max_len + 1, d) * 0.02)
+        layer = nn.TransformerEncoderLayer(d, cfg.heads, dim_feedforward=4 * d,
+                                           dropout=cfg.dropout, batch_first=True)
+        self.transformer = nn.TransformerEncoder(layer, cfg.layers, enable_nested_tensor=False)
+        in_dim = (schema.num_fields() - 1 + 1) * d + schema.num_dense
+        self.mlp = MLP(in_dim, cfg.mlp, out=schema.num_tasks, dropout=cfg.dropout)
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        e, hist = embed_fields(self.embedding, batch, self.schema, attend=(self.history,))
+        seq = torch.cat([hist[self.history], e[:, self.target_idx].unsqueeze(1)], dim=1)
+        real = torch.cat([batch.mask(self.history),
+                          torch.ones_like(batch.mask(self.history)[:, :1])], dim=1)
+        h = self.transformer(seq + self.position, src_key_padding_mask=~real)
+        w = real.unsqueeze(-1).to(h.dtype)
+        pooled = (h * w).sum(dim=1) / w.sum(dim=1)
+        return self.mlp(torch.cat([e.flatten(1), pooled, batch.dense], dim=1))
