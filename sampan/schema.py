@@ -111,6 +111,32 @@ class DataSchema:
             [TableSpec(t.name, t.cardinality, dim, (t.name, *shared.get(t.name, [])), field=False)
              for t in self.own_tables]
 
+    def history_and_target(self, model: str, history: str | None,
+                           target: str | None) -> tuple[str, int]:
+        """Resolve a target-attention model's behaviour sequence and candidate feature.
+
+        ``history`` defaults to the only behaviour sequence, ``target`` to the sparse feature
+        whose ids the history holds. Returns the history's name and the target's column in
+        ``Batch.sparse``; anything inconsistent fails naming the model and the options.
+        """
+        seqs = {s.name: s for s in self.behaviour}
+        if not seqs:
+            raise ValueError(f"{model} needs a behaviour sequence (features.lists with kind: "
+                             "sequence) in the data schema")
+        name = history or (next(iter(seqs)) if len(seqs) == 1 else None)
+        if name not in seqs:
+            raise ValueError(f"{model}: model.history must name one of the sequences "
+                             f"{sorted(seqs)}, got {history!r}")
+        target = target or seqs[name].table
+        names = [f.name for f in self.sparse]
+        if target not in names:
+            raise ValueError(f"{model}: model.target {target!r} is not a sparse feature: "
+                             f"{names}")
+        if seqs[name].table != target:
+            raise ValueError(f"{model}: the history {name!r} holds ids of {seqs[name].table!r}"
+                             f", not of the target {target!r}; share the target's vocabulary")
+        return name, names.index(target)
+
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -36,26 +36,16 @@ class BST(nn.Module):
 
     def __init__(self, schema: DataSchema, cfg: Config):
         super().__init__()
-        seqs = {s.name: s for s in schema.behaviour}
-        if not seqs:
-            raise ValueError("bst needs a behaviour sequence (features.lists with kind: "
-                             "sequence) in the data schema")
-        history = cfg.history or (next(iter(seqs)) if len(seqs) == 1 else None)
-        if history not in seqs:
-            raise ValueError(f"bst: model.history must name one of the sequences "
-                             f"{sorted(seqs)}, got {cfg.history!r}")
-        target = cfg.target or seqs[history].table
-        names = [f.name for f in schema.sparse]
-        if target not in names or seqs[history].table != target:
-            raise ValueError(f"bst: the target {target!r} must be the sparse feature whose ids "
-                             f"the history {history!r} holds ({seqs[history].table!r})")
+        self.history, self.target_idx = schema.history_and_target("bst", cfg.history,
+                                                                  cfg.target)
         if cfg.embedding_dim % cfg.heads:
             raise ValueError(f"bst: embedding_dim {cfg.embedding_dim} must be divisible by "
                              f"heads {cfg.heads}")
-        self.schema, self.history, self.target_idx = schema, history, names.index(target)
+        self.schema = schema
         d = cfg.embedding_dim
         self.embedding = EmbeddingCollection(schema.tables(d), cfg.embedding_init_std)
-        self.position = nn.Parameter(torch.randn(seqs[history].max_len + 1, d) * 0.02)
+        max_len = next(s.max_len for s in schema.behaviour if s.name == self.history)
+        self.position = nn.Parameter(torch.randn(max_len + 1, d) * 0.02)
         layer = nn.TransformerEncoderLayer(d, cfg.heads, dim_feedforward=4 * d,
                                            dropout=cfg.dropout, batch_first=True)
         self.transformer = nn.TransformerEncoder(layer, cfg.layers, enable_nested_tensor=False)

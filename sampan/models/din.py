@@ -56,22 +56,9 @@ class DIN(nn.Module):
 
     def __init__(self, schema: DataSchema, cfg: Config):
         super().__init__()
-        seqs = {s.name: s for s in schema.behaviour}
-        if not seqs:
-            raise ValueError("din needs a behaviour sequence (features.lists with kind: "
-                             "sequence) in the data schema")
-        history = cfg.history or (next(iter(seqs)) if len(seqs) == 1 else None)
-        if history not in seqs:
-            raise ValueError(f"din: model.history must name one of the sequences "
-                             f"{sorted(seqs)}, got {cfg.history!r}")
-        target = cfg.target or seqs[history].table
-        names = [f.name for f in schema.sparse]
-        if target not in names:
-            raise ValueError(f"din: model.target {target!r} is not a sparse feature: {names}")
-        if seqs[history].table != target:
-            raise ValueError(f"din: the history {history!r} holds ids of {seqs[history].table!r}"
-                             f", not of the target {target!r}; share the target's vocabulary")
-        self.history, self.target_idx, self.schema = history, names.index(target), schema
+        self.history, self.target_idx = schema.history_and_target("din", cfg.history,
+                                                                  cfg.target)
+        self.schema = schema
         self.embedding = EmbeddingCollection(schema.tables(cfg.embedding_dim),
                                              cfg.embedding_init_std)
         self.attention = TargetAttention(cfg.embedding_dim, cfg.attention_mlp,

@@ -60,3 +60,17 @@ def test_sequences_share_their_feature_table():
     rows, _ = (coll._lookups[-1][0], None)
     # one deduplicated gather covers both: item 2 and item 6 appear in sparse and history
     assert sorted(rows.tolist()) == sorted({1, 3, 4 + 2, 4 + 6, 4 + 0, 4 + 5, 4 + 1})
+
+
+def test_history_and_target_resolution_and_errors():
+    import pytest
+
+    schema = DataSchema(sparse=[SparseFeatureSpec("user", 4), SparseFeatureSpec("item", 7)],
+                        sequences=[SequenceFeatureSpec("hist", 3, "item")])
+    assert schema.history_and_target("din", None, None) == ("hist", 1)
+    with pytest.raises(ValueError, match="din: model.history must name one of"):
+        schema.history_and_target("din", "nope", None)
+    with pytest.raises(ValueError, match="holds ids of 'item', not of the target 'user'"):
+        schema.history_and_target("bst", "hist", "user")
+    with pytest.raises(ValueError, match="needs a behaviour sequence"):
+        DataSchema(sparse=[SparseFeatureSpec("u", 2)]).history_and_target("din", None, None)
