@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import re
 import types
 import typing
 from importlib import resources
@@ -316,8 +317,20 @@ class MLPModelConfig(ModelConfig):
 
 # ---------------------------------------------------------------------------------- train
 class EarlyStoppingConfig(_Strict):
-    metric: Literal["auc", "logloss", "gauc"] = "auc"
+    metric: str | None = Field(
+        None, description="validation metric to track: auc, logloss, gauc, or for retrieval "
+        "recall@K, ndcg@K, hitrate@K, mrr (K = the model's k); default: auc, or recall@K for "
+        "retrieval models")
     patience: int = Field(2, ge=1, description="evaluations without improvement before stop")
+
+    @field_validator("metric")
+    @classmethod
+    def _known_metric(cls, v: str | None) -> str | None:
+        if v is None or v in ("auc", "logloss", "gauc", "mrr") or re.fullmatch(
+                r"(recall|ndcg|hitrate)@[1-9][0-9]*", v):
+            return v
+        raise ValueError(f"unknown metric {v!r}; expected auc, logloss, gauc, mrr, or "
+                         "recall@K / ndcg@K / hitrate@K")
     min_delta: float = Field(1e-4, ge=0.0)
     enabled: bool = True
 

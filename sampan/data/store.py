@@ -52,6 +52,18 @@ class SplitArrays:
     def __len__(self) -> int:
         return int(self.sparse.shape[0])
 
+    def take(self, rows: np.ndarray) -> SplitArrays:
+        """The rows ``rows`` (indices or a boolean mask) of every array, as a new in-memory
+        split."""
+        def pick(a: np.ndarray | None) -> np.ndarray | None:
+            return None if a is None else np.ascontiguousarray(a[rows])
+
+        return SplitArrays(dense=pick(self.dense), sparse=pick(self.sparse),
+                           labels=pick(self.labels), group=pick(self.group),
+                           oracle=pick(self.oracle), line=pick(self.line),
+                           sequences={k: pick(v) for k, v in self.sequences.items()}
+                           if self.sequences else None)
+
     @classmethod
     def load(cls, directory: Path, mmap: bool = True) -> SplitArrays:
         mode = "r" if mmap else None

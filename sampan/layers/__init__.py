@@ -1,9 +1,11 @@
 """Blocks shared by several models."""
 
+from sampan.layers.attention import TargetAttention
 from sampan.layers.embed import FeatureEmbedding, FieldInput, embed_fields, pool
 from sampan.layers.fm import fm_interaction
 from sampan.layers.linear import Linear
 from sampan.layers.mlp import MLP, Dice
 
-__all__ = ["Dice", "FeatureEmbedding", "FieldInput", "Linear", "MLP", "embed_fields",
+__all__ = ["Dice", "FeatureEmbedding", "FieldInput", "Linear", "MLP", "TargetAttention",
+           "embed_fields",
            "fm_interaction", "pool"]

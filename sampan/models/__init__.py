@@ -2,7 +2,7 @@
 
 >>> from sampan.models import model_names
 >>> len(model_names()), model_names()[:4]
-(14, ['autoint', 'bst', 'dcn', 'dcn_v2'])
+(16, ['autoint', 'bst', 'dcn', 'dcn_v2'])
 """
 
 from sampan.models import (  # noqa: F401  (importing registers the models)
@@ -12,12 +12,14 @@ from sampan.models import (  # noqa: F401  (importing registers the models)
     dcn_v2,
     deepfm,
     din,
+    dien,
     esmm,
     fibinet,
     fm,
     lr,
     mmoe,
     ple,
+    two_tower,
     wide_deep,
     xdeepfm,
 )

@@ -11,28 +11,9 @@ from torch import nn
 from sampan.config import ModelConfig
 from sampan.data.loader import Batch
 from sampan.embedding import EmbeddingCollection
-from sampan.layers import MLP, embed_fields
+from sampan.layers import MLP, TargetAttention, embed_fields
 from sampan.models.registry import register_model
 from sampan.schema import DataSchema
-
-
-class TargetAttention(nn.Module):
-    """Local activation unit: weights ``[B, L]`` from an MLP over ``[q, k, q - k, q * k]``.
-
-    As in the paper the weights are not softmax-normalised (the pooled vector keeps the
-    intensity of interest); padded positions get weight 0.
-    """
-
-    def __init__(self, dim: int, hidden: list[int], act: str):
-        super().__init__()
-        self.mlp = MLP(4 * dim, hidden, out=1, act=act)
-
-    def forward(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """``q [B, D]``, ``k [B, L, D]``, ``mask [B, L]`` (True = real event) -> ``[B, D]``."""
-        qe = q.unsqueeze(1).expand_as(k)
-        w = self.mlp(torch.cat([qe, k, qe - k, qe * k], dim=-1)).squeeze(-1)
-        w = w * mask.to(w.dtype)
-        return torch.bmm(w.unsqueeze(1), k).squeeze(1)
 
 
 @register_model("din")

@@ -27,7 +27,7 @@ from sampan.data.store import SplitArrays, Store, build_store, transform_files
 from sampan.models import build_model
 from sampan.train import checkpoint as ckpt
 from sampan.train.metrics import auc
-from sampan.train.trainer import BEST, LAST, Trainer, probabilities
+from sampan.train.trainer import BEST, LAST, Trainer, headline_metrics, probabilities
 
 
 def new_run_dir(cfg: ExperimentConfig) -> Path:
@@ -95,22 +95,27 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path | None = None,
 def print_results(results: dict[str, Any], console: Console) -> None:
     table = Table(title=f"{results['model']}: best step {results['best_step']} of "
                         f"{results['steps']}, {results['train_seconds']} s")
+    splits = [s for s in ("valid", "test") if results.get(s)]
+    cols = list(dict.fromkeys(k for s in splits for k in headline_metrics(results[s])))
+    if any("oracle_auc" in results[s] for s in splits):
+        cols.append("oracle_auc")
     table.add_column("split")
-    for col in ("AUC", "LogLoss", "GAUC", "oracle AUC", "rows"):
+    for col in [*cols, "rows"]:
         table.add_column(col, justify="right")
-    for split in ("valid", "test"):
-        m = results.get(split)
-        if not m:
-            continue
-        table.add_row(split, f"{m['auc']:.4f}", f"{m['logloss']:.4f}",
-                      f"{m['gauc']:.4f}" if "gauc" in m else "-",
-                      f"{m['oracle_auc']:.4f}" if "oracle_auc" in m else "-",
+    for split in splits:
+        m = results[split]
+        table.add_row(split, *(f"{m[c]:.4f}" if c in m else "-" for c in cols),
                       f"{int(m['rows']):,}")
     console.print(table)
     test = results.get("test", {})
     if "oracle_auc" in test:
         console.print(f"test AUC {test['auc']:.4f} vs oracle AUC {test['oracle_auc']:.4f} "
                       f"(gap {test['oracle_auc'] - test['auc']:.4f})")
+    for key in test:
+        if key.startswith("pop_recall@"):
+            mine = key[len("pop_"):]
+            console.print(f"test {mine} {test[mine]:.4f} vs popularity baseline "
+                          f"{test[key]:.4f}")
 
 
 # --------------------------------------------------------------- using a finished run

@@ -141,11 +141,15 @@ def _ranks_of_relevant(scores: torch.Tensor, relevant: torch.Tensor) -> torch.Te
     return torch.where(relevant, at_least, torch.zeros_like(at_least))
 
 
-def ranking_metrics(scores: torch.Tensor, relevant: torch.Tensor, k: int) -> dict[str, float]:
+def ranking_metrics(scores: torch.Tensor, relevant: torch.Tensor, k: int,
+                    n_relevant: torch.Tensor | None = None) -> dict[str, float]:
     """Mean over queries of Recall@K, HitRate@K, NDCG@K (binary gains) and MRR.
 
     ``scores [Q, N]`` ranks each query's ``N`` candidates; ``relevant [Q, N]`` marks the
     relevant ones. Queries without a relevant item are skipped. Ties rank pessimistically.
+    ``n_relevant [Q]`` counts relevant items that are not among the candidates too (items
+    a retrieval model cannot return, e.g. never seen in training): they are misses, so they
+    enter Recall's and the ideal DCG's denominators, and such queries are not skipped.
 
     >>> s = torch.tensor([[0.9, 0.8, 0.1], [0.2, 0.9, 0.5]])
     >>> r = torch.tensor([[False, True, False], [True, False, False]])
@@ -153,14 +157,16 @@ def ranking_metrics(scores: torch.Tensor, relevant: torch.Tensor, k: int) -> dic
     {'recall@2': 0.5, 'hitrate@2': 0.5, 'ndcg@2': 0.3155, 'mrr': 0.4167, 'queries': 2.0}
     """
     rel = relevant.bool()
-    has = rel.any(dim=1)
-    rel, scores = rel[has], scores[has]
+    total = rel.sum(dim=1) if n_relevant is None else torch.maximum(
+        n_relevant.to(rel.device), rel.sum(dim=1))
+    has = total > 0
+    rel, scores, total = rel[has], scores[has], total[has]
     if not len(rel):
         return {f"recall@{k}": math.nan, f"hitrate@{k}": math.nan, f"ndcg@{k}": math.nan,
                 "mrr": math.nan, "queries": 0.0}
     ranks = _ranks_of_relevant(scores, rel).to(torch.float64)
     in_k = (ranks > 0) & (ranks <= k)
-    n_rel = rel.sum(dim=1).to(torch.float64)
+    n_rel = total.to(torch.float64)
     recall = in_k.sum(dim=1) / n_rel
     hit = in_k.any(dim=1).to(torch.float64)
     dcg = torch.where(in_k, 1.0 / torch.log2(ranks + 1.0), torch.zeros_like(ranks)).sum(dim=1)

@@ -23,10 +23,9 @@ from sampan.config import ExperimentConfig, dump_config
 from sampan.data.loader import Batch, BatchLoader
 from sampan.data.store import SplitArrays
 from sampan.embedding import EmbeddingCollection, make_sparse_optimizer
-from sampan.tasks import binary_loss
+from sampan.tasks import make_task
 from sampan.train import checkpoint as ckpt
 from sampan.train.logging import MetricsLog, make_progress
-from sampan.train.metrics import MetricAccumulator
 from sampan.train.schedules import lr_factor
 
 LAST = "last.pt"
@@ -77,6 +76,8 @@ class Trainer:
         self.model = model.to(self.device)
         if self.tc.compile:
             compile_dense(self.model)
+        self.task = make_task(model, train)
+        train = self.task.training_rows(train)
         self.train_data, self.valid_data = train, valid
         self.loader = BatchLoader(train, self.tc.batch_size, shuffle=self.tc.shuffle,
                                   seed=cfg.seed, prefetch=self.tc.prefetch,
@@ -93,8 +94,8 @@ class Trainer:
         self.state = TrainState()
         self.metrics = MetricsLog(self.run_dir, self.tc.tensorboard and log_metrics,
                                   self.console) if log_metrics else None
-        es = self.tc.early_stopping
-        self.maximize = es.metric in ("auc", "gauc")
+        self.metric = self.tc.early_stopping.metric or self.task.default_metric
+        self.maximize = self.metric != "logloss"
         self.best_model: dict[str, torch.Tensor] | None = None
 
     def _dense_optimizer(self) -> torch.optim.Optimizer | None:
@@ -123,8 +124,7 @@ class Trainer:
         self._set_lr()
         with torch.autocast(self.device.type, dtype=torch.bfloat16,
                             enabled=self.tc.amp == "bf16"):
-            logits = self.model(batch)
-            loss = binary_loss(logits, batch.labels)
+            loss = self.task.loss(self.model, batch)
         loss.backward()
         if self.tc.clip_grad_norm is not None and self.dense_params:
             # Clips the dense parameters; embedding rows are bounded by their optimizer.
@@ -203,7 +203,7 @@ class Trainer:
             return
         m = self.evaluate(self.valid_data)
         es = self.tc.early_stopping
-        value = m.get(es.metric, math.nan)
+        value = m.get(self.metric, math.nan)
         improved = st.best is None or (
             value > st.best + es.min_delta if self.maximize else value < st.best - es.min_delta)
         if improved and not math.isnan(value):
@@ -221,15 +221,15 @@ class Trainer:
         st.history.append(record)
         self.metrics.write(record)
         mark = "*" if improved else " "
-        gauc = f" gauc {m['gauc']:.4f}" if "gauc" in m else ""
-        self.console.print(f"  step {st.step:>6} epoch {st.epoch}  valid auc {m['auc']:.4f} "
-                           f"logloss {m['logloss']:.4f}{gauc} {mark}"
+        shown = " ".join(f"{k} {m[k]:.4f}" for k in headline_metrics(m))
+        self.console.print(f"  step {st.step:>6} epoch {st.epoch}  valid {shown} {mark}"
                            + ("  (early stop)" if st.stopped_early else ""))
 
     # ----------------------------------------------------------------- evaluation
     @torch.no_grad()
-    def predict_logits(self, data: SplitArrays) -> torch.Tensor:
-        """Logits ``[N, T]`` for every row of ``data``, in order."""
+    def infer(self, fn, data: SplitArrays) -> torch.Tensor:  # type: ignore[no-untyped-def]
+        """``fn(batch)`` over every row of ``data`` in order (eval mode, no grad, autocast
+        as in training), concatenated on the CPU as float32."""
         self.model.eval()
         out = []
         for batch in BatchLoader(data, self.tc.eval_batch_size, shuffle="none",
@@ -237,22 +237,17 @@ class Trainer:
             batch = batch.to(self.device, non_blocking=True)
             with torch.autocast(self.device.type, dtype=torch.bfloat16,
                                 enabled=self.tc.amp == "bf16"):
-                out.append(self.model(batch).float())
+                out.append(fn(batch).float().cpu())
         return torch.cat(out) if out else torch.empty(0, 1)
 
-    @torch.no_grad()
+    def predict_logits(self, data: SplitArrays) -> torch.Tensor:
+        """Logits ``[N, T]`` for every row of ``data``, in order."""
+        return self.infer(self.model, data)
+
     def evaluate(self, data: SplitArrays) -> dict[str, float]:
-        """AUC, LogLoss (and GAUC when groups exist) of the current model on ``data``."""
-        self.model.eval()
-        acc = MetricAccumulator()
-        for batch in BatchLoader(data, self.tc.eval_batch_size, shuffle="none",
-                                 prefetch=self.tc.prefetch):
-            batch = batch.to(self.device, non_blocking=True)
-            with torch.autocast(self.device.type, dtype=torch.bfloat16,
-                                enabled=self.tc.amp == "bf16"):
-                logits = self.model(batch)
-            acc.update(logits, batch.labels, batch.group)
-        return acc.compute()
+        """The task's metrics of the current model on ``data`` (binary: AUC, LogLoss and
+        GAUC when groups exist; retrieval: Recall / NDCG @ K and a popularity baseline)."""
+        return self.task.evaluate(self.model, data, self.infer)
 
     # ---------------------------------------------------------------- checkpoints
     def save_checkpoint(self) -> Path:
@@ -300,6 +295,14 @@ def compile_dense(model: nn.Module) -> None:
             compile_dense(child)
         elif any(True for _ in child.parameters()):
             child.compile(dynamic=False)
+
+
+def headline_metrics(m: dict[str, float]) -> list[str]:
+    """The metric names worth printing from an evaluation, in a stable order."""
+    keys = ["auc", "logloss", "gauc"] + [k for k in m if k.split("@")[0] in
+                                         ("recall", "ndcg", "hitrate")] + ["mrr"]
+    keys += [k for k in m if k.startswith("pop_recall@")]
+    return [k for k in keys if k in m]
 
 
 def probabilities(logits: torch.Tensor) -> np.ndarray:

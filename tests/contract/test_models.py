@@ -10,7 +10,7 @@ from sampan.data.loader import Batch
 from sampan.embedding import EmbeddingCollection, SparseAdam
 from sampan.models import build_model, get_model_class, model_names
 from sampan.schema import DataSchema, SequenceFeatureSpec, SparseFeatureSpec
-from sampan.tasks import binary_loss
+from sampan.tasks import make_task, training_loss
 
 SCHEMA = DataSchema(dense=["x1", "x2"],
                     sparse=[SparseFeatureSpec("a", 6), SparseFeatureSpec("b", 4),
@@ -39,10 +39,26 @@ def batch(b=16, seed=0, tasks=1):
                             "genres": torch.randint(0, 7, (b, 3), generator=g)})
 
 
+# options a model needs on the tiny schema (everything else at its defaults)
+OPTIONS = {"two_tower": {"item_features": ["c", "genres", "x2"]}}
+
+
+def config(name):
+    return get_model_class(name).Config(embedding_dim=4, **OPTIONS.get(name, {}))
+
+
 def build(name):
     torch.manual_seed(0)
-    cfg = get_model_class(name).Config(embedding_dim=4)
-    return build_model(cfg, schema_for(name))
+    return build_model(config(name), schema_for(name))
+
+
+def train_arrays(tasks=1):
+    """The contract batch as a train split (retrieval tasks read their corpus from it)."""
+    from sampan.data.store import SplitArrays
+
+    b = batch(tasks=tasks)
+    return SplitArrays(dense=b.dense.numpy(), sparse=b.sparse.numpy(), labels=b.labels.numpy(),
+                       sequences={k: v.numpy() for k, v in b.sequences.items()})
 
 
 def tasks_of(name):
@@ -58,17 +74,19 @@ def test_output_shape_and_finite_loss(name):
     model = build(name)
     out = model(batch(tasks=tasks_of(name)))
     assert out.shape == (16, tasks_of(name))
-    loss = binary_loss(out, batch(tasks=tasks_of(name)).labels)
+    task = make_task(model, train_arrays(tasks_of(name)))
+    loss = training_loss(model, batch(tasks=tasks_of(name)), task)
     assert torch.isfinite(loss)
 
 
 def test_every_parameter_learns(name):
     model = build(name)
+    task = make_task(model, train_arrays(tasks_of(name)))
     # One step first so zero-initialised first-order weights do not hide gradients.
     for _ in range(2):
         model.zero_grad()
         b = batch(tasks=tasks_of(name))
-        loss = binary_loss(model(b), b.labels)
+        loss = training_loss(model, b, task)
         loss.backward()
         dense = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         for n, p in dense:
@@ -99,7 +117,7 @@ def test_state_dict_round_trip(name):
     torch.save(model.state_dict(), buf)
     buf.seek(0)
     torch.manual_seed(123)
-    other = build_model(get_model_class(name).Config(embedding_dim=4), schema_for(name)).eval()
+    other = build_model(config(name), schema_for(name)).eval()
     other.load_state_dict(torch.load(buf, weights_only=True))
     with torch.no_grad():
         assert torch.equal(model(batch()), other(batch()))

@@ -5,7 +5,7 @@ import torch
 from sampan.embedding import EmbeddingCollection
 from sampan.layers import Dice, fm_interaction
 from sampan.models.dcn_v2 import CrossNetV2
-from sampan.models.din import TargetAttention
+from sampan.layers import TargetAttention
 from sampan.schema import DataSchema, SequenceFeatureSpec, SparseFeatureSpec
 
 

@@ -1,0 +1,121 @@
+"""DIEN (Zhou et al., 2019): interest extraction with a GRU, interest evolution with an
+attention-gated GRU (AUGRU), and an auxiliary loss that makes each interest state predict the
+next behaviour."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+from torch import nn
+
+from sampan.config import ModelConfig
+from sampan.data.loader import Batch
+from sampan.embedding import EmbeddingCollection
+from sampan.layers import MLP, TargetAttention, embed_fields
+from sampan.models.registry import register_model
+from sampan.schema import DataSchema
+
+
+def right_align(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Left-padded ``[B, L, ...]`` -> the same rows with the real events first."""
+    L = x.shape[1]
+    idx = (torch.arange(L, device=x.device) + (L - lengths).unsqueeze(1)) % L  # [B, L]
+    return x.gather(1, idx.view(*idx.shape, *([1] * (x.dim() - 2))).expand_as(x))
+
+
+class AUGRU(nn.Module):
+    """GRU whose update gate is scaled by an attention weight: ``u' = a_t * u_t``.
+
+    Runs over right-aligned ``x [B, L, H]`` with weights ``a [B, L]`` and ``mask [B, L]``;
+    padded steps keep the state, so the result is the state after each row's last event.
+    """
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.x_proj = nn.Linear(dim, 3 * dim)
+        self.h_proj = nn.Linear(dim, 3 * dim, bias=False)
+
+    def forward(self, x: torch.Tensor, a: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        gx = self.x_proj(x)  # all steps at once; only the recurrent part loops
+        h = x.new_zeros(x.shape[0], x.shape[2])
+        steps = int(mask.sum(dim=1).max()) if mask.numel() else 0
+        for t in range(steps):
+            xr, xu, xn = gx[:, t].chunk(3, dim=-1)
+            hr, hu, hn = self.h_proj(h).chunk(3, dim=-1)
+            r = torch.sigmoid(xr + hr)
+            u = torch.sigmoid(xu + hu) * a[:, t: t + 1]
+            n = torch.tanh(xn + r * hn)
+            new = (1 - u) * h + u * n
+            h = torch.where(mask[:, t: t + 1], new, h)
+        return h
+
+
+@register_model("dien")
+class DIEN(nn.Module):
+    """``Batch -> [B, T]``: MLP over ``[e_1 .. e_F', evolved interest, dense]``.
+
+    ``target`` and ``history`` resolve as in DIN. During training the model leaves its
+    auxiliary loss (next-behaviour prediction against in-batch negatives, weighted by
+    ``aux_loss_weight``) in ``self.aux_loss``, where the trainer adds it to the task loss.
+    """
+
+    class Config(ModelConfig):
+        name: Literal["dien"] = "dien"
+        target: str | None = None
+        history: str | None = None
+        attention_mlp: list[int] = Field(default_factory=lambda: [80, 40])
+        aux_mlp: list[int] = Field(default_factory=lambda: [32])
+        aux_loss_weight: float = Field(1.0, ge=0.0)
+        mlp: list[int] = Field(default_factory=lambda: [200, 80])
+        activation: Literal["dice", "prelu", "relu"] = "dice"
+        dropout: float = Field(0.0, ge=0.0, lt=1.0)
+
+    def __init__(self, schema: DataSchema, cfg: Config):
+        super().__init__()
+        self.history, self.target_idx = schema.history_and_target("dien", cfg.history,
+                                                                  cfg.target)
+        self.schema = schema
+        self.aux_weight = cfg.aux_loss_weight
+        d = cfg.embedding_dim
+        self.embedding = EmbeddingCollection(schema.tables(d), cfg.embedding_init_std)
+        self.extractor = nn.GRU(d, d, batch_first=True)
+        self.attention = TargetAttention(d, cfg.attention_mlp, "relu")
+        self.evolution = AUGRU(d)
+        self.aux = MLP(2 * d, cfg.aux_mlp, out=1, act="relu")
+        self.mlp = MLP(schema.num_fields() * d + schema.num_dense, cfg.mlp,
+                       out=schema.num_tasks, dropout=cfg.dropout, act=cfg.activation)
+        self.aux_loss: torch.Tensor | None = None
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        e, hist = embed_fields(self.embedding, batch, self.schema, attend=(self.history,))
+        lengths = batch.lengths(self.history)
+        x = right_align(hist[self.history], lengths)  # [B, L, D], real events first
+        L = x.shape[1]
+        mask = torch.arange(L, device=x.device) < lengths.unsqueeze(1)
+        packed = nn.utils.rnn.pack_padded_sequence(x, lengths.clamp_min(1).cpu(),
+                                                   batch_first=True, enforce_sorted=False)
+        states, _ = self.extractor(packed)
+        states, _ = nn.utils.rnn.pad_packed_sequence(states, batch_first=True, total_length=L)
+        target = e[:, self.target_idx]
+        a = self.attention.softmax(target, states, mask)
+        interest = self.evolution(states, a, mask)
+        if self.training and self.aux_weight > 0:
+            self.aux_loss = self.aux_weight * self._aux_loss(states, x, mask)
+        return self.mlp(torch.cat([e.flatten(1), interest, batch.dense], dim=1))
+
+    def _aux_loss(self, states: torch.Tensor, x: torch.Tensor,
+                  mask: torch.Tensor) -> torch.Tensor:
+        """State ``h_t`` tells the next event ``e_{t+1}`` from a random in-batch event."""
+        valid = mask[:, 1:]  # pairs (t, t + 1) with both real
+        if not bool(valid.any()):
+            return states.sum() * 0.0
+        h = states[:, :-1][valid]
+        pos = x[:, 1:][valid]
+        pool = x[mask]
+        neg = pool[torch.randint(0, len(pool), (len(pos),), device=x.device)]
+        logits = self.aux(torch.cat([torch.cat([h, pos], 1), torch.cat([h, neg], 1)]))
+        target = torch.cat([torch.ones(len(pos), 1), torch.zeros(len(neg), 1)]).to(logits)
+        return F.binary_cross_entropy_with_logits(logits.float(), target.float())

@@ -1,0 +1,156 @@
+"""Retrieval (candidate generation) for two-tower models.
+
+**Training**: each batch holds positive (user, item) rows; every row's item is the positive
+of its user and the other items of the batch are its negatives (in-batch sampled softmax).
+Popular items appear as negatives more often than a uniform sample would draw them, which
+biases scores against them; the logQ correction (Yi et al., 2019) subtracts ``log q(item)``,
+the item's share of the training positives, from each logit. In-batch copies of a row's own
+positive ("accidental hits") are masked out.
+
+**Evaluation**: one query per user of the evaluated split, whose relevant items are the
+items of that user's positive rows there. The user's vector is scored against every item of
+the corpus (the distinct items of the train split); items the user already had in training
+are excluded (``exclude_seen``). Reported: Recall@K, NDCG@K, HitRate@K, MRR, and the same
+figures for a popularity baseline (items ranked by their training positives), ``pop_*``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sampan.data.store import SplitArrays
+from sampan.train.metrics import ranking_metrics
+
+
+def positive_rows(data: SplitArrays) -> np.ndarray:
+    """Indices of rows whose first label is 1 (every row when the data has no labels)."""
+    if data.labels is None:
+        return np.arange(len(data))
+    return np.flatnonzero(np.asarray(data.labels[:, 0]) > 0.5)
+
+
+def _csr(keys: np.ndarray, values: np.ndarray, n_keys: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(offsets [n_keys + 1], values sorted by key)``: values of key ``k`` are
+    ``sorted[offsets[k]:offsets[k + 1]]``."""
+    order = np.argsort(keys, kind="stable")
+    offsets = np.zeros(n_keys + 1, np.int64)
+    np.cumsum(np.bincount(keys, minlength=n_keys), out=offsets[1:])
+    return offsets, values[order]
+
+
+def _gather_ranges(offsets: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For each of ``keys`` its CSR range: ``(row of each element, element index)``."""
+    starts, ends = offsets[keys], offsets[keys + 1]
+    lens = ends - starts
+    rows = np.repeat(np.arange(len(keys)), lens)
+    first = np.repeat(starts - np.concatenate([[0], np.cumsum(lens)[:-1]]), lens)
+    return rows, first + np.arange(int(lens.sum()))
+
+
+class RetrievalTask:
+    """In-batch softmax with logQ correction; Recall@K over the item corpus.
+
+    Needs from the model: ``user_vectors(batch)``, ``item_vectors(batch)`` (``[B, d]``) and
+    ``vectors(batch)`` (both from one lookup),
+    ``item_column`` / ``user_column`` (columns of ``Batch.sparse``), ``temperature``,
+    ``logq_correction``, ``k`` and ``exclude_seen``.
+    """
+
+    name = "retrieval"
+
+    def __init__(self, model: nn.Module, train: SplitArrays):
+        self.k = int(model.k)
+        self.default_metric = f"recall@{self.k}"
+        self.exclude_seen = bool(model.exclude_seen)
+        self.temperature = float(model.temperature)
+        self.logq = bool(model.logq_correction)
+        self.item_col, self.user_col = model.item_column, model.user_column
+        items = np.asarray(train.sparse[:, self.item_col])
+        users = np.asarray(train.sparse[:, self.user_col])
+        self.n_items = int(model.item_cardinality)
+        self.n_users = int(model.user_cardinality)
+        pos = positive_rows(train)
+        counts = np.bincount(items[pos], minlength=self.n_items).astype(np.float64)
+        self.popularity = counts
+        q = counts / max(counts.sum(), 1.0)
+        self.log_q = torch.from_numpy(np.log(np.maximum(q, 1e-12))).float()
+        # the corpus: every real item id of the train split (0 = padding, 1 = OOV excluded)
+        ids, first = np.unique(items, return_index=True)
+        keep = ids >= 2
+        self.corpus_ids, self.corpus_rows = ids[keep], train.take(first[keep])
+        self.corpus_pos = np.full(self.n_items, -1, np.int64)
+        self.corpus_pos[self.corpus_ids] = np.arange(len(self.corpus_ids))
+        self.seen = _csr(users, items, self.n_users)
+
+    def training_rows(self, train: SplitArrays) -> SplitArrays:
+        """Only positive rows are trained on (the negatives come from the batch)."""
+        pos = positive_rows(train)
+        return train if len(pos) == len(train) else train.take(pos)
+
+    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        u, v = model.vectors(batch)
+        u, v = u.float(), v.float()
+        logits = u @ v.T / self.temperature
+        ids = batch.sparse[:, self.item_col]
+        if self.logq:
+            logits = logits - self.log_q.to(logits.device)[ids].unsqueeze(0)
+        hit = ids.unsqueeze(0) == ids.unsqueeze(1)
+        hit.fill_diagonal_(False)
+        logits = logits.masked_fill(hit, float("-inf"))
+        return F.cross_entropy(logits, torch.arange(len(ids), device=logits.device))
+
+    # ----------------------------------------------------------------- evaluation
+    def evaluate(self, model: nn.Module, data: SplitArrays,
+                 infer: Callable[[Callable, Any], torch.Tensor]) -> dict[str, float]:
+        pos = positive_rows(data)
+        users = np.asarray(data.sparse[pos, self.user_col])
+        # users unknown to training (OOV id 1) cannot be told apart: not queries
+        out: dict[str, float] = {"rows": float(len(data)),
+                                 "unknown_user_rows": float((users < 2).sum())}
+        pos, users = pos[users >= 2], users[users >= 2]
+        items = np.asarray(data.sparse[pos, self.item_col])
+        if not len(pos):
+            return out
+        q_users, first = np.unique(users, return_index=True)
+        U = infer(model.user_vectors, data.take(pos[first])).float()
+        V = infer(model.item_vectors, self.corpus_rows).float()
+        # relevant items per query (distinct pairs), and how many of them exist at all
+        pairs = np.unique(np.stack([np.searchsorted(q_users, users), items], 1), axis=0)
+        rel_off, rel_items = _csr(pairs[:, 0], pairs[:, 1], len(q_users))
+        n_rel = torch.from_numpy(np.diff(rel_off))
+        pop = torch.from_numpy(np.log1p(self.popularity[self.corpus_ids])).float()
+        model_m, pop_m = [], []
+        step = max(1, (1 << 24) // max(len(self.corpus_ids), 1))
+        for lo in range(0, len(q_users), step):
+            hi = min(lo + step, len(q_users))
+            relevant = torch.zeros(hi - lo, len(self.corpus_ids), dtype=torch.bool)
+            r_rows, r_idx = _gather_ranges(rel_off, np.arange(lo, hi))
+            cols = self.corpus_pos[rel_items[r_idx]]
+            ok = cols >= 0
+            relevant[torch.from_numpy(r_rows[ok]), torch.from_numpy(cols[ok])] = True
+            exclude = torch.zeros_like(relevant)
+            if self.exclude_seen:
+                s_rows, s_idx = _gather_ranges(self.seen[0], q_users[lo:hi])
+                cols = self.corpus_pos[self.seen[1][s_idx]]
+                ok = cols >= 0
+                exclude[torch.from_numpy(s_rows[ok]), torch.from_numpy(cols[ok])] = True
+                exclude &= ~relevant
+            for scores, acc in ((U[lo:hi] @ V.T, model_m),
+                                (pop.expand(hi - lo, -1).clone(), pop_m)):
+                m = ranking_metrics(scores.masked_fill(exclude, float("-inf")), relevant,
+                                    self.k, n_rel[lo:hi])
+                acc.append(m)
+        for prefix, parts in (("", model_m), ("pop_", pop_m)):
+            n = sum(p["queries"] for p in parts)
+            for key in parts[0]:
+                if key != "queries":
+                    out[prefix + key] = float(sum(p[key] * p["queries"] for p in parts
+                                                  if p["queries"]) / max(n, 1))
+        out["queries"] = float(sum(p["queries"] for p in model_m))
+        return out
