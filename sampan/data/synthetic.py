@@ -105,3 +105,101 @@ def iter_synthetic(cfg: SyntheticConfig) -> Iterator[pa.Table]:
                                            pa.scalar(None, pa.string()))
         cols["oracle_p"] = pa.array(p)
         yield pa.table(cols)
+
+
+def behaviour_samples(rows: int, items: int = 2000, categories: int = 100,
+                      max_len: int = 30, interests: tuple[int, int] = (2, 5),
+                      seed: int = 0) -> pa.Table:
+    """A sequence task whose signal lives only in the behaviour history.
+
+    Each row's history (5 to ``max_len`` items, most recent last) is drawn from the user's
+    interest categories (between ``interests[0]`` and ``interests[1]`` of them); the candidate item comes from one of them half of the
+    time, otherwise from anywhere. The click probability is 0.75 when the candidate's category
+    occurs in the history and 0.15 otherwise, so a candidate is neither good nor bad on its
+    own: only relating it to the history helps. Columns: ``label``, ``oracle_p``, ``user_id``
+    (uninformative), ``item_id``, ``category_id``, and ``hist_item_id`` /
+    ``hist_category_id`` as ``|``-joined strings.
+
+    >>> t = behaviour_samples(4)
+    >>> t.column_names
+    ['label', 'oracle_p', 'user_id', 'item_id', 'category_id', 'hist_item_id', 'hist_category_id']
+    """
+    rng = np.random.default_rng(seed)
+    item_cat = rng.integers(0, categories, items)
+    order = np.argsort(item_cat, kind="stable")  # items grouped by category
+    per_cat = np.bincount(item_cat, minlength=categories)
+    start = np.concatenate([[0], np.cumsum(per_cat)[:-1]])
+
+    def item_of(cat: np.ndarray) -> np.ndarray:  # a uniform item of each category
+        pick = start[cat] + (rng.random(cat.shape) * per_cat[cat]).astype(np.int64)
+        return np.where(per_cat[cat] > 0, order[np.minimum(pick, items - 1)], 0)
+
+    lengths = rng.integers(5, max_len + 1, rows)
+    lo, hi = min(interests[0], categories), min(interests[1], categories)
+    n_interest = rng.integers(lo, hi + 1, rows)
+    chosen = np.argsort(rng.random((rows, categories)), axis=1)[:, :hi]
+    slot = (rng.random((rows, max_len)) * n_interest[:, None]).astype(np.int64)
+    hist = item_of(np.take_along_axis(chosen, slot, axis=1))  # [rows, max_len]
+    real = np.arange(max_len) < lengths[:, None]
+    own = np.take_along_axis(chosen, (rng.random(rows) * n_interest).astype(np.int64)[:, None],
+                             axis=1)[:, 0]
+    target = np.where(rng.random(rows) < 0.5, item_of(own), rng.integers(0, items, rows))
+    matched = ((item_cat[hist] == item_cat[target][:, None]) & real).any(axis=1)
+    p = np.where(matched, 0.75, 0.15)
+    label = (rng.random(rows) < p).astype(np.int64)
+    offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
+
+    def tokens(prefix: str, ids: np.ndarray) -> pa.Array:
+        return pc.binary_join_element_wise(prefix, pc.cast(pa.array(ids), pa.string()), "")
+
+    def joined(prefix: str, ids: np.ndarray) -> pa.Array:
+        lists = pa.ListArray.from_arrays(offsets, tokens(prefix, ids[real]))
+        return pc.binary_join(lists, "|")
+
+    return pa.table({"label": label, "oracle_p": p,
+                     "user_id": tokens("u", rng.integers(0, 500, rows)),
+                     "item_id": tokens("i", target),
+                     "category_id": tokens("c", item_cat[target]),
+                     "hist_item_id": joined("i", hist),
+                     "hist_category_id": joined("c", item_cat[hist])})
+
+
+def interaction_samples(users: int = 1000, items: int = 2000, categories: int = 40,
+                        per_user: int = 30, seed: int = 0) -> pa.Table:
+    """Implicit feedback for retrieval: each user likes 1 to 3 item categories and picks
+    80 % of their items from them, the rest from the whole catalogue; within a pool items
+    are drawn by a Zipf-like popularity. Popularity alone is a real baseline, knowing the
+    user's categories beats it. Columns: ``label`` (all 1), ``user_id``, ``item_id``,
+    ``category_id``, ``timestamp`` (the order of each user's picks).
+
+    >>> interaction_samples(users=3, per_user=2).num_rows
+    6
+    """
+    rng = np.random.default_rng(seed)
+    item_cat = rng.integers(0, categories, items)
+    weight = 1.0 / np.arange(1, items + 1) ** 0.8  # popularity, item 0 most popular
+    n = users * per_user
+    user = np.repeat(np.arange(users), per_user)
+    liked = np.argsort(rng.random((users, categories)), axis=1)[:, :3]
+    n_liked = rng.integers(1, 4, users)
+    cat = liked[user, (rng.random(n) * n_liked[user]).astype(np.int64)]
+    # popularity-weighted pick inside each category through per-category cumulative weights
+    order = np.lexsort((np.arange(items), item_cat))
+    cum = np.cumsum(weight[order])
+    per_cat = np.bincount(item_cat, minlength=categories)
+    end = np.cumsum(per_cat)
+    start = end - per_cat
+    base = np.where(start > 0, cum[np.maximum(start - 1, 0)], 0.0)
+    total = cum[np.maximum(end - 1, 0)] - base
+    u = base[cat] + rng.random(n) * total[cat]
+    in_cat = order[np.minimum(np.searchsorted(cum, u), items - 1)]
+    anywhere = np.minimum(np.searchsorted(np.cumsum(weight), rng.random(n) * weight.sum()),
+                          items - 1)
+    item = np.where((rng.random(n) < 0.8) & (per_cat[cat] > 0), in_cat, anywhere)
+
+    def tokens(prefix: str, ids: np.ndarray) -> pa.Array:
+        return pc.binary_join_element_wise(prefix, pc.cast(pa.array(ids), pa.string()), "")
+
+    return pa.table({"label": np.ones(n, np.int64), "user_id": tokens("u", user),
+                     "item_id": tokens("i", item), "category_id": tokens("c", item_cat[item]),
+                     "timestamp": np.tile(np.arange(per_user), users)})

@@ -19,9 +19,11 @@ from sampan.schema import DataSchema
 
 @register_model("bst")
 class BST(nn.Module):
-    """``Batch -> [B, T]``: MLP over ``[e_1 .. e_F', transformer([history, target]), dense]``.
+    """``Batch -> [B, T]``: MLP over ``[e_1 .. e_F', mean(h), h_target, dense]`` where ``h``
+    is the transformer output over ``[history, target]``.
 
-    The transformer output is pooled over the real (non-padding) positions. ``target`` and
+    ``mean(h)`` pools the real (non-padding) positions; ``h_target`` is the output at the
+    target's position, which has attended to every event. ``target`` and
     ``history`` default as in DIN (the only behaviour sequence and the feature it shares).
     """
 
@@ -32,7 +34,7 @@ class BST(nn.Module):
         layers: int = Field(1, ge=1)
         heads: int = Field(2, ge=1)
         mlp: list[int] = Field(default_factory=lambda: [256, 128])
-        dropout: float = Field(0.1, ge=0.0, lt=1.0)
+        dropout: float = Field(0.0, ge=0.0, lt=1.0)
 
     def __init__(self, schema: DataSchema, cfg: Config):
         super().__init__()
@@ -47,9 +49,10 @@ class BST(nn.Module):
         max_len = next(s.max_len for s in schema.behaviour if s.name == self.history)
         self.position = nn.Parameter(torch.randn(max_len + 1, d) * 0.02)
         layer = nn.TransformerEncoderLayer(d, cfg.heads, dim_feedforward=4 * d,
-                                           dropout=cfg.dropout, batch_first=True)
+                                           dropout=cfg.dropout, batch_first=True,
+                                           norm_first=True)
         self.transformer = nn.TransformerEncoder(layer, cfg.layers, enable_nested_tensor=False)
-        in_dim = (schema.num_fields() - 1 + 1) * d + schema.num_dense
+        in_dim = (schema.num_fields() + 1) * d + schema.num_dense
         self.mlp = MLP(in_dim, cfg.mlp, out=schema.num_tasks, dropout=cfg.dropout)
 
     def forward(self, batch: Batch) -> torch.Tensor:
@@ -60,4 +63,5 @@ class BST(nn.Module):
         h = self.transformer(seq + self.position, src_key_padding_mask=~real)
         w = real.unsqueeze(-1).to(h.dtype)
         pooled = (h * w).sum(dim=1) / w.sum(dim=1)
-        return self.mlp(torch.cat([e.flatten(1), pooled, batch.dense], dim=1))
+        # the target's own output has attended to every event: it carries the match
+        return self.mlp(torch.cat([e.flatten(1), pooled, h[:, -1], batch.dense], dim=1))

@@ -55,7 +55,8 @@ class AUGRU(nn.Module):
 
 @register_model("dien")
 class DIEN(nn.Module):
-    """``Batch -> [B, T]``: MLP over ``[e_1 .. e_F', evolved interest, dense]``.
+    """``Batch -> [B, T]``: MLP over ``[e_1 .. e_F', evolved interest, sum of the history,
+    that sum times the target, dense]`` (the last two as in the authors' implementation).
 
     ``target`` and ``history`` resolve as in DIN. During training the model leaves its
     auxiliary loss (next-behaviour prediction against in-batch negatives, weighted by
@@ -85,7 +86,7 @@ class DIEN(nn.Module):
         self.attention = TargetAttention(d, cfg.attention_mlp, "relu")
         self.evolution = AUGRU(d)
         self.aux = MLP(2 * d, cfg.aux_mlp, out=1, act="relu")
-        self.mlp = MLP(schema.num_fields() * d + schema.num_dense, cfg.mlp,
+        self.mlp = MLP((schema.num_fields() + 2) * d + schema.num_dense, cfg.mlp,
                        out=schema.num_tasks, dropout=cfg.dropout, act=cfg.activation)
         self.aux_loss: torch.Tensor | None = None
 
@@ -104,7 +105,11 @@ class DIEN(nn.Module):
         interest = self.evolution(states, a, mask)
         if self.training and self.aux_weight > 0:
             self.aux_loss = self.aux_weight * self._aux_loss(states, x, mask)
-        return self.mlp(torch.cat([e.flatten(1), interest, batch.dense], dim=1))
+        # as in the authors' code: the history sum and its product with the target join the
+        # evolved interest
+        hist_sum = (x * mask.unsqueeze(-1).to(x.dtype)).sum(dim=1)
+        return self.mlp(torch.cat([e.flatten(1), interest, hist_sum, hist_sum * target,
+                                   batch.dense], dim=1))
 
     def _aux_loss(self, states: torch.Tensor, x: torch.Tensor,
                   mask: torch.Tensor) -> torch.Tensor:

@@ -40,6 +40,6 @@ class BinaryTask:
         z = infer(model, data)
         acc = MetricAccumulator()
         if len(z):
-            acc.update(z, torch.from_numpy(np.asarray(data.labels, dtype=np.float32)),
-                       None if data.group is None else torch.from_numpy(np.asarray(data.group)))
+            acc.update(z, torch.from_numpy(np.array(data.labels, dtype=np.float32)),
+                       None if data.group is None else torch.from_numpy(np.array(data.group)))
         return acc.compute()
