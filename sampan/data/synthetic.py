@@ -113,10 +113,11 @@ def behaviour_samples(rows: int, items: int = 2000, categories: int = 100,
     """A sequence task whose signal lives only in the behaviour history.
 
     Each row's history (5 to ``max_len`` items, most recent last) is drawn from the user's
-    interest categories (between ``interests[0]`` and ``interests[1]`` of them); the candidate item comes from one of them half of the
-    time, otherwise from anywhere. The click probability is 0.75 when the candidate's category
-    occurs in the history and 0.15 otherwise, so a candidate is neither good nor bad on its
-    own: only relating it to the history helps. Columns: ``label``, ``oracle_p``, ``user_id``
+    interest categories (between ``interests[0]`` and ``interests[1]`` of them); the
+    candidate item comes from one of them half of the time, otherwise from anywhere. The
+    click probability is 0.75 when the candidate's category occurs in the history and 0.15
+    otherwise, so a candidate is neither good nor bad on its own: only relating it to the
+    history helps. Columns: ``label``, ``oracle_p``, ``user_id``
     (uninformative), ``item_id``, ``category_id``, and ``hist_item_id`` /
     ``hist_category_id`` as ``|``-joined strings.
 

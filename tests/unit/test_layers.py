@@ -3,9 +3,8 @@ import itertools
 import torch
 
 from sampan.embedding import EmbeddingCollection
-from sampan.layers import Dice, fm_interaction
+from sampan.layers import Dice, TargetAttention, fm_interaction
 from sampan.models.dcn_v2 import CrossNetV2
-from sampan.layers import TargetAttention
 from sampan.schema import DataSchema, SequenceFeatureSpec, SparseFeatureSpec
 
 
