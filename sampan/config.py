@@ -231,6 +231,15 @@ class NumericFeature(_Strict):
     standardize: bool = False
 
 
+class LabelSpec(_Strict):
+    """A label read from ``column`` (default: ``name``); with ``threshold`` it becomes
+    ``value >= threshold`` (so one rating column can give both "liked" and "loved")."""
+
+    name: str
+    column: str | None = None
+    threshold: float | None = None
+
+
 class FeaturesConfig(_Strict):
     """Which columns are features and how they are encoded.
 
@@ -238,9 +247,10 @@ class FeaturesConfig(_Strict):
     ``numeric_defaults``.
     """
 
-    label: str | list[str] = "label"
+    label: str | list[str | LabelSpec] = "label"
     label_threshold: float | None = Field(
-        None, description="binarise labels: value >= threshold is 1 (e.g. rating >= 4)")
+        None, description="binarise labels given by name: value >= threshold is 1 (e.g. "
+        "rating >= 4)")
     group: str | None = None
     categorical_defaults: dict[str, Any] = Field(default_factory=dict)
     numeric_defaults: dict[str, Any] = Field(default_factory=dict)
@@ -294,8 +304,15 @@ class FeaturesConfig(_Strict):
         return self
 
     @property
+    def label_specs(self) -> list[LabelSpec]:
+        items = [self.label] if isinstance(self.label, str) else list(self.label)
+        return [LabelSpec(name=x, threshold=self.label_threshold) if isinstance(x, str) else x
+                for x in items]
+
+    @property
     def labels(self) -> list[str]:
-        return [self.label] if isinstance(self.label, str) else list(self.label)
+        """The label names, in the column order of ``Batch.labels``."""
+        return [s.name for s in self.label_specs]
 
 
 # ---------------------------------------------------------------------------------- model

@@ -67,7 +67,8 @@ class FeaturePipeline:
     def roles(self, with_labels: bool = True, with_extra: bool = True) -> ColumnRoles:
         """Raw columns to read; ``with_extra=False`` leaves out pass-through columns such as
         the synthetic oracle, which new data does not have."""
-        labels = self.features.labels if with_labels else []
+        specs = self.features.label_specs if with_labels else []
+        labels = list(dict.fromkeys(s.column or s.name for s in specs))
         numeric = labels + [f.column or f.name for f in self.features.numeric]
         numeric += self.extra_numeric if with_extra else []
         # Categories binned from numbers are read (and validated) as numbers.
@@ -80,10 +81,12 @@ class FeaturePipeline:
         cats += self.extra_categorical if with_extra else []
         required = labels + (self.extra_required if with_extra else [])
         numeric += [c for f in self.features.lists for c in (f.flags or [])]
-        return ColumnRoles(numeric=numeric, categorical=cats, required=required, labels=labels,
+        return ColumnRoles(numeric=numeric, categorical=cats, required=required,
                            lists=[f.column or f.name for f in self.features.lists
                                   if not f.flags],
-                           label_threshold=self.features.label_threshold)
+                           # thresholded label columns may hold any number
+                           labels=[c for c in labels if all(
+                               (s.column or s.name) != c or s.threshold is None for s in specs)])
 
     @staticmethod
     def _input(table: pa.Table, spec: Any) -> pa.Array:
@@ -152,8 +155,11 @@ class FeaturePipeline:
                                 for e in self.lists}
         if with_labels:
             labels = np.empty((n, len(self.features.labels)), dtype=np.float32)
-            for j, name in enumerate(self.features.labels):
+            for j, spec in enumerate(self.features.label_specs):
+                name = spec.column or spec.name
                 y = _col(table, name).to_numpy(zero_copy_only=False)
+                if spec.threshold is not None:
+                    y = (y >= spec.threshold).astype(np.float32)
                 bad = ~((y >= 0) & (y <= 1))
                 if bad.any():
                     raise DataError(f"label {name!r} must be in [0, 1]; found {float(y[bad][0]):g} "

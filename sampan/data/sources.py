@@ -47,7 +47,6 @@ class ColumnRoles:
     required: list[str] = field(default_factory=list)  # rows missing these are rejected
     labels: list[str] = field(default_factory=list)  # must lie in [0, 1]
     lists: list[str] = field(default_factory=list)  # delimited strings or list columns
-    label_threshold: float | None = None  # labels become value >= threshold
 
     @property
     def all(self) -> list[str]:
@@ -199,8 +198,7 @@ def read_source(cfg: DataConfig, spec: str | list[str], roles: ColumnRoles,
         + [k for k in keys if k not in roles.all],
         required=[c for c in roles.required if c not in provided],
         labels=[c for c in roles.labels if c not in provided],
-        lists=[c for c in roles.lists if c not in provided],
-        label_threshold=roles.label_threshold)
+        lists=[c for c in roles.lists if c not in provided])
     for table in iter_source(cfg, expand_paths(spec), main, log):
         for side in sides:
             table = side.attach(table)
@@ -713,8 +711,6 @@ def _validate(table: pa.Table, roles: ColumnRoles, lines: np.ndarray, file: str,
         if nulls.any():
             mark(np.nonzero(nulls)[0], "missing_value", c)
     for c in roles.labels:
-        if roles.label_threshold is not None:
-            typed[c] = pc.cast(pc.greater_equal(typed[c], roles.label_threshold), pa.float64())
         y = typed[c]
         out = pc.fill_null(pc.or_(pc.less(y, 0.0), pc.greater(y, 1.0)), False)
         out = out.to_numpy(zero_copy_only=False)

@@ -41,8 +41,7 @@ class AUGRU(nn.Module):
     def forward(self, x: torch.Tensor, a: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         gx = self.x_proj(x)  # all steps at once; only the recurrent part loops
         h = x.new_zeros(x.shape[0], x.shape[2])
-        steps = int(mask.sum(dim=1).max()) if mask.numel() else 0
-        for t in range(steps):
+        for t in range(x.shape[1]):
             xr, xu, xn = gx[:, t].chunk(3, dim=-1)
             hr, hu, hn = self.h_proj(h).chunk(3, dim=-1)
             r = torch.sigmoid(xr + hr)
@@ -96,10 +95,10 @@ class DIEN(nn.Module):
         x = right_align(hist[self.history], lengths)  # [B, L, D], real events first
         L = x.shape[1]
         mask = torch.arange(L, device=x.device) < lengths.unsqueeze(1)
-        packed = nn.utils.rnn.pack_padded_sequence(x, lengths.clamp_min(1).cpu(),
-                                                   batch_first=True, enforce_sorted=False)
-        states, _ = self.extractor(packed)
-        states, _ = nn.utils.rnn.pad_packed_sequence(states, batch_first=True, total_length=L)
+        # Right-aligned, a state at a real position depends only on earlier real events, so
+        # no packing is needed (states past a row's end are masked below); this also keeps
+        # the graph free of host syncs and exportable.
+        states, _ = self.extractor(x)
         target = e[:, self.target_idx]
         a = self.attention.softmax(target, states, mask)
         interest = self.evolution(states, a, mask)

@@ -299,7 +299,8 @@ def compile_dense(model: nn.Module) -> None:
 
 def headline_metrics(m: dict[str, float]) -> list[str]:
     """The metric names worth printing from an evaluation, in a stable order."""
-    keys = ["auc", "logloss", "gauc"] + [k for k in m if k.split("@")[0] in
+    keys = ["auc", "logloss", "gauc"] + [k for k in m if k.startswith("auc_")]
+    keys += [k for k in m if k.split("@")[0] in
                                          ("recall", "ndcg", "hitrate")] + ["mrr"]
     keys += [k for k in m if k.startswith("pop_recall@")]
     return [k for k in keys if k in m]

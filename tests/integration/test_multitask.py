@@ -35,3 +35,27 @@ def test_two_labels_learn(tmp_path, model):
     # both tasks are learnable from the ids: well above chance
     assert test["auc_0"] > 0.6 and test["auc_1"] > 0.6
     assert test["auc"] == test["auc_0"]
+
+
+def test_labels_derived_from_one_column(tmp_path):
+    from sampan.data.store import build_store
+
+    rng = np.random.default_rng(1)
+    ratings = rng.integers(1, 6, 400)
+    path = tmp_path / "r.csv"
+    path.write_text("rating,u\n" + "".join(f"{r},u{i % 7}\n" for i, r in enumerate(ratings)))
+    cfg = load_config(raw={
+        "data": {"train": str(path), "split": {"train": 1.0, "valid": 0.0, "test": 0.0}},
+        "features": {"label": [{"name": "liked", "column": "rating", "threshold": 4},
+                               {"name": "loved", "column": "rating", "threshold": 5}],
+                     "categorical": ["u"]}})
+    store = build_store(cfg, tmp_path / "store", echo=lambda *_: None)
+    assert store.schema.labels == ["liked", "loved"]
+    y = store.split("train").labels
+    assert y[:, 0].tolist() == [float(r >= 4) for r in ratings]
+    assert y[:, 1].tolist() == [float(r == 5) for r in ratings]
+    # without a threshold the same column is a label that must lie in [0, 1]
+    with pytest.raises(Exception, match="rating"):
+        bad = load_config(raw={"data": {"train": str(path)},
+                               "features": {"label": "rating", "categorical": ["u"]}})
+        build_store(bad, tmp_path / "bad", echo=lambda *_: None)
