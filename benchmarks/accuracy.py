@@ -192,6 +192,8 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "RESULTS.md"))
     ap.add_argument("--json", default=str(ROOT / "benchmarks/results/accuracy.json"))
     ap.add_argument("--runs", default=str(ROOT / "runs/bench_accuracy"))
+    ap.add_argument("--merge", action="store_true",
+                    help="keep the other suites / models of the existing --json report")
     args = ap.parse_args()
     if not (ROOT.parent / "shared/data").exists():
         sys.exit("../shared/data is not present: the accuracy suites use the real datasets")
@@ -200,9 +202,13 @@ def main() -> None:
     report = {"command": "python benchmarks/accuracy.py " + " ".join(sys.argv[1:]),
               "date": time.strftime("%Y-%m-%d"), "seeds": args.seeds, "machine": machine(),
               "suites": {}}
+    if args.merge and Path(args.json).exists():
+        old = json.loads(Path(args.json).read_text())
+        report["suites"] = old["suites"]
+        report["command"] = old["command"] + "; then " + report["command"]
     for name in args.suites:
         suite = SUITES[name]
-        report["suites"][name] = {}
+        report["suites"].setdefault(name, {})
         for model in suite.models:
             if args.models and model not in args.models:
                 continue

@@ -133,6 +133,102 @@ def predict(
                      if lines.rejected else ""))
 
 
+@app.command()
+def export(
+    run_dir: Annotated[Path, typer.Argument(help="A finished run directory.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Bundle directory to create.")],
+    format: Annotated[str, typer.Option(
+        "--format", "-f", help="onnx (served with ONNX Runtime) or torchscript.")] = "onnx",
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing bundle.")] = False,
+) -> None:
+    """Export a run's best model with its fitted feature pipeline as a bundle.
+
+    The bundle holds the model graph (transformed tensors in, probabilities out), the
+    pipeline that turns raw records into those tensors, and `manifest.json` (schema, input
+    signature, metrics, versions, sha256 of every file). The export is checked against
+    PyTorch on rows of the run's test split before it is written.
+    """
+    from sampan.config import ConfigError
+    from sampan.data.sources import DataError
+    from sampan.export import export_run
+
+    try:
+        path = export_run(run_dir, out, fmt=format, overwrite=overwrite)
+    except (ConfigError, DataError, FileNotFoundError, FileExistsError, ValueError,
+            RuntimeError) as e:
+        _fail(str(e))
+    manifest = json.loads((path / "manifest.json").read_text())
+    p = manifest["parity"]
+    console.print(f"exported {manifest['model']} ({manifest['format']}) to {path}: "
+                  f"inputs {', '.join(i['name'] for i in manifest['inputs'])}; parity on "
+                  f"{p['rows']} {p['split']} rows, max |diff| {p['max_abs_diff']:.2g}")
+
+
+@app.command()
+def serve(
+    bundle: Annotated[str | None, typer.Argument(
+        help="Bundle directory (from `sampan export`); or give `bundle:` in --config.")] = None,
+    config: Annotated[Path | None, typer.Option(
+        "--config", "-c", help="Serve config YAML (see sampan.config.ServeConfig).")] = None,
+    host: Annotated[str | None, typer.Option(help="Address to bind [127.0.0.1].")] = None,
+    port: Annotated[int | None, typer.Option(help="HTTP port [8000].")] = None,
+    grpc_port: Annotated[int | None, typer.Option(help="Also serve gRPC on this port.")] = None,
+    workers: Annotated[int | None, typer.Option(help="HTTP worker processes [1].")] = None,
+    set_: SetOpt = None,
+) -> None:
+    """Serve a bundle over HTTP (FastAPI under uvicorn) and optionally gRPC.
+
+    Routes: `POST /v1/predict` (raw records -> probabilities), `POST /v1/rank` (context +
+    candidate item ids -> top-k, user and item features joined from the feature store),
+    `GET /healthz`, `GET /readyz`, `GET /metrics` (Prometheus), `POST /v1/admin/reload`
+    (needs the bearer token from `admin_token` or `SAMPAN_ADMIN_TOKEN`). API docs at `/docs`.
+    """
+    import os
+
+    import uvicorn
+
+    from sampan.config import ConfigError, load_serve_config
+
+    overrides = list(set_ or [])
+    for key, value in (("bundle", bundle), ("host", host), ("port", port),
+                       ("grpc_port", grpc_port), ("workers", workers)):
+        if value is not None:
+            overrides.append(f"{key}={value}")
+    try:
+        cfg = load_serve_config(config, overrides)
+    except ConfigError as e:
+        _fail(str(e))
+    where = f"http://{cfg.host}:{cfg.port}" + (
+        f" and gRPC {cfg.host}:{cfg.grpc_port}" if cfg.grpc_port is not None else "")
+    if cfg.workers > 1:
+        os.environ["SAMPAN_SERVE_CONFIG"] = cfg.model_dump_json()
+        os.environ["SAMPAN_GRPC_IN_WORKER"] = "1"
+        console.print(f"serving {cfg.bundle} on {where} with {cfg.workers} workers")
+        uvicorn.run("sampan.serving.rest:app_from_env", factory=True, host=cfg.host,
+                    port=cfg.port, workers=cfg.workers, log_level="warning")
+        return
+    from sampan.serving.rest import ServerState, create_app
+
+    try:
+        state = ServerState(cfg)
+    except (FileNotFoundError, ValueError) as e:
+        _fail(str(e))
+    grpc_server = None
+    if cfg.grpc_port is not None:
+        from sampan.serving.grpc_server import start_grpc
+
+        grpc_server = start_grpc(state, cfg.host, cfg.grpc_port)
+    p = state.predictor
+    console.print(f"serving {p.bundle.manifest.get('model')} ({p.version}) on {where}",
+                  highlight=False)
+    try:
+        uvicorn.run(create_app(state), host=cfg.host, port=cfg.port, log_level="warning")
+    finally:
+        if grpc_server is not None:
+            grpc_server.stop(grace=1)
+        state.close()
+
+
 data_app = typer.Typer(help="Look at raw data, prepare it, build behaviour sequences.",
                        no_args_is_help=True, rich_markup_mode="markdown")
 app.add_typer(data_app, name="data")

@@ -64,6 +64,7 @@ class RejectLog:
         self.read = 0
         self.kept = 0
         self.reasons: Counter[str] = Counter()
+        self.examples: list[dict[str, Any]] = []  # the first few rejects, also without a file
         self._fh: IO[str] | None = None
 
     @property
@@ -73,12 +74,14 @@ class RejectLog:
     def reject(self, file: str, line: int | None, reason: str, column: str | None,
                text: str) -> None:
         self.reasons[reason] += 1
+        rec = {"file": file, "line": line, "reason": reason, "column": column, "text": text}
+        if len(self.examples) < 10:
+            self.examples.append(rec)
         if self.path is None:
             return
         if self._fh is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
-        rec = {"file": file, "line": line, "reason": reason, "column": column, "text": text}
         self._fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
 
     def close(self) -> None:
@@ -323,7 +326,7 @@ def _line_format_blocks(cfg: DataConfig, path: Path, fmt: str, roles: ColumnRole
             table = _parse_libsvm(text, cfg, roles)
         else:
             table = _parse_slots(text, roles)
-        out = _validate(table, roles, lines, str(path), log, " ")
+        out = validate_table(table, roles, lines, str(path), log, " ")
         log.check_early()
         if out.num_rows:
             yield out
@@ -377,25 +380,41 @@ def _parse_jsonl(text: pa.Array, lines: np.ndarray, roles: ColumnRoles, path: st
         good[i] = True
         rows.append(rec)
 
-    def text(v: Any) -> str:  # as Arrow's reader + cast would spell it
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, float) and v.is_integer():
-            return str(int(v))
-        return _json.dumps(v) if isinstance(v, (dict, list)) else str(v)
-
-    def cell(v: Any, as_list: bool) -> Any:
-        if v is None:
-            return None
-        if as_list:
-            return [text(x) for x in v] if isinstance(v, list) else [text(v)]
-        return text(v)
-
-    cols = {c: pa.array([cell(r.get(c), c in roles.lists) for r in rows],
-                        pa.list_(pa.string()) if c in roles.lists else pa.string())
-            for c in roles.all}
     seen.update(k for r in rows for k in r)
-    return pa.table(cols), lines[good]
+    return records_table(rows, roles), lines[good]
+
+
+def _json_text(v: Any) -> str:
+    """A JSON value as text, spelt as Arrow's JSON reader + cast would spell it."""
+    import json as _json
+
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    return _json.dumps(v) if isinstance(v, (dict, list)) else str(v)
+
+
+def _json_cell(v: Any, as_list: bool) -> Any:
+    if v is None:
+        return None
+    if as_list:
+        return [_json_text(x) for x in v] if isinstance(v, list) else [_json_text(v)]
+    return _json_text(v)
+
+
+def records_table(records: list[dict[str, Any]], roles: ColumnRoles) -> pa.Table:
+    """Records (JSON objects) -> a table of text columns that :func:`validate_table` types
+    exactly as it types CSV text. Absent keys are nulls. A list feature given as delimited
+    strings stays text (the pipeline splits it, as for CSV); given as JSON arrays (or mixed)
+    it becomes a list column."""
+    cols = {}
+    for c in roles.all:
+        values = [r.get(c) for r in records]
+        as_list = c in roles.lists and any(isinstance(v, list) for v in values)
+        cols[c] = pa.array([_json_cell(v, as_list) for v in values],
+                           pa.list_(pa.string()) if as_list else pa.string())
+    return pa.table(cols)
 
 
 def _with_columns(table: pa.Table, roles: ColumnRoles) -> pa.Table:
@@ -572,7 +591,7 @@ def _iter_text(cfg: DataConfig, path: Path, fmt: str, roles: ColumnRoles,
         before = s - first - np.arange(len(s))
         idx = np.arange(n)
         lines = first + idx + np.searchsorted(before, idx, side="right")
-        out = _validate(table, roles, lines, str(path), log, delimiter)
+        out = validate_table(table, roles, lines, str(path), log, delimiter)
         log.check_early()
         if out.num_rows:
             yield out
@@ -623,14 +642,14 @@ def _iter_parquet(cfg: DataConfig, path: Path, roles: ColumnRoles,
         table = pa.Table.from_batches([batch])
         lines = np.arange(start, start + table.num_rows)
         start += table.num_rows
-        out = _validate(table, roles, lines, str(path), log, ",")
+        out = validate_table(table, roles, lines, str(path), log, ",")
         log.check_early()
         if out.num_rows:
             yield out
 
 
 # ------------------------------------------------------------------------------ validation
-def _validate(table: pa.Table, roles: ColumnRoles, lines: np.ndarray, file: str,
+def validate_table(table: pa.Table, roles: ColumnRoles, lines: np.ndarray, file: str,
               log: RejectLog, delimiter: str) -> pa.Table:
     """Cast raw string/binary columns to their role types; reject the rows that fail."""
     n = table.num_rows

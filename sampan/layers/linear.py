@@ -81,7 +81,9 @@ class Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if (x.device.type == "cpu" and x.dtype == torch.float32
                 and self.weight.dtype == torch.float32
-                and not torch.is_autocast_enabled("cpu") and _ONEDNN):
+                and not torch.is_autocast_enabled("cpu") and _ONEDNN
+                # exported and traced graphs use the standard op
+                and not torch.compiler.is_exporting() and not torch.jit.is_tracing()):
             return _onednn_linear(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 

@@ -18,7 +18,8 @@ from sampan.schema import DataSchema
 
 @register_model("din")
 class DIN(nn.Module):
-    """``Batch -> [B, T]``: MLP over ``[e_1 .. e_F, attention-pooled history, dense]``.
+    """``Batch -> [B, T]``: MLP over ``[e_1 .. e_F, interest, interest * e_target, dense]``
+    where ``interest`` is the history pooled by attention to the target.
 
     ``target`` is the sparse feature of the candidate item and ``history`` the sequence of
     that item's table (both default to the schema's only sequence and its table).
@@ -45,7 +46,7 @@ class DIN(nn.Module):
         self.attention = TargetAttention(cfg.embedding_dim, cfg.attention_mlp,
                                          cfg.attention_activation)
         # other sequences and bags are pooled into fields; the history is attended
-        d = (schema.num_fields() - 1 + 1) * cfg.embedding_dim + schema.num_dense
+        d = (schema.num_fields() + 1) * cfg.embedding_dim + schema.num_dense
         self.mlp = MLP(d, cfg.mlp, out=schema.num_tasks, dropout=cfg.dropout,
                        batch_norm=cfg.batch_norm, act=cfg.activation)
 
@@ -53,4 +54,7 @@ class DIN(nn.Module):
         e, hist = embed_fields(self.embedding, batch, self.schema, attend=(self.history,))
         interest = self.attention(e[:, self.target_idx], hist[self.history],
                                   batch.sequences[self.history] != 0)
-        return self.mlp(torch.cat([e.flatten(1), interest, batch.dense], dim=1))
+        # the interest-target product joins the MLP input, as in the authors' code
+        target = e[:, self.target_idx]
+        return self.mlp(torch.cat([e.flatten(1), interest, interest * target, batch.dense],
+                                  dim=1))

@@ -55,6 +55,7 @@ class TwoTower(nn.Module):
             raise ValueError(f"two_tower: model.item_features {unknown} are not features of "
                              f"the data; known: {known}")
         item = set(cfg.item_features)
+        self.item_feature_names = list(cfg.item_features)
         sparse = [f.name for f in schema.sparse]
         self.item_column = self._id_column("item_id", cfg.item_id,
                                            [n for n in sparse if n in item], sparse)

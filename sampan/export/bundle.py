@@ -1,0 +1,257 @@
+"""Bundles: what ``sampan export RUN_DIR --out BUNDLE`` writes and the predictor loads.
+
+::
+
+    BUNDLE/
+      model.onnx | model.ts     the scoring graph (see sampan.export.graph)
+      pipeline/                 the fitted FeaturePipeline (pipeline.json + .npy vocabularies)
+      manifest.json             format, schema, input signature, config, metrics at export,
+                                parity check, library versions, sha256 of every other file
+
+The graph takes *transformed* tensors; raw records become tensors in the predictor through
+the same :class:`~sampan.data.pipeline.FeaturePipeline` code that prepared the training data,
+so training and serving cannot disagree on a feature.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+MANIFEST = "manifest.json"
+FORMAT_VERSION = 1
+MODEL_FILES = {"onnx": "model.onnx", "torchscript": "model.ts"}
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _versions() -> dict[str, str]:
+    import sampan
+
+    out = {"sampan": sampan.__version__, "torch": torch.__version__,
+           "python": platform.python_version(), "numpy": np.__version__}
+    for mod in ("onnx", "onnxruntime", "pyarrow"):
+        try:
+            out[mod] = __import__(mod).__version__
+        except ImportError:
+            pass
+    return out
+
+
+def export_run(run_dir: str | Path, out: str | Path, fmt: str = "onnx",
+               parity_rows: int = 256, overwrite: bool = False) -> Path:
+    """Write the bundle of a finished run (best weights) to ``out`` and return its path.
+
+    After writing, the graph is run on up to ``parity_rows`` rows of the run's test (or
+    valid, or train) split and compared with PyTorch eager; the largest absolute difference
+    is recorded in the manifest, and an export that disagrees by more than 1e-4 fails.
+    """
+    from sampan.data.loader import BatchLoader
+    from sampan.export import graph
+    from sampan.train.experiment import RunArtifacts
+
+    if fmt not in MODEL_FILES:
+        raise ValueError(f"unknown export format {fmt!r}; expected one of {list(MODEL_FILES)}")
+    out = Path(out)
+    if out.exists():
+        if not overwrite:
+            raise FileExistsError(f"{out} exists; choose a new --out or pass --overwrite")
+        if not (out / MANIFEST).exists():
+            raise FileExistsError(f"{out} exists and is not a Sampan bundle; not touching it")
+        shutil.rmtree(out)
+    art = RunArtifacts(run_dir)
+    model = art.model.eval().cpu()
+    schema = art.store.schema
+    split = next(s for s in ("test", "valid", "train") if art.store.split(s) is not None)
+    data = art.store.split(split)
+    example = next(iter(BatchLoader(data.take(np.arange(min(parity_rows, len(data)))),
+                                    batch_size=parity_rows, shuffle="none", prefetch=0)))
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    model_path = tmp / MODEL_FILES[fmt]
+    with torch.no_grad():
+        if fmt == "onnx":
+            graph.to_onnx(model, schema, example, model_path)
+        else:
+            graph.to_torchscript(model, schema, example, model_path)
+        want = graph.ScoringGraph(model, schema).eval()(*graph.example_inputs(example, schema))
+    shutil.copytree(art.run / "data" / "pipeline", tmp / "pipeline")
+    retrieval = None
+    if getattr(model, "task", "binary") == "retrieval":
+        retrieval = _export_retrieval(art, model, schema, example, tmp)
+
+    bundle = Bundle(tmp, verify=False, manifest={"format": fmt, "schema": schema.to_json()})
+    got = bundle.session().run(graph.example_inputs(example, schema))
+    diff = float(np.abs(got - want.numpy()).max()) if len(got) else 0.0
+    if not diff <= 1e-4:
+        shutil.rmtree(tmp)
+        raise RuntimeError(f"exported graph disagrees with PyTorch by {diff:.3g} on {split} rows")
+
+    results = art.run / "results.json"
+    files = sorted(p for p in tmp.rglob("*") if p.is_file())
+    manifest = {
+        "format_version": FORMAT_VERSION,
+        "format": fmt,
+        "model_file": MODEL_FILES[fmt],
+        "model": art.cfg.model.name,
+        "task": getattr(model, "task", "binary"),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "run_dir": str(Path(run_dir).resolve()),
+        "inputs": [{"name": "dense", "dtype": "float32", "shape": ["batch", schema.num_dense]},
+                   {"name": "sparse", "dtype": "int64", "shape": ["batch", schema.num_sparse]}]
+        + [{"name": s.name, "dtype": "int64", "shape": ["batch", s.max_len]}
+           for s in schema.sequences],
+        "outputs": [{"name": "probabilities", "dtype": "float32",
+                     "shape": ["batch", schema.num_tasks], "labels": schema.labels}],
+        "schema": schema.to_json(),
+        "config": json.loads(json.dumps(art.cfg.model_dump(mode="json"))),
+        "metrics": json.loads(results.read_text()) if results.exists() else None,
+        "parity": {"rows": int(example.size), "split": split, "max_abs_diff": diff},
+        "retrieval": retrieval,
+        "versions": _versions(),
+        "files": {str(p.relative_to(tmp)): sha256(p) for p in files},
+    }
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    tmp.rename(out)
+    return out
+
+
+def _export_retrieval(art: Any, model: Any, schema: Any, example: Any,
+                      out: Path) -> dict[str, Any]:
+    """For a two-tower run: the user tower as ``user_tower.onnx``, the vectors of every item
+    of the train split (the corpus evaluation ranks) in a faiss index, and the items' raw
+    values in ``items.parquet`` (row ``i`` of the index is item ``i``)."""
+    import faiss
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from sampan.data.transforms import FIRST_VOCAB_ID
+    from sampan.export import graph
+    from sampan.tasks.retrieval import RetrievalTask
+
+    import onnxruntime as ort
+
+    graph.to_onnx(model, schema, example, out / "user_tower.onnx", head="user_vectors")
+    inputs = graph.example_inputs(example, schema)
+    sess = ort.InferenceSession(str(out / "user_tower.onnx"),
+                                providers=["CPUExecutionProvider"])
+    got = sess.run(None, dict(zip(graph.input_names(schema), [x.numpy() for x in inputs],
+                                  strict=True)))[0]
+    with torch.no_grad():
+        want = graph.ScoringGraph(model, schema, "user_vectors").eval()(*inputs).numpy()
+    diff = float(np.abs(got - want).max()) if len(got) else 0.0
+    if not diff <= 1e-4:
+        raise RuntimeError(f"exported user tower disagrees with PyTorch by {diff:.3g}")
+    task = RetrievalTask(model, art.store.split("train"))
+    with torch.no_grad():
+        vectors = art.trainer.infer(model.item_vectors, task.corpus_rows).numpy()
+    item_feature = schema.sparse[model.item_column].name
+    enc = next(e for e in art.pipeline.categorical if e.spec.name == item_feature)
+    ids = task.corpus_ids
+    named = ids < FIRST_VOCAB_ID + len(enc.vocab_)  # hashed OOV buckets have no raw value
+    vectors = np.ascontiguousarray(vectors[named], dtype=np.float32)
+    ids = ids[named]
+    raw = enc.vocab_.take(pa.array(ids - FIRST_VOCAB_ID))
+    dim = vectors.shape[1]
+    if len(vectors) <= 200_000:  # exact search is fast enough and has no recall loss
+        index, kind = faiss.IndexFlatIP(dim), "flat_ip"
+    else:
+        index, kind = faiss.IndexHNSWFlat(dim, 32, faiss.METRIC_INNER_PRODUCT), "hnsw32_ip"
+    index.add(vectors)
+    faiss.write_index(index, str(out / "items.faiss"))
+    pq.write_table(pa.table({"item": raw, "id": pa.array(ids)}),
+                   out / "items.parquet")
+    return {"user_tower": "user_tower.onnx", "user_tower_max_abs_diff": diff,
+            "index": "items.faiss", "index_kind": kind,
+            "items": "items.parquet", "count": int(len(vectors)), "dim": int(dim),
+            "item_column": enc.spec.column or enc.spec.name, "item_feature": item_feature,
+            "item_features": [n for n in model.item_feature_names]}
+
+
+class Bundle:
+    """An exported bundle opened for scoring: its manifest, pipeline and model runtime."""
+
+    def __init__(self, path: str | Path, verify: bool = True,
+                 manifest: dict[str, Any] | None = None):
+        self.path = Path(path)
+        if manifest is None:
+            mf = self.path / MANIFEST
+            if not mf.exists():
+                raise FileNotFoundError(f"{self.path} is not a Sampan bundle (no {MANIFEST}); "
+                                        "create one with `sampan export RUN_DIR --out BUNDLE`")
+            manifest = json.loads(mf.read_text())
+            if manifest.get("format_version") != FORMAT_VERSION:
+                raise ValueError(f"{mf}: format_version {manifest.get('format_version')} is "
+                                 f"not supported (expected {FORMAT_VERSION})")
+        self.manifest = manifest
+        if verify:
+            self.verify()
+        from sampan.schema import DataSchema
+
+        self.schema = DataSchema.from_json(manifest["schema"])
+        self._session: _Session | None = None
+        self._pipeline = None
+
+    def verify(self) -> None:
+        """Check every file against the sha256 recorded at export."""
+        for rel, digest in self.manifest["files"].items():
+            p = self.path / rel
+            if not p.exists():
+                raise ValueError(f"bundle {self.path}: {rel} is missing")
+            if sha256(p) != digest:
+                raise ValueError(f"bundle {self.path}: {rel} does not match its sha256 in "
+                                 f"{MANIFEST} (modified after export?)")
+
+    def pipeline(self):  # type: ignore[no-untyped-def]
+        from sampan.data.pipeline import FeaturePipeline
+
+        if self._pipeline is None:
+            self._pipeline = FeaturePipeline.load(self.path / "pipeline")
+        return self._pipeline
+
+    def session(self) -> _Session:
+        if self._session is None:
+            fmt = self.manifest["format"]
+            self._session = _Session(self.path / MODEL_FILES[fmt], fmt, self.schema)
+        return self._session
+
+
+class _Session:
+    """ONNX Runtime (or TorchScript) behind one call: tensors or arrays in, ``[B, T]`` out."""
+
+    def __init__(self, path: Path, fmt: str, schema: Any, threads: int | None = None):
+        from sampan.export.graph import input_names
+
+        self.names = input_names(schema)
+        self.fmt = fmt
+        if fmt == "onnx":
+            import onnxruntime as ort
+
+            opts = ort.SessionOptions()
+            if threads:
+                opts.intra_op_num_threads = threads
+            self.ort = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        else:
+            self.ts = torch.jit.load(str(path)).eval()
+
+    def run(self, inputs: tuple[Any, ...]) -> np.ndarray:
+        arrays = [x.numpy() if isinstance(x, torch.Tensor) else np.asarray(x) for x in inputs]
+        if self.fmt == "onnx":
+            return self.ort.run(None, dict(zip(self.names, arrays, strict=True)))[0]
+        with torch.no_grad():
+            return self.ts(*[torch.from_numpy(np.ascontiguousarray(a)) for a in arrays]).numpy()

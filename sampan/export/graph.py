@@ -1,0 +1,84 @@
+"""The exported graph: transformed tensors in, probabilities out.
+
+Inputs, in this order and with these names: ``dense [B, Nd] float32``, ``sparse [B, F]
+int64``, then one ``[B, L] int64`` input per list feature of the schema (named after it).
+Output: ``probabilities [B, T] float32`` (the sigmoid of the logits; for ``two_tower`` the
+sigmoid of the scaled cosine of the pair).
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from sampan.data.loader import Batch
+from sampan.schema import DataSchema
+
+
+class ScoringGraph(nn.Module):
+    """Wraps a model so that it takes positional tensors instead of a :class:`Batch`.
+
+    ``head="probabilities"`` returns the sigmoid of the logits; ``head="user_vectors"`` the
+    user tower of a retrieval model (``[B, d]``, for the ANN search of ``/v1/recommend``).
+    """
+
+    def __init__(self, model: nn.Module, schema: DataSchema, head: str = "probabilities"):
+        super().__init__()
+        self.model = model
+        self.head = head
+        self.lists = [s.name for s in schema.sequences]
+
+    def forward(self, dense: torch.Tensor, sparse: torch.Tensor,
+                *lists: torch.Tensor) -> torch.Tensor:
+        batch = Batch(dense=dense, sparse=sparse,
+                      sequences=dict(zip(self.lists, lists, strict=True)) or None)
+        if self.head == "user_vectors":
+            return self.model.user_vectors(batch).float()
+        return torch.sigmoid(self.model(batch).float())
+
+
+def input_names(schema: DataSchema) -> list[str]:
+    return ["dense", "sparse", *[s.name for s in schema.sequences]]
+
+
+def example_inputs(batch: Batch, schema: DataSchema) -> tuple[torch.Tensor, ...]:
+    seqs = batch.sequences or {}
+    return (batch.dense.float(), batch.sparse.long(),
+            *[seqs[s.name].long() for s in schema.sequences])
+
+
+def to_onnx(model: nn.Module, schema: DataSchema, example: Batch, path: Path,
+            head: str = "probabilities") -> Path:
+    """Export with ``torch.onnx`` (the ``torch.export`` based exporter), batch dimension
+    dynamic. The oneDNN fast path of :class:`sampan.layers.Linear` turns itself off while
+    exporting, so the graph holds standard ONNX ops only."""
+    graph = ScoringGraph(model, schema, head).eval()
+    batch_dim = torch.export.Dim("batch", min=1)
+    n_lists = len(schema.sequences)
+    quiet = logging.getLogger("torch.onnx._internal.exporter._registration")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # "torchvision is not installed" is not the user's concern
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # nor is the exporter's deprecation chatter
+        torch.onnx.export(
+            graph, example_inputs(example, schema), str(path),
+            input_names=input_names(schema), output_names=[head],
+            dynamic_shapes=({0: batch_dim}, {0: batch_dim}) + (
+                (tuple({0: batch_dim} for _ in range(n_lists)),) if n_lists else ()),
+            dynamo=True, verbose=False, optimize=True)
+    quiet.setLevel(level)
+    return path
+
+
+def to_torchscript(model: nn.Module, schema: DataSchema, example: Batch, path: Path) -> Path:
+    """Trace to TorchScript (``torch.jit.load`` serves it without Sampan installed)."""
+    graph = ScoringGraph(model, schema).eval()
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        traced = torch.jit.trace(graph, example_inputs(example, schema), check_trace=False)
+    traced.save(str(path))
+    return path

@@ -1,0 +1,195 @@
+"""Predictor: scores raw feature records with an exported bundle.
+
+Records are JSON-like dicts keyed by the raw column names the run was trained on (the
+columns of ``features`` and of joined side tables). They go through the same code path as
+training data: text columns are typed and validated by :func:`sampan.data.sources.
+validate_table`, then encoded by the bundle's fitted :class:`FeaturePipeline` (unseen
+categorical values map to OOV exactly as in training), then scored by ONNX Runtime.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sampan.data.sources import ColumnRoles, RejectLog, records_table, validate_table
+from sampan.export.bundle import Bundle
+
+
+class RequestError(ValueError):
+    """A request the predictor cannot score; ``field`` names the offending input."""
+
+    def __init__(self, message: str, field: str | None = None, record: int | None = None):
+        super().__init__(message)
+        self.field, self.record = field, record
+
+    def to_json(self) -> dict[str, Any]:
+        return {"error": str(self), "field": self.field, "record": self.record}
+
+
+class Predictor:
+    """``Predictor(bundle).predict(records) -> [N, T]`` probabilities.
+
+    A record carries the raw columns in ``columns`` (explicit ``null`` means a missing
+    value, as an empty cell in a file), or the keys a feature store joins them on; keys
+    outside ``columns`` are refused so that a misspelt feature never passes silently as
+    missing.
+    """
+
+    def __init__(self, bundle: str | Path | Bundle, max_records: int = 10_000):
+        self.bundle = bundle if isinstance(bundle, Bundle) else Bundle(bundle)
+        self.pipeline = self.bundle.pipeline()
+        self.roles = self.pipeline.roles(with_labels=False, with_extra=False)
+        self.columns = list(self.roles.all)
+        self.max_records = max_records
+        self.session = self.bundle.session()
+        self.labels = self.bundle.schema.labels
+
+    @property
+    def version(self) -> str:
+        m = self.bundle.manifest
+        return f"{m.get('model', '?')}@{m.get('created', '?')}"
+
+    def table(self, records: list[dict[str, Any]], store: Any = None) -> pa.Table:
+        """Records -> a typed, validated table (the step that can fail per request).
+
+        Every record carries the same keys. Columns a record lacks are joined from
+        ``store`` when the record holds that table's key (e.g. the user's attributes by
+        ``user_id``); whatever is still missing is an error naming the feature.
+        """
+        if not isinstance(records, list) or not records:
+            raise RequestError("records must be a non-empty list of objects", "records")
+        if len(records) > self.max_records:
+            raise RequestError(f"{len(records)} records exceed the limit of "
+                               f"{self.max_records} per request", "records")
+        known = set(self.columns)
+        keys = records[0].keys() if isinstance(records[0], dict) else set()
+        for i, r in enumerate(records):
+            if not isinstance(r, dict):
+                raise RequestError(f"record {i} is {type(r).__name__}, expected an object",
+                                   "records", i)
+            unknown = [k for k in r if k not in known]
+            if unknown:
+                raise RequestError(f"record {i} has unknown feature(s) {unknown}; known: "
+                                   f"{self.columns}", unknown[0], i)
+            if r.keys() != keys:
+                diff = sorted(set(keys) ^ set(r))
+                raise RequestError(f"record {i} does not have the keys of record 0 "
+                                   f"(differs in {diff}); send every feature in every "
+                                   "record, null for a missing value", diff[0], i)
+        given = [c for c in self.columns if c in keys]
+        t = records_table(records, ColumnRoles(categorical=given, lists=[
+            c for c in given if c in self.roles.lists]))
+        cols = {c: t.column(c).combine_chunks() for c in given}
+        return self._validated(self._complete(cols, store))
+
+    def user_table(self, context: dict[str, Any], store: Any,
+                   absent: set[str]) -> pa.Table:
+        """One validated row from ``context`` (+ the feature store), with the columns in
+        ``absent`` (e.g. item features for a user tower) as missing values."""
+        t = records_table([context], ColumnRoles(
+            categorical=list(context), lists=[c for c in context if c in self.roles.lists]))
+        cols = {c: t.column(c).combine_chunks() for c in context}
+        return self._validated(self._complete(cols, store, absent))
+
+    def _complete(self, cols: dict[str, pa.Array], store: Any,
+                  absent: set[str] = frozenset()) -> pa.Table:
+        """Add the feature-store columns of every table whose key is among ``cols``; fail
+        naming the first feature that is still missing (unless it is in ``absent``)."""
+        for by in (store.keys if store is not None else []):
+            if by not in cols:
+                continue  # a table keyed by something this request does not give
+            values, _ = store.columns(by, cols[by])
+            for c, v in values.items():
+                if c in self.roles.all and c not in cols:
+                    cols[c] = v
+        n = len(next(iter(cols.values()))) if cols else 1
+        for c in absent:
+            if c in self.roles.all and c not in cols:
+                cols[c] = pa.nulls(n, pa.list_(pa.string()) if c in self.roles.lists
+                                   else pa.string())
+        missing = [c for c in self.columns if c not in cols]
+        if store is not None:  # a missing join key explains the columns it would bring
+            missing.sort(key=lambda c: c not in store.keys)
+        if missing:
+            tables = f"; the feature store joins on {store.keys}" if store is not None else ""
+            raise RequestError(f"feature(s) {missing} are missing: every request needs "
+                               f"{self.columns} (null for a missing value){tables}",
+                               missing[0], 0 if store is None else None)
+        return pa.table({c: cols[c] for c in self.columns})
+
+    def _validated(self, table: pa.Table) -> pa.Table:
+        log = RejectLog(None)
+        out = validate_table(table, self.roles, np.arange(table.num_rows), "request", log, ",")
+        if log.rejected:
+            ex = log.examples[0]
+            raise RequestError(f"record {ex['line']}: feature {ex['column']!r}: "
+                               f"{ex['reason'].replace('_', ' ')}", ex["column"], ex["line"])
+        return out
+
+    def score_table(self, table: pa.Table) -> np.ndarray:
+        """A validated table -> probabilities ``[N, T]`` (pipeline, then the graph)."""
+        arrays = self.pipeline.transform(table, with_labels=False)
+        seqs = arrays.get("sequences") or {}
+        return self.session.run((arrays["dense"].astype(np.float32, copy=False),
+                                 arrays["sparse"].astype(np.int64, copy=False),
+                                 *[seqs[s.name].astype(np.int64, copy=False)
+                                   for s in self.bundle.schema.sequences]))
+
+    def predict(self, records: list[dict[str, Any]], store: Any = None) -> np.ndarray:
+        """Probabilities ``[N, T]`` (T = number of labels), in record order."""
+        return self.score_table(self.table(records, store))
+
+    # ------------------------------------------------------------------- ranking
+    def candidates_table(self, context: dict[str, Any], candidates: list[Any],
+                         item_key: str, store: Any = None) -> pa.Table:
+        """One row per candidate: ``item_key`` = the candidate, the request's ``context``
+        features repeated, and the columns of every feature-store table whose key the row
+        holds (the item table by candidate, the user table by the context's user key)."""
+        if not isinstance(candidates, list) or not candidates:
+            raise RequestError("candidates must be a non-empty list of item ids", "candidates")
+        if len(candidates) > self.max_records:
+            raise RequestError(f"{len(candidates)} candidates exceed the limit of "
+                               f"{self.max_records}", "candidates")
+        if not isinstance(context, dict):
+            raise RequestError("context must be an object of raw features", "context")
+        if item_key not in self.columns:
+            raise RequestError(f"the model has no feature {item_key!r} to put candidates in; "
+                               f"its raw features are {self.columns}", "candidates")
+        known = set(self.columns)
+        unknown = [k for k in context if k not in known]
+        if unknown:
+            raise RequestError(f"context has unknown feature(s) {unknown}; known: "
+                               f"{self.columns}", unknown[0])
+        if item_key in context:
+            raise RequestError(f"{item_key!r} comes from candidates, not from context",
+                               item_key)
+        n = len(candidates)
+        cols: dict[str, pa.Array] = {item_key: records_table(
+            [{item_key: c} for c in candidates],
+            ColumnRoles(categorical=[item_key])).column(item_key).combine_chunks()}
+        if context:
+            one = records_table([context], ColumnRoles(
+                categorical=list(context), lists=[c for c in context if c in self.roles.lists]))
+            zeros = pa.array(np.zeros(n, np.int64))
+            for c in context:
+                cols[c] = pc.take(one.column(c).combine_chunks(), zeros)
+        return self._validated(self._complete(cols, store))
+
+    def rank(self, context: dict[str, Any], candidates: list[Any], k: int,
+             item_key: str = "item_id", store: Any = None, task: int = 0
+             ) -> list[tuple[Any, float]]:
+        """The ``k`` best candidates by the probability of label ``task``, best first."""
+        scores = self.score_table(self.candidates_table(context, candidates, item_key,
+                                                        store))[:, task]
+        return top_k(candidates, scores, k)
+
+
+def top_k(candidates: list[Any], scores: np.ndarray, k: int) -> list[tuple[Any, float]]:
+    """``(candidate, score)`` of the ``k`` highest scores, best first (stable on ties)."""
+    order = np.argsort(-scores, kind="stable")[:max(k, 0)]
+    return [(candidates[i], float(scores[i])) for i in order]

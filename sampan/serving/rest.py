@@ -1,0 +1,296 @@
+"""The HTTP server: FastAPI under uvicorn, ONNX Runtime behind a micro-batcher.
+
+Routes: ``POST /v1/predict``, ``POST /v1/rank``, ``GET /healthz``, ``GET /readyz``,
+``GET /metrics`` (Prometheus text), ``POST /v1/admin/reload`` (bearer token). Errors are JSON
+``{"error": ..., "field": ..., "record": ...}`` with a 4xx status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import threading
+import time
+from typing import Any
+
+from fastapi import Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from sampan.config import ServeConfig
+from sampan.serving.predictor import Predictor, RequestError, top_k
+
+
+class PredictRequest(BaseModel):
+    """``{"records": [{raw feature: value, ...}, ...]}``"""
+
+    model_config = ConfigDict(extra="forbid")
+    records: list[dict[str, Any]] = Field(min_length=1)
+
+
+class RankRequest(BaseModel):
+    """``{"context": {...}, "candidates": [item ids], "k": 10, "task": 0}``"""
+
+    model_config = ConfigDict(extra="forbid")
+    context: dict[str, Any] = Field(default_factory=dict)
+    candidates: list[str | int] = Field(min_length=1)
+    k: int = Field(10, ge=1)
+    task: int = Field(0, ge=0)
+
+
+class RecommendRequest(BaseModel):
+    """``{"context": {"user_id": ...}, "n": 100, "k": 10}``"""
+
+    model_config = ConfigDict(extra="forbid")
+    context: dict[str, Any] = Field(min_length=1)
+    n: int = Field(100, ge=1, description="candidates retrieved by the ANN index")
+    k: int = Field(10, ge=1, description="items returned after ranking")
+    task: int = Field(0, ge=0)
+
+
+class ReloadRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    bundle: str
+
+
+ROUTES = ("/v1/predict", "/v1/rank", "/v1/recommend", "/v1/admin/reload", "/healthz",
+          "/readyz", "/metrics")
+
+
+class ServerState:
+    """The serving process: predictor, feature store, batcher and metrics, shared by the
+    HTTP and gRPC front ends. :meth:`reload` swaps the predictor atomically."""
+
+    def __init__(self, cfg: ServeConfig):
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        from sampan.serving.batcher import MicroBatcher
+
+        self.cfg = cfg
+        self.token = os.environ.get("SAMPAN_ADMIN_TOKEN") or cfg.admin_token
+        self.registry = CollectorRegistry()
+        self.requests = Counter("sampan_requests", "Requests by route and status",
+                                ["route", "status"], registry=self.registry)
+        self.latency = Histogram("sampan_request_seconds", "Request latency by route",
+                                 ["route"], registry=self.registry,
+                                 buckets=(.0005, .001, .002, .004, .006, .008, .01, .015, .02,
+                                          .03, .05, .1, .25, .5, 1, 2.5))
+        self.batch_rows = Histogram("sampan_batch_rows", "Rows per model call",
+                                    registry=self.registry,
+                                    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024,
+                                             2048, 4096, 8192))
+        self.batch_requests = Histogram("sampan_batch_requests", "Requests per model call",
+                                        registry=self.registry,
+                                        buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32, 64))
+        self.model_info = Gauge("sampan_model_info", "The model being served (value 1)",
+                                ["model", "version", "bundle"], registry=self.registry)
+        self.reloads = Counter("sampan_reloads", "Bundle reloads by outcome", ["outcome"],
+                               registry=self.registry)
+        self.batcher = MicroBatcher(cfg.max_batch_rows, cfg.max_wait_ms, self._on_batch)
+        self._lock = threading.Lock()
+        self.predictor: Predictor | None = None
+        self.store: Any = None
+        self.load(cfg.bundle)
+        self.retriever: Any = None
+        self.retrieval_store: Any = None
+        if cfg.retrieval_bundle:
+            from sampan.serving.retrieval import Retriever
+
+            self.retriever = Retriever(cfg.retrieval_bundle, cfg.max_records)
+            self.retrieval_store = self._store_for(self.retriever.predictor)
+
+    def _on_batch(self, requests: int, rows: int) -> None:
+        self.batch_requests.observe(requests)
+        self.batch_rows.observe(rows)
+
+    def _store_for(self, predictor: Predictor) -> Any:
+        from sampan.config import JoinConfig
+        from sampan.serving.feature_store import MemoryFeatureStore, RedisFeatureStore
+
+        fs = self.cfg.feature_store
+        joins = fs.tables if fs.tables is not None else [
+            JoinConfig.model_validate(j)
+            for j in predictor.bundle.manifest["config"]["data"].get("joins", [])]
+        if not joins:
+            return None
+        memory = MemoryFeatureStore(joins, predictor.roles)
+        if fs.backend == "redis":
+            return RedisFeatureStore.load(fs.url, memory, prefix=fs.prefix)
+        return memory
+
+    def load(self, bundle: str) -> Predictor:
+        """Open ``bundle`` (and its feature store) and make it the served model."""
+        predictor = Predictor(bundle, max_records=self.cfg.max_records)
+        if self.cfg.threads:
+            from sampan.export.bundle import _Session
+
+            predictor.session = _Session(predictor.bundle.path / predictor.bundle.manifest[
+                "model_file"], predictor.bundle.manifest["format"], predictor.bundle.schema,
+                threads=self.cfg.threads)
+        store = self._store_for(predictor)
+        with self._lock:
+            old = self.predictor
+            self.predictor, self.store = predictor, store
+            if old is not None:
+                self.model_info.remove(*self._info(old))
+            self.model_info.labels(*self._info(predictor)).set(1)
+        return predictor
+
+    @staticmethod
+    def _info(p: Predictor) -> tuple[str, str, str]:
+        return (p.bundle.manifest.get("model", "?"), p.version, str(p.bundle.path))
+
+    def current(self) -> tuple[Predictor, Any]:
+        with self._lock:
+            if self.predictor is None:
+                raise RuntimeError("no model loaded")
+            return self.predictor, self.store
+
+    # the two request kinds, shared by HTTP and gRPC -----------------------------------
+    def predict_future(self, records: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
+        predictor, store = self.current()
+        return predictor, self.batcher.submit(predictor, predictor.table(records, store))
+
+    def rank_future(self, context: dict[str, Any], candidates: list[Any]):  # type: ignore
+        predictor, store = self.current()
+        table = predictor.candidates_table(context, candidates, self.cfg.item_key, store)
+        return predictor, self.batcher.submit(predictor, table)
+
+    def retrieve(self, context: dict[str, Any], n: int) -> list[tuple[str, float]]:
+        if self.retriever is None:
+            raise RequestError("no retrieval bundle is configured (serve with --set "
+                               "retrieval_bundle=PATH of an exported two_tower run)",
+                               "retrieval_bundle")
+        return self.retriever.search(context, n, self.retrieval_store)
+
+    def check_token(self, header: str | None) -> bool:
+        if not self.token:
+            return False  # reload is disabled without a configured token
+        given = (header or "").removeprefix("Bearer ").strip()
+        return secrets.compare_digest(given, self.token)
+
+    def close(self) -> None:
+        self.batcher.close()
+
+
+def create_app(state: ServerState):  # type: ignore[no-untyped-def]
+    from fastapi import FastAPI
+    from fastapi.concurrency import run_in_threadpool
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse, PlainTextResponse
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+    app = FastAPI(title="Sampan", version="1", docs_url="/docs", redoc_url=None)
+    app.state.sampan = state
+
+    def error(status: int, message: str, field: str | None = None,
+              record: int | None = None) -> JSONResponse:
+        return JSONResponse({"error": message, "field": field, "record": record},
+                            status_code=status)
+
+    @app.middleware("http")
+    async def observe(request: Request, call_next):  # type: ignore[no-untyped-def]
+        t0 = time.perf_counter()
+        size = request.headers.get("content-length")
+        if size is not None and size.isdigit() and int(size) > state.cfg.max_body_bytes:
+            response = error(413, f"request body of {size} bytes exceeds the limit of "
+                                  f"{state.cfg.max_body_bytes}", "body")
+        else:
+            response = await call_next(request)
+        route = request.url.path if request.url.path in ROUTES else "other"
+        state.requests.labels(route, str(response.status_code)).inc()
+        state.latency.labels(route).observe(time.perf_counter() - t0)
+        return response
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, exc: RequestValidationError):  # type: ignore
+        first = exc.errors()[0]
+        loc = [str(x) for x in first["loc"] if x != "body"]
+        return error(422, f"{'.'.join(loc) or 'body'}: {first['msg']}",
+                     ".".join(loc) or "body")
+
+    @app.exception_handler(RequestError)
+    async def bad_request(_: Request, exc: RequestError):  # type: ignore
+        return error(400, str(exc), exc.field, exc.record)
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz():  # type: ignore[no-untyped-def]
+        if state.predictor is None:
+            return error(503, "no model loaded")
+        p = state.predictor
+        return {"status": "ready", "model": p.bundle.manifest.get("model"),
+                "version": p.version, "labels": p.labels}
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        return PlainTextResponse(generate_latest(state.registry),
+                                 media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/v1/predict")
+    async def predict(req: PredictRequest) -> dict[str, Any]:
+        predictor, fut = await run_in_threadpool(state.predict_future, req.records)
+        scores = await asyncio.wrap_future(fut)
+        return {"probabilities": scores.tolist(), "labels": predictor.labels,
+                "model_version": predictor.version}
+
+    @app.post("/v1/rank")
+    async def rank(req: RankRequest) -> dict[str, Any]:
+        predictor, fut = await run_in_threadpool(state.rank_future, req.context,
+                                                 req.candidates)
+        scores = await asyncio.wrap_future(fut)
+        if req.task >= scores.shape[1]:
+            raise RequestError(f"task {req.task} does not exist; the model has "
+                               f"{scores.shape[1]} label(s) {predictor.labels}", "task")
+        items = top_k(req.candidates, scores[:, req.task], req.k)
+        return {"items": [{"item": i, "score": s} for i, s in items],
+                "model_version": predictor.version}
+
+    @app.post("/v1/recommend")
+    async def recommend(req: RecommendRequest) -> dict[str, Any]:
+        found = await run_in_threadpool(state.retrieve, req.context, req.n)
+        if not found:
+            return {"items": [], "retrieved": 0, "model_version": state.predictor.version}
+        cosine = dict(found)
+        candidates = [item for item, _ in found]
+        predictor, fut = await run_in_threadpool(state.rank_future, req.context, candidates)
+        scores = await asyncio.wrap_future(fut)
+        if req.task >= scores.shape[1]:
+            raise RequestError(f"task {req.task} does not exist", "task")
+        items = top_k(candidates, scores[:, req.task], req.k)
+        return {"items": [{"item": i, "score": s, "retrieval_score": cosine[i]}
+                          for i, s in items],
+                "retrieved": len(candidates), "model_version": predictor.version}
+
+    @app.post("/v1/admin/reload")
+    async def reload(req: ReloadRequest, request: Request):  # type: ignore
+        if not state.token:
+            return error(403, "reload is disabled: set admin_token in the serve config or "
+                              "SAMPAN_ADMIN_TOKEN", "authorization")
+        if not state.check_token(request.headers.get("authorization")):
+            return error(401, "missing or wrong bearer token", "authorization")
+        try:
+            p = await run_in_threadpool(state.load, req.bundle)
+        except (FileNotFoundError, ValueError) as e:
+            state.reloads.labels("failed").inc()
+            return error(400, f"cannot load bundle {req.bundle!r}: {e}", "bundle")
+        state.reloads.labels("ok").inc()
+        return {"status": "reloaded", "model": p.bundle.manifest.get("model"),
+                "version": p.version}
+
+    return app
+
+
+def app_from_env():  # type: ignore[no-untyped-def]
+    """uvicorn factory for ``--workers N``: the config comes in ``SAMPAN_SERVE_CONFIG``."""
+    cfg = ServeConfig.model_validate(json.loads(os.environ["SAMPAN_SERVE_CONFIG"]))
+    state = ServerState(cfg)
+    if cfg.grpc_port is not None and os.environ.get("SAMPAN_GRPC_IN_WORKER") == "1":
+        from sampan.serving.grpc_server import start_grpc
+
+        start_grpc(state, cfg.host, cfg.grpc_port)
+    return create_app(state)

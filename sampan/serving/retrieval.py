@@ -1,0 +1,71 @@
+"""Candidate retrieval for ``/v1/recommend``: a two-tower bundle's user tower + faiss index.
+
+The request's context (e.g. ``{"user_id": "196"}``, with the user's attributes joined from
+the feature store) goes through the retrieval bundle's own pipeline; item-side features are
+left missing, since the user tower does not read them. The user vector searches the item
+index (inner product of unit vectors = the cosine the model was trained on) and returns the
+raw item ids of the ``n`` nearest items, which the ranking model then scores.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sampan.export.bundle import Bundle
+from sampan.serving.predictor import Predictor, RequestError
+
+
+class Retriever:
+    def __init__(self, bundle: str | Path, max_records: int = 10_000):
+        import faiss
+        import onnxruntime as ort
+        import pyarrow.parquet as pq
+
+        self.bundle = Bundle(bundle)
+        info = self.bundle.manifest.get("retrieval")
+        if not info:
+            raise ValueError(f"{bundle} is not a retrieval bundle (export a two_tower run)")
+        self.info = info
+        self.predictor = Predictor(self.bundle, max_records=max_records)
+        self.session = ort.InferenceSession(str(self.bundle.path / info["user_tower"]),
+                                            providers=["CPUExecutionProvider"])
+        self.index = faiss.read_index(str(self.bundle.path / info["index"]))
+        self.items = pq.read_table(self.bundle.path / info["items"]).column("item").to_pylist()
+        # raw columns the user tower does not read: sent as missing values
+        item_cols = set()
+        for name in info["item_features"]:
+            spec = next((f for f in self.predictor.pipeline.features.categorical
+                         if f.name == name), None) or next(
+                (f for f in self.predictor.pipeline.features.lists if f.name == name), None) \
+                or next((f for f in self.predictor.pipeline.features.numeric
+                         if f.name == name), None)
+            if spec is not None:
+                item_cols.update(getattr(spec, "flags", None) or [spec.column or spec.name])
+        self.item_columns = item_cols
+
+    def search(self, context: dict[str, Any], n: int, store: Any = None
+               ) -> list[tuple[str, float]]:
+        """The ``n`` items nearest to the user of ``context``: ``[(item, cosine)]``."""
+        p = self.predictor
+        if not isinstance(context, dict) or not context:
+            raise RequestError("context must name the user (e.g. {\"user_id\": ...})",
+                               "context")
+        unknown = [k for k in context if k not in p.columns]
+        if unknown:
+            raise RequestError(f"context has unknown feature(s) {unknown}; the retrieval "
+                               f"model knows {p.columns}", unknown[0])
+        table = p.user_table(context, store, self.item_columns)
+        arrays = p.pipeline.transform(table, with_labels=False)
+        seqs = arrays.get("sequences") or {}
+        feeds = dict(zip(["dense", "sparse", *[s.name for s in p.bundle.schema.sequences]],
+                         [arrays["dense"].astype(np.float32), arrays["sparse"].astype(np.int64),
+                          *[seqs[s.name].astype(np.int64) for s in p.bundle.schema.sequences]],
+                         strict=True))
+        u = self.session.run(None, feeds)[0].astype(np.float32)
+        scores, rows = self.index.search(np.ascontiguousarray(u), min(n, len(self.items)))
+        return [(self.items[r], float(s)) for r, s in zip(rows[0], scores[0], strict=True)
+                if r >= 0]
+
