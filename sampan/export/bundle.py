@@ -137,14 +137,13 @@ def _export_retrieval(art: Any, model: Any, schema: Any, example: Any,
     of the train split (the corpus evaluation ranks) in a faiss index, and the items' raw
     values in ``items.parquet`` (row ``i`` of the index is item ``i``)."""
     import faiss
+    import onnxruntime as ort
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from sampan.data.transforms import FIRST_VOCAB_ID
     from sampan.export import graph
     from sampan.tasks.retrieval import RetrievalTask
-
-    import onnxruntime as ort
 
     graph.to_onnx(model, schema, example, out / "user_tower.onnx", head="user_vectors")
     inputs = graph.example_inputs(example, schema)
