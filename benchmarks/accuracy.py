@@ -53,7 +53,7 @@ SUITES = {
         "configs/movielens100k_deepfm.yaml", ["lr", "fm", "deepfm", "dcn_v2", "autoint"],
         ["auc", "logloss", "gauc"],
         "MovieLens-100k, rating >= 4 as click, user and item side features, time split "
-        "80/10/10."),
+        "80/10/10.", train_extra={"lr": {"lr": 0.005}}),
     "amazon_beauty_sequences": Suite(
         "configs/amazon_beauty_din.yaml", ["deepfm", "din", "dien", "bst"],
         ["auc", "logloss", "gauc"],

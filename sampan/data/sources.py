@@ -93,10 +93,16 @@ class RejectLog:
         """Fail when the share of rejected rows is above ``max_bad_fraction``."""
         if self.read and self.rejected / self.read > max_bad_fraction:
             where = f"; see {self.path}" if self.path else ""
+            first = ""
+            if self.examples:
+                e = self.examples[0]
+                col = f", column {e['column']!r}" if e["column"] else ""
+                first = (f". First: {e['file']} line {e['line']}{col}: "
+                         f"{e['reason'].replace('_', ' ')} in {e['text'][:120]!r}")
             raise DataError(
                 f"{self.rejected} of {self.read} rows ({self.rejected / self.read:.2%}) were "
                 f"rejected, above data.max_bad_fraction={max_bad_fraction:g}. Reasons: "
-                f"{dict(self.reasons)}{where}"
+                f"{dict(self.reasons)}{first}{where}"
             )
 
     def check_early(self) -> None:

@@ -19,8 +19,8 @@ from sampan.schema import DataSchema
 
 @register_model("bst")
 class BST(nn.Module):
-    """``Batch -> [B, T]``: MLP over ``[e_1 .. e_F', mean(h), h_target, dense]`` where ``h``
-    is the transformer output over ``[history, target]``.
+    """``Batch -> [B, T]``: MLP over ``[e_1 .. e_F', mean(h), h_target, mean(h) * e_target,
+    dense]`` where ``h`` is the transformer output over ``[history, target]``.
 
     ``mean(h)`` pools the real (non-padding) positions; ``h_target`` is the output at the
     target's position, which has attended to every event. ``target`` and
@@ -52,7 +52,7 @@ class BST(nn.Module):
                                            dropout=cfg.dropout, batch_first=True,
                                            norm_first=True)
         self.transformer = nn.TransformerEncoder(layer, cfg.layers, enable_nested_tensor=False)
-        in_dim = (schema.num_fields() + 1) * d + schema.num_dense
+        in_dim = (schema.num_fields() + 2) * d + schema.num_dense
         self.mlp = MLP(in_dim, cfg.mlp, out=schema.num_tasks, dropout=cfg.dropout)
 
     def forward(self, batch: Batch) -> torch.Tensor:
@@ -63,5 +63,8 @@ class BST(nn.Module):
         h = self.transformer(seq + self.position, src_key_padding_mask=~real)
         w = real.unsqueeze(-1).to(h.dtype)
         pooled = (h * w).sum(dim=1) / w.sum(dim=1)
-        # the target's own output has attended to every event: it carries the match
-        return self.mlp(torch.cat([e.flatten(1), pooled, h[:, -1], batch.dense], dim=1))
+        # the target's own output has attended to every event: it carries the match; the
+        # pooled history times the target makes their agreement explicit (as in DIN / DIEN)
+        target = e[:, self.target_idx]
+        return self.mlp(torch.cat([e.flatten(1), pooled, h[:, -1], pooled * target,
+                                   batch.dense], dim=1))

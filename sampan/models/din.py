@@ -35,6 +35,9 @@ class DIN(nn.Module):
         attention_activation: Literal["dice", "prelu", "relu"] = "dice"
         dropout: float = Field(0.0, ge=0.0, lt=1.0)
         batch_norm: bool = False
+        input_norm: bool = Field(True, description="batch-normalise the MLP input (as the "
+                                 "authors' code does): the pooled interest and the small "
+                                 "initial embeddings then learn at a useful scale")
 
     def __init__(self, schema: DataSchema, cfg: Config):
         super().__init__()
@@ -47,6 +50,7 @@ class DIN(nn.Module):
                                          cfg.attention_activation)
         # other sequences and bags are pooled into fields; the history is attended
         d = (schema.num_fields() + 1) * cfg.embedding_dim + schema.num_dense
+        self.input_norm = nn.BatchNorm1d(d) if cfg.input_norm else nn.Identity()
         self.mlp = MLP(d, cfg.mlp, out=schema.num_tasks, dropout=cfg.dropout,
                        batch_norm=cfg.batch_norm, act=cfg.activation)
 
@@ -56,5 +60,5 @@ class DIN(nn.Module):
                                   batch.sequences[self.history] != 0)
         # the interest-target product joins the MLP input, as in the authors' code
         target = e[:, self.target_idx]
-        return self.mlp(torch.cat([e.flatten(1), interest, interest * target, batch.dense],
-                                  dim=1))
+        return self.mlp(self.input_norm(torch.cat([e.flatten(1), interest, interest * target,
+                                                   batch.dense], dim=1)))

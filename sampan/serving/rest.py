@@ -289,8 +289,10 @@ def app_from_env():  # type: ignore[no-untyped-def]
     """uvicorn factory for ``--workers N``: the config comes in ``SAMPAN_SERVE_CONFIG``."""
     cfg = ServeConfig.model_validate(json.loads(os.environ["SAMPAN_SERVE_CONFIG"]))
     state = ServerState(cfg)
+    app = create_app(state)
     if cfg.grpc_port is not None and os.environ.get("SAMPAN_GRPC_IN_WORKER") == "1":
         from sampan.serving.grpc_server import start_grpc
 
-        start_grpc(state, cfg.host, cfg.grpc_port)
-    return create_app(state)
+        # every worker binds the port (gRPC sets SO_REUSEPORT); keep the server referenced
+        app.state.grpc_server = start_grpc(state, cfg.host, cfg.grpc_port)
+    return app
