@@ -82,7 +82,7 @@ class BatchLoader:
     def __init__(self, data: SplitArrays, batch_size: int, shuffle: str = "rows",
                  seed: int = 0, drop_last: bool = False, prefetch: int = 2,
                  pin_memory: bool = False, block_rows: int = 65536,
-                 drop_singleton: bool = False):
+                 drop_singleton: bool = False, rank: int = 0, world: int = 1):
         if shuffle not in ("rows", "blocks", "none"):
             raise ValueError(f"shuffle must be 'rows', 'blocks' or 'none', got {shuffle!r}")
         self.data = data
@@ -96,14 +96,22 @@ class BatchLoader:
         # A last batch of one row breaks batch norm in training; with shuffling a different
         # row sits out each epoch.
         self.drop_singleton = drop_singleton
+        # Data parallel: every rank draws the same global batches and keeps its part of each.
+        self.rank, self.world = rank, world
         self.epoch = 0
         self.start_batch = 0
 
     def __len__(self) -> int:
         n = len(self.data)
-        if self.drop_last or (self.drop_singleton and n % self.batch_size == 1 and n > 1):
+        # the last global batch must give each rank two rows or more (batch norm)
+        smallest = max(2, self.world) if self.drop_singleton else 1
+        if self.drop_last or (0 < n % self.batch_size < smallest and n > self.batch_size):
             return n // self.batch_size
         return -(-n // self.batch_size)
+
+    def global_rows(self, i: int) -> int:
+        """Rows of global batch ``i`` over all ranks."""
+        return min(len(self.data), (i + 1) * self.batch_size) - i * self.batch_size
 
     def set_position(self, epoch: int, batch: int = 0) -> None:
         """Where the next iteration starts (used when resuming a run)."""
@@ -123,6 +131,9 @@ class BatchLoader:
 
     def _make(self, order: np.ndarray | None, i: int) -> Batch:
         lo, hi = i * self.batch_size, min(len(self.data), (i + 1) * self.batch_size)
+        if self.world > 1:  # this rank's contiguous part of the global batch
+            n = hi - lo
+            lo, hi = lo + n * self.rank // self.world, lo + n * (self.rank + 1) // self.world
         if order is None:
             sel: slice | np.ndarray = slice(lo, hi)
         else:

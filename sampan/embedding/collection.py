@@ -104,6 +104,14 @@ class EmbeddingCollection(nn.Module):
         """
         looks = [(u, r.grad) for u, r in self._lookups if r.grad is not None]
         self._lookups.clear()
+        from sampan import distributed
+
+        if distributed.context().enabled:  # replicated table: every rank, same update
+            if not looks:
+                looks = [(torch.empty(0, dtype=torch.long, device=self.weight.device),
+                          self.weight.new_zeros(0, self.dim))]
+            return distributed.merge_sparse(torch.cat([u for u, _ in looks]),
+                                            torch.cat([g for _, g in looks]))
         if not looks:
             return None
         if len(looks) == 1:

@@ -22,6 +22,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from sampan import distributed
 from sampan.config import ExperimentConfig, dump_config, load_config
 from sampan.data.store import SplitArrays, Store, build_store, transform_files
 from sampan.models import build_model
@@ -43,9 +44,20 @@ def new_run_dir(cfg: ExperimentConfig) -> Path:
 
 def run_experiment(cfg: ExperimentConfig, run_dir: str | Path | None = None,
                    resume: bool = False, console: Console | None = None) -> dict[str, Any]:
-    """Prepare data (unless resuming), train, evaluate on test; returns ``results.json``."""
+    """Prepare data (unless resuming), train, evaluate on test; returns ``results.json``.
+
+    Under a distributed launch (``WORLD_SIZE`` > 1) every process runs this: rank 0 names
+    the run directory and prepares the data, the others wait and open it; only rank 0
+    prints and writes files (see :mod:`sampan.distributed`).
+    """
+    from sampan.train.trainer import resolve_device
+
+    dist = distributed.init_from_env(resolve_device(cfg.train.device).type)
     console = console or Console()
+    if not dist.is_main:
+        console = Console(quiet=True)
     run = Path(run_dir) if run_dir is not None else new_run_dir(cfg)
+    run = Path(distributed.broadcast_object(str(run)))
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     ckpt.seed_everything(cfg.seed)
@@ -54,19 +66,38 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path | None = None,
             raise FileNotFoundError(f"{run} has no checkpoints/{LAST} to resume from")
         store = Store.open(run / "data")
     else:
-        if (run / "config.yaml").exists():
-            raise FileExistsError(f"{run} already holds a run; resume it with --resume {run} "
-                                  "or choose a new --run-dir")
-        run.mkdir(parents=True, exist_ok=True)
-        (run / "config.yaml").write_text(dump_config(cfg))
-        console.print(f"[bold]run[/] {run}")
-        store = build_store(cfg, run / "data", echo=console.print)
+        problem = None
+        if dist.is_main:
+            try:
+                if (run / "config.yaml").exists():
+                    raise FileExistsError(f"{run} already holds a run; resume it with "
+                                          f"--resume {run} or choose a new --run-dir")
+                run.mkdir(parents=True, exist_ok=True)
+                (run / "config.yaml").write_text(dump_config(cfg))
+                console.print(f"[bold]run[/] {run}")
+                if dist.enabled:
+                    console.print(f"distributed: {dist.world} processes, global batch "
+                                  f"{cfg.train.batch_size} ({cfg.train.batch_size // dist.world}"
+                                  " per process); embedding tables replicated")
+                build_store(cfg, run / "data", echo=console.print)
+            except Exception as e:  # noqa: BLE001 - told to the other ranks, then re-raised
+                problem = e
+        failed = distributed.broadcast_object(None if problem is None else repr(problem))
+        if problem is not None:
+            raise problem
+        if failed is not None:
+            raise RuntimeError(f"rank 0 failed to prepare the run: {failed}")
+        store = Store.open(run / "data")
     train, valid, test = store.split("train"), store.split("valid"), store.split("test")
     if train is None:
         raise ValueError("the train split is empty; check data.split")
 
-    torch.manual_seed(cfg.seed)  # model init depends only on the seed
+    torch.manual_seed(cfg.seed)  # model init depends only on the seed (same on every rank)
     model = build_model(cfg.model, store.schema)
+    if dist.enabled:
+        torch.manual_seed(cfg.seed + dist.rank)  # dropout masks differ between ranks
+    if dist.enabled:
+        print_placement(model, console)
     n_params = sum(p.numel() for p in model.parameters())
     console.print(f"model {cfg.model.name}: {n_params:,} parameters on "
                   f"{cfg.train.device if cfg.train.device != 'auto' else 'auto device'}")
@@ -85,11 +116,31 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path | None = None,
         if test.oracle is not None:
             results["test"]["oracle_auc"] = auc(torch.tensor(np.asarray(test.oracle)),
                                                 torch.tensor(np.asarray(test.labels[:, 0])))
-    (run / "results.json").write_text(json.dumps(results, indent=1))
+    if dist.enabled:
+        results["world_size"] = dist.world
+    if dist.is_main:
+        (run / "results.json").write_text(json.dumps(results, indent=1))
     print_results(results, console)
     console.print(f"run directory: {run}")
     results["run_dir"] = str(run)
+    dist.barrier()
     return results
+
+
+def print_placement(model: torch.nn.Module, console: Console) -> None:
+    """The embedding placement plan of a distributed run: every table, its size, where it
+    lives."""
+    from sampan.embedding import EmbeddingCollection
+
+    table = Table(title="embedding placement")
+    for col in ("table", "rows", "dim", "bytes", "placement"):
+        table.add_column(col, justify="left" if col in ("table", "placement") else "right")
+    for c in (m for m in model.modules() if isinstance(m, EmbeddingCollection)):
+        for t in c.tables:
+            table.add_row(t.name, f"{t.rows:,}", str(c.dim),
+                          f"{t.rows * c.dim * c.weight.element_size():,}",
+                          "replicated (sparse gradients all-gathered)")
+    console.print(table)
 
 
 def print_results(results: dict[str, Any], console: Console) -> None:

@@ -19,6 +19,7 @@ import torch
 from rich.console import Console
 from torch import nn
 
+from sampan import distributed
 from sampan.config import ExperimentConfig, dump_config
 from sampan.data.loader import Batch, BatchLoader
 from sampan.data.store import SplitArrays
@@ -79,9 +80,14 @@ class Trainer:
         self.task = make_task(model, train)
         train = self.task.training_rows(train)
         self.train_data, self.valid_data = train, valid
+        self.dist = distributed.context()
+        if self.dist.world > self.tc.batch_size:
+            raise ValueError(f"train.batch_size {self.tc.batch_size} (the global batch) is "
+                             f"smaller than the {self.dist.world} processes")
         self.loader = BatchLoader(train, self.tc.batch_size, shuffle=self.tc.shuffle,
                                   seed=cfg.seed, prefetch=self.tc.prefetch,
-                                  pin_memory=self.device.type == "cuda", drop_singleton=True)
+                                  pin_memory=self.device.type == "cuda", drop_singleton=True,
+                                  rank=self.dist.rank, world=self.dist.world)
         self.total_steps = self.tc.max_steps or self.tc.epochs * len(self.loader)
 
         collections = [m for m in model.modules() if isinstance(m, EmbeddingCollection)]
@@ -93,7 +99,8 @@ class Trainer:
         self.base_lrs = [[g["lr"] for g in o.param_groups] for o in self._optimizers()]
         self.state = TrainState()
         self.metrics = MetricsLog(self.run_dir, self.tc.tensorboard and log_metrics,
-                                  self.console) if log_metrics else None
+                                  self.console) if log_metrics and self.dist.is_main else None
+        self.log_metrics = log_metrics
         self.metric = self.tc.early_stopping.metric or self.task.default_metric
         self.maximize = self.metric != "logloss"
         self.best_model: dict[str, torch.Tensor] | None = None
@@ -120,12 +127,15 @@ class Trainer:
             for g, base in zip(opt.param_groups, bases, strict=True):
                 g["lr"] = base * f
 
-    def _train_step(self, batch: Batch) -> torch.Tensor:
+    def _train_step(self, batch: Batch, weight: float = 1.0) -> torch.Tensor:
+        """One step; ``weight`` is this rank's share of the global batch (1 in a single
+        process), so that the gradients summed over ranks are the global mean's."""
         self._set_lr()
         with torch.autocast(self.device.type, dtype=torch.bfloat16,
                             enabled=self.tc.amp == "bf16"):
             loss = self.task.loss(self.model, batch)
-        loss.backward()
+        (loss * weight if weight != 1.0 else loss).backward()
+        distributed.average_gradients(self.dense_params)  # no-op in a single process
         if self.tc.clip_grad_norm is not None and self.dense_params:
             # Clips the dense parameters; embedding rows are bounded by their optimizer.
             torch.nn.utils.clip_grad_norm_(self.dense_params, self.tc.clip_grad_norm)
@@ -134,17 +144,17 @@ class Trainer:
         if self.dense_opt is not None:
             self.dense_opt.step()
             self.dense_opt.zero_grad(set_to_none=True)
-        return loss.detach()
+        return loss.detach() * weight  # summed over ranks at logging: the global mean
 
     # -------------------------------------------------------------------- fitting
     def fit(self, resume: bool = False) -> TrainState:
         """Train until ``epochs`` / ``max_steps`` or early stop; restores the best weights."""
         if resume:
             self._restore(self.run_dir / "checkpoints" / LAST)
-        if self.metrics is None:
+        if not self.log_metrics:
             raise RuntimeError("this Trainer was built with log_metrics=False (evaluation only)")
         st = self.state
-        progress = make_progress(self.console, self.tc.progress)
+        progress = make_progress(self.console, self.tc.progress and self.dist.is_main)
         n_batches = len(self.loader)
         with progress:
             task = progress.add_task("train", total=self.total_steps, completed=st.step,
@@ -156,20 +166,25 @@ class Trainer:
                 loss_n, t0, seen = 0, time.perf_counter(), 0
                 for batch in self.loader:
                     batch = batch.to(self.device, non_blocking=True)
-                    loss_sum += self._train_step(batch)
+                    weight = 1.0 if not self.dist.enabled else \
+                        batch.size / self.loader.global_rows(st.batch)
+                    loss_sum += self._train_step(batch, weight)
                     loss_n += 1
                     seen += batch.size
                     st.step += 1
                     st.batch += 1
                     if st.step % self.tc.log_every_steps == 0 or st.batch == n_batches:
-                        speed = seen / max(time.perf_counter() - t0, 1e-9)
+                        speed = seen * self.dist.world / max(time.perf_counter() - t0, 1e-9)
+                        if self.dist.enabled:  # the global-batch loss, summed over ranks
+                            torch.distributed.all_reduce(loss_sum)
                         mean_loss = (loss_sum / loss_n).item()  # the only host sync, every N
-                        self.metrics.write({"step": st.step, "epoch": st.epoch, "split": "train",
-                                            "loss": mean_loss, "samples_per_s": speed,
-                                            "lr": self.base_lrs[-1][0] * lr_factor(
-                                                st.step - 1, self.total_steps,
-                                                self.tc.warmup_steps, self.tc.schedule,
-                                                self.tc.min_lr_ratio)})
+                        if self.metrics is not None:
+                            self.metrics.write({
+                                "step": st.step, "epoch": st.epoch, "split": "train",
+                                "loss": mean_loss, "samples_per_s": speed,
+                                "lr": self.base_lrs[-1][0] * lr_factor(
+                                    st.step - 1, self.total_steps, self.tc.warmup_steps,
+                                    self.tc.schedule, self.tc.min_lr_ratio)})
                         progress.update(task, completed=st.step, loss=f"{mean_loss:.4f}",
                                         speed=f"{speed:,.0f}")
                         loss_sum.zero_()
@@ -188,7 +203,8 @@ class Trainer:
                     st.epoch += 1
                     st.batch = 0
                 self.save_checkpoint()
-        self.metrics.close()
+        if self.metrics is not None:
+            self.metrics.close()
         if self.best_model is not None:
             self.model.load_state_dict(self.best_model)
         return st
@@ -210,8 +226,10 @@ class Trainer:
             st.best, st.best_step, st.bad_evals = value, st.step, 0
             self.best_model = copy.deepcopy({k: v.detach().clone()
                                              for k, v in self.model.state_dict().items()})
-            ckpt.save_atomic({"model": self.best_model, "step": st.step, "metrics": m},
-                             self.run_dir / "checkpoints" / BEST)
+            if self.dist.is_main:
+                ckpt.save_atomic({"model": self.best_model, "step": st.step, "metrics": m},
+                                 self.run_dir / "checkpoints" / BEST)
+            self.dist.barrier()
         else:
             st.bad_evals += 1
             if es.enabled and st.bad_evals >= es.patience:
@@ -219,7 +237,8 @@ class Trainer:
         record = {"step": st.step, "epoch": st.epoch, "split": "valid", **m,
                   "best": st.best, "best_step": st.best_step}
         st.history.append(record)
-        self.metrics.write(record)
+        if self.metrics is not None:
+            self.metrics.write(record)
         mark = "*" if improved else " "
         shown = " ".join(f"{k} {m[k]:.4f}" for k in headline_metrics(m))
         self.console.print(f"  step {st.step:>6} epoch {st.epoch}  valid {shown} {mark}"
@@ -231,14 +250,23 @@ class Trainer:
         """``fn(batch)`` over every row of ``data`` in order (eval mode, no grad, autocast
         as in training), concatenated on the CPU as float32."""
         self.model.eval()
+        if self.dist.enabled:  # each rank scores a contiguous shard; rows come back in order
+            lo, hi = distributed.shard_rows(len(data))
+            data = data.take(np.arange(lo, hi))
         out = []
         for batch in BatchLoader(data, self.tc.eval_batch_size, shuffle="none",
                                  prefetch=self.tc.prefetch):
             batch = batch.to(self.device, non_blocking=True)
             with torch.autocast(self.device.type, dtype=torch.bfloat16,
                                 enabled=self.tc.amp == "bf16"):
-                out.append(fn(batch).float().cpu())
-        return torch.cat(out) if out else torch.empty(0, 1)
+                out.append(fn(batch).float())
+        if self.dist.enabled:
+            # the output width is needed even on a rank whose shard is empty
+            width = torch.tensor([out[0].shape[1] if out else -1], device=self.device)
+            torch.distributed.all_reduce(width, op=torch.distributed.ReduceOp.MAX)
+            local = torch.cat(out) if out else torch.empty(0, int(width), device=self.device)
+            return distributed.all_gather_rows(local).cpu()
+        return torch.cat(out).cpu() if out else torch.empty(0, 1)
 
     def predict_logits(self, data: SplitArrays) -> torch.Tensor:
         """Logits ``[N, T]`` for every row of ``data``, in order."""
@@ -251,8 +279,12 @@ class Trainer:
 
     # ---------------------------------------------------------------- checkpoints
     def save_checkpoint(self) -> Path:
+        """Rank 0 writes ``last.pt`` (the state is replicated); every rank waits for it."""
         st = self.state
         path = self.run_dir / "checkpoints" / LAST
+        if not self.dist.is_main:
+            self.dist.barrier()
+            return path
         ckpt.save_atomic({
             "model": self.model.state_dict(),
             "sparse_opt": self.sparse_opt.state_dict() if self.sparse_opt else None,
@@ -262,7 +294,9 @@ class Trainer:
                       "stopped_early": st.stopped_early, "history": st.history},
             "rng": ckpt.rng_state(),
             "config": dump_config(self.cfg),
+            "world_size": self.dist.world,
         }, path)
+        self.dist.barrier()
         return path
 
     def _restore(self, path: Path) -> None:
@@ -281,7 +315,8 @@ class Trainer:
         if best.exists():
             self.best_model = ckpt.load(best, self.device)["model"]
         ckpt.set_rng_state(c["rng"])
-        self.metrics.truncate_after(self.state.step)
+        if self.metrics is not None:
+            self.metrics.truncate_after(self.state.step)
         self.console.print(f"resumed from {path} at step {self.state.step} "
                            f"(epoch {self.state.epoch}, batch {self.state.batch})")
 

@@ -1,0 +1,73 @@
+"""Data-parallel throughput: `sampan train` on the built-in data with 1 and N processes.
+
+Reports training samples/s (the trainer's own measurement over the global batch, median of
+its log records after the first) for each process count, and the ratio to one process. On a
+2-core CPU machine two gloo processes share the cores one process already uses, so expect a
+ratio near or below 1 there (the figure checks the overhead of the collectives); on a
+multi-GPU machine use ``--device cuda --procs 1 2 4 8``.
+
+Usage::
+
+    python benchmarks/distributed.py                          # CPU, 1 and 2 processes
+    python benchmarks/distributed.py --device cuda --procs 1 2 4 8 --rows 4000000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(procs: int, args: argparse.Namespace, work: Path) -> dict:
+    run_dir = work / f"p{procs}"
+    cmd = [sys.executable, "-m", "sampan", "train", "--run-dir", str(run_dir),
+           "--nproc-per-node", str(procs),
+           "--set", f"data.synthetic.rows={args.rows}", "--set", "train.epochs=1",
+           "--set", f"train.batch_size={args.batch_size}", "--set", "train.progress=false",
+           "--set", "train.tensorboard=false", "--set", f"train.device={args.device}",
+           "--set", "train.log_every_steps=20"]
+    env = {**os.environ}
+    if procs > 1 and args.device == "cpu":
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // procs))
+    subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, env=env)
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    speeds = [r["samples_per_s"] for r in rows if r["split"] == "train"][1:]
+    result = json.loads((run_dir / "results.json").read_text())
+    return {"procs": procs, "samples_per_s": statistics.median(speeds),
+            "valid_auc": result["valid"]["auc"], "test_auc": result["test"]["auc"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--procs", type=int, nargs="*", default=[1, 2])
+    ap.add_argument("--rows", type=int, default=400_000)
+    ap.add_argument("--batch-size", type=int, default=4096, help="the global batch")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--json", default=str(ROOT / "benchmarks/results/distributed.json"))
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="sampan-dist-"))
+    results = []
+    for p in args.procs:
+        r = run(p, args, work)
+        r["ratio_to_1"] = r["samples_per_s"] / results[0]["samples_per_s"] if results else 1.0
+        results.append(r)
+        print(f"{p} process(es): {r['samples_per_s']:10,.0f} samples/s  "
+              f"(x{r['ratio_to_1']:.2f})  valid AUC {r['valid_auc']:.4f}  "
+              f"test AUC {r['test_auc']:.4f}", flush=True)
+    Path(args.json).write_text(json.dumps({
+        "args": vars(args), "machine": {"cpu": platform.processor() or platform.machine(),
+                                        "cores": os.cpu_count()},
+        "results": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

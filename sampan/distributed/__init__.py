@@ -1,0 +1,145 @@
+"""Data-parallel training on ``torch.distributed`` (gloo on CPU, NCCL on GPUs).
+
+Started by ``sampan train CONFIG --nproc-per-node N`` (or ``torchrun -m sampan train``):
+every process runs the same experiment on its share of each global batch.
+
+* **Batches**: ``train.batch_size`` is the *global* batch. All ranks draw the same shuffled
+  order (seeded by ``seed`` and the epoch) and rank ``r`` of ``W`` takes the ``r``-th
+  contiguous part of every global batch, so the samples of a step, and the order of steps,
+  do not depend on ``W``. Each rank reads only its rows of the memory-mapped store.
+* **Dense parameters**: gradients are averaged over ranks after backward (flattened into
+  buckets, one ``all_reduce`` each) — the reduction DistributedDataParallel performs; it is
+  done explicitly because some tasks call the model outside ``forward`` (two-tower's towers,
+  DIEN's auxiliary loss), which DDP's reducer does not follow.
+* **Embedding tables** are replicated: each rank's (row ids, row gradients) are all-gathered
+  and merged, so every rank applies the same sparse update and the replicas stay equal.
+* **Losses** are weighted by each rank's share of the global batch, so the summed gradient
+  equals the gradient of the global-batch mean even when the last batch splits unevenly.
+* **Evaluation** shards the rows, then gathers every prediction, label and group in row
+  order: global AUC / GAUC are computed on all the rows, never averaged over ranks.
+* **Checkpoints** are written by rank 0 (replicated state is the same on every rank) and read
+  by all, so a run resumes with any world size and exports like a single-process run.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class DistContext:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def barrier(self) -> None:
+        if self.enabled:
+            dist.barrier()
+
+
+_CTX = DistContext()
+
+
+def context() -> DistContext:
+    """The process's place in the job (rank 0 of 1 outside a distributed launch)."""
+    return _CTX
+
+
+def init_from_env(device_type: str = "cpu") -> DistContext:
+    """Join the process group described by torchrun's environment (``WORLD_SIZE`` > 1)."""
+    global _CTX
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        _CTX = DistContext()
+        return _CTX
+    if not dist.is_initialized():
+        backend = "nccl" if device_type == "cuda" else "gloo"
+        dist.init_process_group(backend=backend)
+    _CTX = DistContext(rank=dist.get_rank(), world=dist.get_world_size(),
+                       local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+    return _CTX
+
+
+def shutdown() -> None:
+    global _CTX
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    _CTX = DistContext()
+
+
+def broadcast_object(obj: object) -> object:
+    """Rank 0's ``obj`` on every rank."""
+    if not _CTX.enabled:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def all_gather_rows(x: torch.Tensor) -> torch.Tensor:
+    """Concatenate every rank's ``x`` (same trailing shape, any number of rows) in rank
+    order."""
+    if not _CTX.enabled:
+        return x
+    n = torch.tensor([x.shape[0]], dtype=torch.long, device=x.device)
+    sizes = [torch.zeros_like(n) for _ in range(_CTX.world)]
+    dist.all_gather(sizes, n)
+    sizes = [int(s) for s in sizes]
+    top = max(sizes)
+    pad = torch.zeros((top - x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
+    parts = [torch.empty((top, *x.shape[1:]), dtype=x.dtype, device=x.device)
+             for _ in range(_CTX.world)]
+    dist.all_gather(parts, torch.cat([x, pad]).contiguous())
+    return torch.cat([p[:s] for p, s in zip(parts, sizes, strict=True)])
+
+
+def average_gradients(params: list[torch.Tensor], bucket_bytes: int = 25 << 20) -> None:
+    """Sum every parameter's gradient over ranks, flattened into buckets of about
+    ``bucket_bytes``. Each rank's loss is weighted by its share of the global batch, so the
+    sum is the gradient of the global-batch mean (an average when the shares are equal)."""
+    if not _CTX.enabled:
+        return
+    grads = [p.grad for p in params if p.grad is not None]
+    bucket: list[torch.Tensor] = []
+    size = 0
+    for g in [*grads, None]:
+        if g is not None:
+            bucket.append(g)
+            size += g.numel() * g.element_size()
+        if bucket and (g is None or size >= bucket_bytes):
+            flat = torch.cat([t.reshape(-1) for t in bucket])
+            dist.all_reduce(flat)
+            offset = 0
+            for t in bucket:
+                t.copy_(flat[offset: offset + t.numel()].view_as(t))
+                offset += t.numel()
+            bucket, size = [], 0
+
+
+def merge_sparse(rows: torch.Tensor, grads: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """All ranks' ``(unique row ids [U], gradients [U, D])`` merged into one sum per row."""
+    if not _CTX.enabled:
+        return rows, grads
+    all_rows = all_gather_rows(rows)
+    all_grads = all_gather_rows(grads)
+    uniq, inv = torch.unique(all_rows, return_inverse=True)
+    merged = torch.zeros(len(uniq), grads.shape[1], dtype=grads.dtype, device=grads.device)
+    merged.index_add_(0, inv, all_grads)
+    return uniq, merged
+
+
+def shard_rows(n: int) -> tuple[int, int]:
+    """This rank's contiguous ``[lo, hi)`` of ``n`` rows (evaluation sharding)."""
+    return n * _CTX.rank // _CTX.world, n * (_CTX.rank + 1) // _CTX.world

@@ -1,0 +1,183 @@
+"""Data-parallel training on CPU with gloo and 2 processes: the replicated sparse update and
+the dense gradient average equal one process on the whole batch; gathered evaluation equals
+single-process evaluation; 2-process training follows 1-process training step by step; a
+killed 2-process run resumes to the same end."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+import torch.multiprocessing as mp
+import yaml
+
+from tests.conftest import tiny_config
+
+SAMPAN = [sys.executable, "-m", "sampan"]
+ENV = {**os.environ, "COLUMNS": "120"}
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ------------------------------------------------------------ in-process, spawned ranks
+def tiny_model():
+    from sampan.models import build_model, get_model_class
+    from sampan.schema import DataSchema, SequenceFeatureSpec, SparseFeatureSpec
+
+    schema = DataSchema(dense=["x"], sparse=[SparseFeatureSpec("a", 12),
+                                             SparseFeatureSpec("b", 30)],
+                        sequences=[SequenceFeatureSpec("hist_b", 4, "b")])
+    torch.manual_seed(0)
+    # PReLU, not Dice: batch-norm statistics are per rank (as under DDP without SyncBN)
+    return build_model(get_model_class("din").Config(
+        embedding_dim=4, mlp=[8], attention_mlp=[4], activation="prelu",
+        attention_activation="prelu", input_norm=False), schema)
+
+
+def data(n=101):
+    from sampan.data.store import SplitArrays
+
+    g = np.random.default_rng(0)
+    hist = g.integers(0, 30, (n, 4))
+    hist[:, :2][g.random((n, 2)) < 0.5] = 0
+    return SplitArrays(dense=g.standard_normal((n, 1)).astype(np.float32),
+                       sparse=np.stack([g.integers(0, 12, n), g.integers(0, 30, n)], 1),
+                       labels=(g.random((n, 1)) < 0.4).astype(np.float32),
+                       group=g.integers(0, 12, n), sequences={"hist_b": hist})
+
+
+def grads_and_eval(model, batch, weight, out):
+    """One step's gradients (dense and merged sparse) and a full evaluation."""
+    from sampan.config import load_config
+    from sampan.embedding import EmbeddingCollection
+    from sampan.tasks import training_loss
+    from sampan.train.trainer import Trainer
+    from sampan import distributed
+
+    model.train()
+    (training_loss(model, batch) * weight).backward()
+    dense = [p for p in model.parameters() if p.requires_grad]
+    distributed.average_gradients(dense)
+    coll = next(m for m in model.modules() if isinstance(m, EmbeddingCollection))
+    rows, g = coll.pop_lookups()
+    cfg = load_config(None, overrides=["train.progress=false", "train.eval_batch_size=16"])
+    trainer = Trainer(model, cfg, out.parent, data(), None, log_metrics=False)
+    metrics = trainer.evaluate(data())
+    return {"dense": {n: p.grad.clone() for n, p in model.named_parameters()
+                      if p.requires_grad}, "rows": rows, "sparse": g, "metrics": metrics}
+
+
+def worker(rank, port, out):
+    from sampan import distributed
+    from sampan.data.loader import BatchLoader
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE="2", LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    distributed.init_from_env("cpu")
+    try:
+        loader = BatchLoader(data(), batch_size=33, shuffle="rows", seed=3, prefetch=0,
+                             rank=rank, world=2)
+        batch = next(iter(loader))
+        weight = batch.size / loader.global_rows(0)
+        torch.save(grads_and_eval(tiny_model(), batch, weight, out / f"r{rank}.pt"),
+                   out / f"r{rank}.pt")
+    finally:
+        distributed.shutdown()
+
+
+def test_two_ranks_equal_one_process(tmp_path):
+    from sampan.data.loader import BatchLoader
+
+    mp.spawn(worker, args=(free_port(), tmp_path), nprocs=2, join=True)
+    ranks = [torch.load(tmp_path / f"r{r}.pt", weights_only=False) for r in range(2)]
+    batch = next(iter(BatchLoader(data(), batch_size=33, shuffle="rows", seed=3, prefetch=0)))
+    one = grads_and_eval(tiny_model(), batch, 1.0, tmp_path / "single.pt")
+    for got in ranks:
+        # every rank holds the global gradient: dense averaged, sparse rows merged
+        for name, g in one["dense"].items():
+            torch.testing.assert_close(got["dense"][name], g, atol=1e-7, rtol=1e-5)
+        assert torch.equal(got["rows"], one["rows"])
+        torch.testing.assert_close(got["sparse"], one["sparse"], atol=1e-7, rtol=1e-5)
+        # gathered evaluation: metrics of all 101 rows, not an average of two halves
+        for k in ("auc", "logloss", "gauc", "rows"):
+            assert got["metrics"][k] == pytest.approx(one["metrics"][k], abs=1e-9), k
+
+
+# -------------------------------------------------------------------- the CLI, torchrun
+def run_cli(*args, timeout=300):
+    r = subprocess.run([*SAMPAN, *args], capture_output=True, text=True, timeout=timeout,
+                       env=ENV)
+    assert r.returncode == 0, f"sampan {' '.join(args)} failed:\n{r.stdout}\n{r.stderr}"
+    return r
+
+
+def write_cfg(tmp_path, **train):
+    cfg = tiny_config(tmp_path, rows=8000, batch_size=256, log_every_steps=5, **train)
+    cfg["train"]["early_stopping"] = {"patience": 10}
+    p = tmp_path / "exp.yaml"
+    p.write_text(yaml.safe_dump(cfg))
+    return p
+
+
+def losses(run):
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r["loss"]) for r in rows if r["split"] == "train"]
+
+
+def test_two_processes_follow_one(tmp_path):
+    cfg = write_cfg(tmp_path, epochs=2)
+    run_cli("train", str(cfg), "--run-dir", str(tmp_path / "one"))
+    r = run_cli("train", str(cfg), "--nproc-per-node", "2", "--run-dir", str(tmp_path / "two"))
+    assert "distributed: 2 processes, global batch 256 (128 per process)" in r.stdout
+    one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
+    assert [s for s, _ in one] == [s for s, _ in two] and len(one) >= 8
+    for (_, a), (_, b) in zip(one, two, strict=True):
+        assert b == pytest.approx(a, rel=1e-3)
+    a = json.loads((tmp_path / "one" / "results.json").read_text())
+    b = json.loads((tmp_path / "two" / "results.json").read_text())
+    assert b["world_size"] == 2 and b["steps"] == a["steps"]
+    for split in ("valid", "test"):
+        assert b[split]["rows"] == a[split]["rows"]
+        assert b[split]["auc"] == pytest.approx(a[split]["auc"], abs=2e-3)
+    # the 2-process run exports and scores like a single-process one
+    from sampan.export import export_run
+    from sampan.serving import Predictor
+
+    bundle = export_run(tmp_path / "two", tmp_path / "bundle")
+    assert Predictor(bundle).bundle.manifest["parity"]["max_abs_diff"] < 1e-5
+
+
+def test_killed_two_process_run_resumes(tmp_path):
+    cfg = write_cfg(tmp_path, epochs=3, checkpoint_every_steps=10)
+    run_cli("train", str(cfg), "--nproc-per-node", "2", "--run-dir", str(tmp_path / "straight"))
+    want = json.loads((tmp_path / "straight" / "results.json").read_text())
+    run = tmp_path / "interrupted"
+    proc = subprocess.Popen([*SAMPAN, "train", str(cfg), "--nproc-per-node", "2",
+                             "--run-dir", str(run)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=ENV, start_new_session=True)
+    last = run / "checkpoints" / "last.pt"
+    deadline = time.time() + 240
+    while not last.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.005)
+    os.killpg(proc.pid, signal.SIGKILL)  # torchrun and both ranks
+    proc.wait()
+    assert last.exists() and not (run / "results.json").exists()
+    step = torch.load(last, weights_only=True)["state"]["step"]
+    assert 0 < step < want["steps"]
+    run_cli("train", "--resume", str(run), "--nproc-per-node", "2")
+    got = json.loads((run / "results.json").read_text())
+    assert (got["steps"], got["best_step"]) == (want["steps"], want["best_step"])
+    for split in ("valid", "test"):
+        for k in ("auc", "logloss"):
+            assert got[split][k] == pytest.approx(want[split][k], abs=1e-6), (split, k)
