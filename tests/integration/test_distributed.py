@@ -58,11 +58,11 @@ def data(n=101):
 
 def grads_and_eval(model, batch, weight, out):
     """One step's gradients (dense and merged sparse) and a full evaluation."""
+    from sampan import distributed
     from sampan.config import load_config
     from sampan.embedding import EmbeddingCollection
     from sampan.tasks import training_loss
     from sampan.train.trainer import Trainer
-    from sampan import distributed
 
     model.train()
     (training_loss(model, batch) * weight).backward()
