@@ -104,7 +104,7 @@ class BatchLoader:
     def __len__(self) -> int:
         n = len(self.data)
         # the last global batch must give each rank two rows or more (batch norm)
-        smallest = max(2, self.world) if self.drop_singleton else 1
+        smallest = 2 * self.world if self.drop_singleton else 1
         if self.drop_last or (0 < n % self.batch_size < smallest and n > self.batch_size):
             return n // self.batch_size
         return -(-n // self.batch_size)

@@ -17,8 +17,13 @@ every process runs the same experiment on its share of each global batch.
   equals the gradient of the global-batch mean even when the last batch splits unevenly.
 * **Evaluation** shards the rows, then gathers every prediction, label and group in row
   order: global AUC / GAUC are computed on all the rows, never averaged over ranks.
+* **Batch norm** keeps per-rank statistics while training (as DDP without SyncBatchNorm);
+  rank 0's buffers are broadcast before every evaluation and checkpoint.
 * **Checkpoints** are written by rank 0 (replicated state is the same on every rank) and read
   by all, so a run resumes with any world size and exports like a single-process run.
+* **Retrieval** (two-tower) takes its in-batch negatives from the rank's own part of the
+  batch, so with ``W`` processes each row sees ``B / W - 1`` negatives: the one place where
+  a step depends on the number of processes.
 """
 
 from __future__ import annotations
@@ -64,17 +69,21 @@ def init_from_env(device_type: str = "cpu") -> DistContext:
     if world <= 1:
         _CTX = DistContext()
         return _CTX
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if device_type == "cuda":
+        torch.cuda.set_device(local_rank)  # one GPU per process on each machine
     if not dist.is_initialized():
         backend = "nccl" if device_type == "cuda" else "gloo"
         dist.init_process_group(backend=backend)
     _CTX = DistContext(rank=dist.get_rank(), world=dist.get_world_size(),
-                       local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+                       local_rank=local_rank)
     return _CTX
 
 
 def shutdown() -> None:
     global _CTX
     if dist.is_initialized():
+        dist.barrier()  # no rank tears its connections down while a peer still uses them
         dist.destroy_process_group()
     _CTX = DistContext()
 
@@ -111,7 +120,12 @@ def average_gradients(params: list[torch.Tensor], bucket_bytes: int = 25 << 20) 
     sum is the gradient of the global-batch mean (an average when the shares are equal)."""
     if not _CTX.enabled:
         return
-    grads = [p.grad for p in params if p.grad is not None]
+    # A parameter without a gradient on this rank (e.g. DIEN's auxiliary net when the shard
+    # has no history) still takes part: every rank must reduce the same layout.
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    grads = [p.grad for p in params]
     bucket: list[torch.Tensor] = []
     size = 0
     for g in [*grads, None]:
@@ -126,6 +140,16 @@ def average_gradients(params: list[torch.Tensor], bucket_bytes: int = 25 << 20) 
                 t.copy_(flat[offset: offset + t.numel()].view_as(t))
                 offset += t.numel()
             bucket, size = [], 0
+
+
+def broadcast_buffers(module: torch.nn.Module) -> None:
+    """Rank 0's buffers (batch-norm running statistics) on every rank, so that all ranks
+    evaluate and save the same model."""
+    if not _CTX.enabled:
+        return
+    for b in module.buffers():
+        if b.is_floating_point() or b.dtype in (torch.int64, torch.int32):
+            dist.broadcast(b, src=0)
 
 
 def merge_sparse(rows: torch.Tensor, grads: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

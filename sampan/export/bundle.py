@@ -157,8 +157,11 @@ def _export_retrieval(art: Any, model: Any, schema: Any, example: Any,
     if not diff <= 1e-4:
         raise RuntimeError(f"exported user tower disagrees with PyTorch by {diff:.3g}")
     task = RetrievalTask(model, art.store.split("train"))
-    with torch.no_grad():
-        vectors = art.trainer.infer(model.item_vectors, task.corpus_rows).numpy()
+    from sampan.data.loader import BatchLoader
+
+    with torch.no_grad():  # on the CPU in fp32, like the exported user tower
+        vectors = torch.cat([model.item_vectors(b) for b in BatchLoader(
+            task.corpus_rows, 16384, shuffle="none", prefetch=0)]).numpy()
     item_feature = schema.sparse[model.item_column].name
     enc = next(e for e in art.pipeline.categorical if e.spec.name == item_feature)
     ids = task.corpus_ids

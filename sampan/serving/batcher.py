@@ -62,31 +62,42 @@ class MicroBatcher:
             first = self._next(None)
             if first is None:
                 return
-            items, rows = [first], first.table.num_rows
-            deadline = time.perf_counter() + self.max_wait
-            while rows < self.max_rows:
-                try:
-                    item = self._next(deadline - time.perf_counter())
-                except queue.Empty:
-                    break
-                if item is None:
-                    self._q.put(None)  # close after this batch
-                    break
-                if item.predictor is not first.predictor or \
-                        rows + item.table.num_rows > self.max_rows:
-                    self._held = item  # starts the next batch
-                    break
-                items.append(item)
-                rows += item.table.num_rows
-            self._score(items, rows)
+            try:
+                self._gather_and_score(first)
+            except Exception as e:  # noqa: BLE001 - never let the worker die
+                if first.future.running():
+                    first.future.set_exception(e)
 
-    def _score(self, items: list[_Item], rows: int) -> None:
+    def _gather_and_score(self, first: _Item) -> None:
+        items, rows = [first], first.table.num_rows
+        deadline = time.perf_counter() + self.max_wait
+        while rows < self.max_rows:
+            try:
+                item = self._next(deadline - time.perf_counter())
+            except queue.Empty:
+                break
+            if item is None:
+                self._q.put(None)  # close after this batch
+                break
+            if item.predictor is not first.predictor or \
+                    rows + item.table.num_rows > self.max_rows:
+                self._held = item  # starts the next batch
+                break
+            items.append(item)
+            rows += item.table.num_rows
+        # a request whose caller went away (cancelled) is dropped, not scored
+        items = [i for i in items if i.future.set_running_or_notify_cancel()]
+        if items:
+            self._score(items)
+
+    def _score(self, items: list[_Item]) -> None:
+        rows = sum(i.table.num_rows for i in items)
         try:
             table = items[0].table if len(items) == 1 else pa.concat_tables(
                 [i.table for i in items], promote_options="permissive")
         except (pa.ArrowInvalid, pa.ArrowTypeError):  # e.g. a list feature sent two ways
             for i in items:
-                self._score([i], i.table.num_rows)
+                self._score([i])
             return
         try:
             scores = items[0].predictor.score_table(table)

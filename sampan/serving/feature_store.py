@@ -73,7 +73,8 @@ class RedisFeatureStore:
             keys, values = source.rows(by)
             cols = {c: v.cast(pa.string()).to_pylist() for c, v in values.items()}
             ks = keys.to_pylist()
-            pipe = store.client.pipeline(transaction=False)
+            # MULTI/EXEC per chunk: a reader never sees a row between its DEL and HSET
+            pipe = store.client.pipeline(transaction=True)
             for i, k in enumerate(ks):  # one-time load, not a request path
                 name = f"{prefix}:{by}:{k}"
                 pipe.delete(name)

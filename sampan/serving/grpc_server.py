@@ -55,8 +55,9 @@ def start_grpc(state: Any, host: str, port: int, threads: int = 16):  # type: ig
                 candidates = list(request.candidates)
                 predictor, fut = state.rank_future(ctx, candidates)
                 scores = fut.result()
-                if request.task >= scores.shape[1]:
-                    raise RequestError(f"task {request.task} does not exist", "task")
+                if not 0 <= request.task < scores.shape[1]:
+                    raise RequestError(f"task {request.task} does not exist; the model has "
+                                       f"{scores.shape[1]} label(s)", "task")
             except RequestError as e:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, _text(e))
             items = top_k(candidates, scores[:, request.task], request.k or 10)

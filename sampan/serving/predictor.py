@@ -66,7 +66,7 @@ class Predictor:
         if len(records) > self.max_records:
             raise RequestError(f"{len(records)} records exceed the limit of "
                                f"{self.max_records} per request", "records")
-        known = set(self.columns)
+        known = set(self.columns) | set(store.keys if store is not None else [])
         keys = records[0].keys() if isinstance(records[0], dict) else set()
         for i, r in enumerate(records):
             if not isinstance(r, dict):
@@ -81,7 +81,7 @@ class Predictor:
                 raise RequestError(f"record {i} does not have the keys of record 0 "
                                    f"(differs in {diff}); send every feature in every "
                                    "record, null for a missing value", diff[0], i)
-        given = [c for c in self.columns if c in keys]
+        given = [c for c in known if c in keys]
         t = records_table(records, ColumnRoles(categorical=given, lists=[
             c for c in given if c in self.roles.lists]))
         cols = {c: t.column(c).combine_chunks() for c in given}
@@ -157,10 +157,10 @@ class Predictor:
                                f"{self.max_records}", "candidates")
         if not isinstance(context, dict):
             raise RequestError("context must be an object of raw features", "context")
-        if item_key not in self.columns:
+        known = set(self.columns) | set(store.keys if store is not None else [])
+        if item_key not in known:
             raise RequestError(f"the model has no feature {item_key!r} to put candidates in; "
                                f"its raw features are {self.columns}", "candidates")
-        known = set(self.columns)
         unknown = [k for k in context if k not in known]
         if unknown:
             raise RequestError(f"context has unknown feature(s) {unknown}; known: "

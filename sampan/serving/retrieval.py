@@ -53,7 +53,8 @@ class Retriever:
         if not isinstance(context, dict) or not context:
             raise RequestError("context must name the user (e.g. {\"user_id\": ...})",
                                "context")
-        unknown = [k for k in context if k not in p.columns]
+        known = set(p.columns) | set(store.keys if store is not None else [])
+        unknown = [k for k in context if k not in known]
         if unknown:
             raise RequestError(f"context has unknown feature(s) {unknown}; the retrieval "
                                f"model knows {p.columns}", unknown[0])

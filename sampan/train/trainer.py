@@ -34,11 +34,15 @@ BEST = "best.pt"
 
 
 def resolve_device(name: str) -> torch.device:
+    """``auto`` -> ``cuda`` when there is a GPU; under a distributed launch a CUDA device is
+    the process's own GPU (``LOCAL_RANK``)."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     dev = torch.device(name)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError(f"train.device={name!r} but CUDA is not available on this machine")
+    if dev.type == "cuda" and dev.index is None and distributed.context().enabled:
+        dev = torch.device("cuda", distributed.context().local_rank)
     return dev
 
 
@@ -81,9 +85,9 @@ class Trainer:
         train = self.task.training_rows(train)
         self.train_data, self.valid_data = train, valid
         self.dist = distributed.context()
-        if self.dist.world > self.tc.batch_size:
-            raise ValueError(f"train.batch_size {self.tc.batch_size} (the global batch) is "
-                             f"smaller than the {self.dist.world} processes")
+        if self.dist.enabled and self.tc.batch_size < 2 * self.dist.world:
+            raise ValueError(f"train.batch_size {self.tc.batch_size} (the global batch) must "
+                             f"give each of the {self.dist.world} processes two rows or more")
         self.loader = BatchLoader(train, self.tc.batch_size, shuffle=self.tc.shuffle,
                                   seed=cfg.seed, prefetch=self.tc.prefetch,
                                   pin_memory=self.device.type == "cuda", drop_singleton=True,
@@ -217,8 +221,13 @@ class Trainer:
         st = self.state
         if self.valid_data is None:
             return
+        distributed.broadcast_buffers(self.model)
         m = self.evaluate(self.valid_data)
         es = self.tc.early_stopping
+        if self.metric not in m:
+            raise ValueError(
+                f"train.early_stopping.metric {self.metric!r} is not computed for this model "
+                f"and data; available: {sorted(k for k in m if k not in ('rows', 'queries'))}")
         value = m.get(self.metric, math.nan)
         improved = st.best is None or (
             value > st.best + es.min_delta if self.maximize else value < st.best - es.min_delta)
@@ -282,6 +291,7 @@ class Trainer:
         """Rank 0 writes ``last.pt`` (the state is replicated); every rank waits for it."""
         st = self.state
         path = self.run_dir / "checkpoints" / LAST
+        distributed.broadcast_buffers(self.model)
         if not self.dist.is_main:
             self.dist.barrier()
             return path

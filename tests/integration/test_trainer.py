@@ -70,3 +70,27 @@ def test_tensorboard_scalars_when_installed(tmp_path):
     cfg["train"]["tensorboard"] = True
     run_experiment(load_config(raw=cfg), run_dir=tmp_path / "tb")
     assert list((tmp_path / "tb" / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_early_stopping_on_a_metric_the_task_does_not_compute(tmp_path):
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from sampan.config import load_config
+    from sampan.train.experiment import run_experiment
+
+    rng = np.random.default_rng(0)
+    pq.write_table(pa.table({"label": np.ones(400, np.int64),
+                             "user_id": [f"u{x}" for x in rng.integers(0, 20, 400)],
+                             "item_id": [f"i{x}" for x in rng.integers(0, 30, 400)]}),
+                   tmp_path / "d.parquet")
+    cfg = load_config(raw={
+        "output_dir": str(tmp_path), "data": {"train": str(tmp_path / "d.parquet"),
+                                              "split": {"method": "random"}},
+        "features": {"categorical": ["user_id", "item_id"]},
+        "model": {"name": "two_tower", "embedding_dim": 4, "k": 5},
+        "train": {"epochs": 1, "progress": False, "tensorboard": False,
+                  "early_stopping": {"metric": "auc"}}})
+    with pytest.raises(ValueError, match=r"'auc' is not computed.*recall@5"):
+        run_experiment(cfg, run_dir=tmp_path / "run")

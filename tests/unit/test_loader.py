@@ -82,3 +82,25 @@ def test_batch_mask_and_lengths_of_list_features():
     assert b.mask("h").tolist() == [[False, False, True], [True, True, True],
                                     [False, False, False]]
     assert b.lengths("h").tolist() == [1, 3, 0]
+
+
+def test_rank_parts_cover_each_global_batch_with_two_rows_or_more():
+    import numpy as np
+
+    from sampan.data.loader import BatchLoader
+    from sampan.data.store import SplitArrays
+
+    n = 10
+    arr = SplitArrays(dense=np.arange(n, dtype=np.float32)[:, None],
+                      sparse=np.zeros((n, 1), np.int64))
+    parts = [[b.dense[:, 0].tolist() for b in BatchLoader(
+        arr, batch_size=4, shuffle="rows", seed=1, prefetch=0, drop_singleton=True,
+        rank=r, world=2)] for r in range(2)]
+    single = [b.dense[:, 0].tolist() for b in BatchLoader(
+        arr, batch_size=4, shuffle="rows", seed=1, prefetch=0, drop_singleton=True)]
+    # the last global batch (2 rows) cannot give 2 ranks two rows each: it is dropped
+    # (one process keeps it: only a single row would be dropped there)
+    assert len(parts[0]) == len(parts[1]) == 2 and [len(b) for b in single] == [4, 4, 2]
+    for i, batch in enumerate(single[:2]):
+        assert sorted(parts[0][i] + parts[1][i]) == sorted(batch)
+        assert len(parts[0][i]) >= 2 and len(parts[1][i]) >= 2
