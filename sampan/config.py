@@ -377,6 +377,11 @@ class TrainConfig(_Strict):
     compile: bool = Field(False, description="torch.compile the dense layers (not the "
                           "embedding lookup); pays off on long runs")
     device: str = "auto"
+    embedding_placement: Literal["auto", "replicated", "row_sharded"] = Field(
+        "auto", description="distributed runs: replicate every fused table, shard each one's "
+        "rows over the processes, or shard those of shard_min_bytes or more (auto)")
+    shard_min_bytes: int = Field(256 << 20, ge=0, description="auto placement: tables this "
+                                 "large (weights) are row-sharded")
     threads: int | None = Field(None, gt=0)
     prefetch: int = Field(2, ge=0)
     log_every_steps: int = Field(50, gt=0)

@@ -11,16 +11,23 @@ every process runs the same experiment on its share of each global batch.
   buckets, one ``all_reduce`` each) — the reduction DistributedDataParallel performs; it is
   done explicitly because some tasks call the model outside ``forward`` (two-tower's towers,
   DIEN's auxiliary loss), which DDP's reducer does not follow.
-* **Embedding tables** are replicated: each rank's (row ids, row gradients) are all-gathered
-  and merged, so every rank applies the same sparse update and the replicas stay equal.
+* **Embedding tables** are placed per fused table (``train.embedding_placement``):
+  *replicated*: each rank's (row ids, row gradients) are all-gathered and merged, so every
+  rank applies the same sparse update and the replicas stay equal; *row-sharded*: rank ``k``
+  holds rows ``bounds[k]:bounds[k+1]`` and their optimizer state; a lookup sends each unique
+  id to its owner and gets the row back (``all_to_all`` both ways), and the backward sends
+  each row's gradient to its owner, which alone updates it. ``auto`` shards tables of
+  ``train.shard_min_bytes`` or more.
 * **Losses** are weighted by each rank's share of the global batch, so the summed gradient
   equals the gradient of the global-batch mean even when the last batch splits unevenly.
 * **Evaluation** shards the rows, then gathers every prediction, label and group in row
   order: global AUC / GAUC are computed on all the rows, never averaged over ranks.
 * **Batch norm** keeps per-rank statistics while training (as DDP without SyncBatchNorm);
   rank 0's buffers are broadcast before every evaluation and checkpoint.
-* **Checkpoints** are written by rank 0 (replicated state is the same on every rank) and read
-  by all, so a run resumes with any world size and exports like a single-process run.
+* **Checkpoints** are written by rank 0 with row-sharded tables (and their optimizer state)
+  gathered whole, and read by all (each rank keeps its rows), so a run resumes with any
+  world size and exports like a single-process run. Gathering needs the whole table in
+  rank 0's memory at save time.
 * **Retrieval** (two-tower) takes its in-batch negatives from the rank's own part of the
   batch, so with ``W`` processes each row sees ``B / W - 1`` negatives: the one place where
   a step depends on the number of processes.
@@ -167,3 +174,93 @@ def merge_sparse(rows: torch.Tensor, grads: torch.Tensor) -> tuple[torch.Tensor,
 def shard_rows(n: int) -> tuple[int, int]:
     """This rank's contiguous ``[lo, hi)`` of ``n`` rows (evaluation sharding)."""
     return n * _CTX.rank // _CTX.world, n * (_CTX.rank + 1) // _CTX.world
+
+
+# ------------------------------------------------------------------ row-sharded tables
+@dataclass
+class _Route:
+    """How one lookup's unique ids travelled: counts each way and the ids this rank
+    served (global rows), for sending their gradients back."""
+
+    sent: list[int]
+    received: list[int]
+    served: torch.Tensor
+
+
+def fetch_rows(uniq: torch.Tensor, shard: torch.Tensor, bounds: list[int]
+               ) -> tuple[torch.Tensor, _Route]:
+    """Rows ``[U, D]`` of the sorted unique global ids ``uniq`` from the ranks that own them
+    (rank ``k`` holds rows ``bounds[k]:bounds[k + 1]`` in ``shard``): ids go out with one
+    ``all_to_all``, rows come back with another."""
+    w = _CTX.world
+    owner = torch.bucketize(uniq, torch.tensor(bounds[1:], device=uniq.device), right=True)
+    sent = torch.bincount(owner, minlength=w)
+    received = torch.empty_like(sent)
+    dist.all_to_all_single(received, sent)
+    sent_l, received_l = sent.tolist(), received.tolist()
+    served = torch.empty(sum(received_l), dtype=uniq.dtype, device=uniq.device)
+    dist.all_to_all_single(served, uniq.contiguous(), received_l, sent_l)
+    rows_out = shard.index_select(0, served - bounds[_CTX.rank])
+    rows = torch.empty(len(uniq), shard.shape[1], dtype=shard.dtype, device=shard.device)
+    dist.all_to_all_single(rows, rows_out.contiguous(), sent_l, received_l)
+    return rows, _Route(sent_l, received_l, served)
+
+
+def return_grads(grads: torch.Tensor, route: _Route) -> tuple[torch.Tensor, torch.Tensor]:
+    """Send row gradients back to the owners: ``(global ids served here, their grads)``."""
+    back = torch.empty(sum(route.received), grads.shape[1], dtype=grads.dtype,
+                       device=grads.device)
+    dist.all_to_all_single(back, grads.contiguous(), route.received, route.sent)
+    return route.served, back
+
+
+def shard_bounds(rows: int, world: int) -> list[int]:
+    """Row boundaries of ``world`` contiguous shards of a ``rows``-row table."""
+    return [rows * k // world for k in range(world + 1)]
+
+
+def _sharded(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    from sampan.embedding import EmbeddingCollection
+
+    return [(n, m) for n, m in model.named_modules()
+            if isinstance(m, EmbeddingCollection) and m.sharded]
+
+
+def any_sharded(model: torch.nn.Module) -> bool:
+    return bool(_sharded(model))
+
+
+def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """``model.state_dict()`` with every row-sharded table gathered whole (on every rank:
+    call it on all of them)."""
+    sd = model.state_dict()
+    for name, m in _sharded(model):
+        sd[f"{name}.weight" if name else "weight"] = all_gather_rows(m.weight.detach())
+    return sd
+
+
+def full_optimizer_state(opt: torch.optim.Optimizer, model: torch.nn.Module) -> dict:
+    """A sparse optimizer's state dict with the per-row state of sharded tables gathered
+    (collective: call on every rank)."""
+    sd = opt.state_dict()
+    shards = {id(m.weight): m for _, m in _sharded(model)}
+    params = [p for g in opt.param_groups for p in g["params"]]
+    for i, p in enumerate(params):
+        if id(p) in shards and i in sd["state"]:
+            sd["state"][i] = {k: all_gather_rows(v) if torch.is_tensor(v) and v.dim() and
+                              v.shape[0] == p.shape[0] else v
+                              for k, v in sd["state"][i].items()}
+    return sd
+
+
+def shard_optimizer_state(opt: torch.optim.Optimizer, model: torch.nn.Module) -> None:
+    """After loading a whole-table optimizer state: keep this rank's rows of it."""
+    shards = {id(m.weight): m for _, m in _sharded(model)}
+    for g in opt.param_groups:
+        for p in g["params"]:
+            m = shards.get(id(p))
+            if m is None or p not in opt.state:
+                continue
+            lo, hi = m.bounds[_CTX.rank], m.bounds[_CTX.rank + 1]
+            opt.state[p] = {k: v[lo:hi].clone() if torch.is_tensor(v) and v.dim() and
+                            v.shape[0] == m.num_rows else v for k, v in opt.state[p].items()}

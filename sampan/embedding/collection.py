@@ -66,7 +66,36 @@ class EmbeddingCollection(nn.Module):
                               for name in (t.features if not t.field else t.features[1:])}
         self.weight = nn.Parameter(torch.empty(self.num_rows, self.dim), requires_grad=False)
         nn.init.normal_(self.weight, 0.0, init_std)
-        self._lookups: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._lookups: list[tuple[Any, ...]] = []
+        self.bounds: list[int] | None = None  # row shards of each rank, when row-sharded
+
+    # ------------------------------------------------------------------ row sharding
+    @property
+    def sharded(self) -> bool:
+        return self.bounds is not None
+
+    def shard_rows_(self, rank: int, world: int) -> EmbeddingCollection:
+        """Keep only this rank's contiguous rows (``weight`` becomes the local shard). Call
+        inside a process group, before building optimizers; lookups then fetch rows from
+        their owners and send gradients back (see :mod:`sampan.distributed`)."""
+        from sampan.distributed import shard_bounds
+
+        self.bounds = shard_bounds(self.num_rows, world)
+        lo, hi = self.bounds[rank], self.bounds[rank + 1]
+        self.weight = nn.Parameter(self.weight.detach()[lo:hi].clone(), requires_grad=False)
+        return self
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any,
+                              **kwargs: Any) -> None:
+        # checkpoints hold the whole table: a row-sharded collection keeps its rows
+        key = prefix + "weight"
+        if self.sharded and key in state_dict and state_dict[key].shape[0] == self.num_rows:
+            from sampan.distributed import context
+
+            r = context().rank
+            state_dict = {**state_dict,
+                          key: state_dict[key][self.bounds[r]: self.bounds[r + 1]]}
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """``ids [B, F]`` (each column in its feature's range) -> ``[B, F, D]``."""
@@ -86,7 +115,18 @@ class EmbeddingCollection(nn.Module):
             parts.append((seq + self.shared_offset[name]).reshape(-1))
             shapes.append(tuple(seq.shape))
         flat = parts[0] if len(parts) == 1 else torch.cat(parts)
-        if not (self.training and torch.is_grad_enabled()):
+        if self.sharded:
+            from sampan.distributed import fetch_rows
+
+            uniq, inverse = torch.unique(flat, return_inverse=True)
+            rows, route = fetch_rows(uniq, self.weight.detach(), self.bounds)
+            if self.training and torch.is_grad_enabled():
+                rows.requires_grad_()
+                self._lookups.append((uniq, rows, route))
+                out = _GatherRows.apply(rows, inverse)
+            else:
+                out = rows.index_select(0, inverse)
+        elif not (self.training and torch.is_grad_enabled()):
             out = F.embedding(flat, self.weight)
         else:
             uniq, inverse = torch.unique(flat, return_inverse=True)
@@ -102,9 +142,25 @@ class EmbeddingCollection(nn.Module):
 
         Several lookups in one step are merged so each row is updated once.
         """
+        from sampan import distributed
+
+        if self.sharded:  # gradients go back to the rows' owners; local row indices out
+            served, grads = [], []
+            for _, r, route in self._lookups:
+                g = r.grad if r.grad is not None else torch.zeros_like(r)
+                ids, back = distributed.return_grads(g, route)
+                served.append(ids)
+                grads.append(back)
+            self._lookups.clear()
+            if not served:
+                return None
+            ids = torch.cat(served) - self.bounds[distributed.context().rank]
+            uniq, inv = torch.unique(ids, return_inverse=True)
+            merged = self.weight.new_zeros(len(uniq), self.dim)
+            merged.index_add_(0, inv, torch.cat(grads))
+            return uniq, merged
         looks = [(u, r.grad) for u, r in self._lookups if r.grad is not None]
         self._lookups.clear()
-        from sampan import distributed
 
         if distributed.context().enabled:  # replicated table: every rank, same update
             if not looks:

@@ -78,7 +78,7 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path | None = None,
                 if dist.enabled:
                     console.print(f"distributed: {dist.world} processes, global batch "
                                   f"{cfg.train.batch_size} ({cfg.train.batch_size // dist.world}"
-                                  " per process); embedding tables replicated")
+                                  " per process)")
                 build_store(cfg, run / "data", echo=console.print)
             except Exception as e:  # noqa: BLE001 - told to the other ranks, then re-raised
                 problem = e
@@ -97,6 +97,7 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path | None = None,
     if dist.enabled:
         torch.manual_seed(cfg.seed + dist.rank)  # dropout masks differ between ranks
     if dist.enabled:
+        place_embeddings(model, cfg, dist)
         print_placement(model, console)
     n_params = sum(p.numel() for p in model.parameters())
     console.print(f"model {cfg.model.name}: {n_params:,} parameters on "
@@ -127,6 +128,18 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path | None = None,
     return results
 
 
+def place_embeddings(model: torch.nn.Module, cfg: ExperimentConfig, dist: Any) -> None:
+    """Row-shard the fused tables the placement rule picks (see ``train.embedding_placement``);
+    the others stay replicated."""
+    from sampan.embedding import EmbeddingCollection
+
+    for c in (m for m in model.modules() if isinstance(m, EmbeddingCollection)):
+        size = c.num_rows * c.dim * c.weight.element_size()
+        rule = cfg.train.embedding_placement
+        if rule == "row_sharded" or (rule == "auto" and size >= cfg.train.shard_min_bytes):
+            c.shard_rows_(dist.rank, dist.world)
+
+
 def print_placement(model: torch.nn.Module, console: Console) -> None:
     """The embedding placement plan of a distributed run: every table, its size, where it
     lives."""
@@ -136,10 +149,18 @@ def print_placement(model: torch.nn.Module, console: Console) -> None:
     for col in ("table", "rows", "dim", "bytes", "placement"):
         table.add_column(col, justify="left" if col in ("table", "placement") else "right")
     for c in (m for m in model.modules() if isinstance(m, EmbeddingCollection)):
+        start = 0
         for t in c.tables:
+            if c.sharded:
+                owners = sorted({k for k in range(len(c.bounds) - 1)
+                                 if c.bounds[k] < start + t.rows and c.bounds[k + 1] > start})
+                where = (f"row-sharded: rank {owners[0]}" if len(owners) == 1 else
+                         f"row-sharded: ranks {owners[0]}-{owners[-1]}")
+            else:
+                where = "replicated (sparse gradients all-gathered)"
             table.add_row(t.name, f"{t.rows:,}", str(c.dim),
-                          f"{t.rows * c.dim * c.weight.element_size():,}",
-                          "replicated (sparse gradients all-gathered)")
+                          f"{t.rows * c.dim * c.weight.element_size():,}", where)
+            start += t.rows
     console.print(table)
 
 

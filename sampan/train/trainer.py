@@ -109,6 +109,12 @@ class Trainer:
         self.maximize = self.metric != "logloss"
         self.best_model: dict[str, torch.Tensor] | None = None
 
+    def _model_state(self) -> dict[str, torch.Tensor]:
+        """The whole model's state (row-sharded tables gathered: call on every rank)."""
+        if distributed.any_sharded(self.model):
+            return distributed.full_state_dict(self.model)
+        return self.model.state_dict()
+
     def _dense_optimizer(self) -> torch.optim.Optimizer | None:
         if not self.dense_params:
             return None
@@ -234,7 +240,7 @@ class Trainer:
         if improved and not math.isnan(value):
             st.best, st.best_step, st.bad_evals = value, st.step, 0
             self.best_model = copy.deepcopy({k: v.detach().clone()
-                                             for k, v in self.model.state_dict().items()})
+                                             for k, v in self._model_state().items()})
             if self.dist.is_main:
                 ckpt.save_atomic({"model": self.best_model, "step": st.step, "metrics": m},
                                  self.run_dir / "checkpoints" / BEST)
@@ -259,16 +265,32 @@ class Trainer:
         """``fn(batch)`` over every row of ``data`` in order (eval mode, no grad, autocast
         as in training), concatenated on the CPU as float32."""
         self.model.eval()
+        steps = None
         if self.dist.enabled:  # each rank scores a contiguous shard; rows come back in order
             lo, hi = distributed.shard_rows(len(data))
-            data = data.take(np.arange(lo, hi))
+            full, data = data, data.take(np.arange(lo, hi))
+            if distributed.any_sharded(self.model):
+                # lookups are collective: every rank makes the same number of calls, a rank
+                # out of rows scores filler rows and drops them
+                bs = self.tc.eval_batch_size
+                n = torch.tensor([-(-len(data) // bs)], device=self.device)
+                torch.distributed.all_reduce(n, op=torch.distributed.ReduceOp.MAX)
+                steps = int(n)
+                filler = full.take(np.arange(min(bs, len(full))))
         out = []
-        for batch in BatchLoader(data, self.tc.eval_batch_size, shuffle="none",
-                                 prefetch=self.tc.prefetch):
+        loader = BatchLoader(data, self.tc.eval_batch_size, shuffle="none",
+                             prefetch=self.tc.prefetch)
+        batches = iter(loader)
+        for i in range(len(loader) if steps is None else steps):
+            keep = i < len(loader)
+            batch = next(batches) if keep else next(iter(BatchLoader(
+                filler, self.tc.eval_batch_size, shuffle="none", prefetch=0)))
             batch = batch.to(self.device, non_blocking=True)
             with torch.autocast(self.device.type, dtype=torch.bfloat16,
                                 enabled=self.tc.amp == "bf16"):
-                out.append(fn(batch).float())
+                y = fn(batch).float()
+            if keep:
+                out.append(y)
         if self.dist.enabled:
             # the output width is needed even on a rank whose shard is empty
             width = torch.tensor([out[0].shape[1] if out else -1], device=self.device)
@@ -292,12 +314,16 @@ class Trainer:
         st = self.state
         path = self.run_dir / "checkpoints" / LAST
         distributed.broadcast_buffers(self.model)
+        model_state = self._model_state()  # row-sharded tables gathered whole (collective)
+        sparse_state = None if self.sparse_opt is None else (
+            distributed.full_optimizer_state(self.sparse_opt, self.model)
+            if distributed.any_sharded(self.model) else self.sparse_opt.state_dict())
         if not self.dist.is_main:
             self.dist.barrier()
             return path
         ckpt.save_atomic({
-            "model": self.model.state_dict(),
-            "sparse_opt": self.sparse_opt.state_dict() if self.sparse_opt else None,
+            "model": model_state,
+            "sparse_opt": sparse_state,
             "dense_opt": self.dense_opt.state_dict() if self.dense_opt else None,
             "state": {"step": st.step, "epoch": st.epoch, "batch": st.batch, "best": st.best,
                       "best_step": st.best_step, "bad_evals": st.bad_evals,
@@ -314,6 +340,7 @@ class Trainer:
         self.model.load_state_dict(c["model"])
         if self.sparse_opt is not None:
             self.sparse_opt.load_state_dict(c["sparse_opt"])
+            distributed.shard_optimizer_state(self.sparse_opt, self.model)
         if self.dense_opt is not None:
             self.dense_opt.load_state_dict(c["dense_opt"])
         s = c["state"]

@@ -74,10 +74,11 @@ def grads_and_eval(model, batch, weight, out):
     trainer = Trainer(model, cfg, out.parent, data(), None, log_metrics=False)
     metrics = trainer.evaluate(data())
     return {"dense": {n: p.grad.clone() for n, p in model.named_parameters()
-                      if p.requires_grad}, "rows": rows, "sparse": g, "metrics": metrics}
+                      if p.requires_grad}, "rows": rows, "sparse": g, "metrics": metrics,
+            "bounds": coll.bounds}
 
 
-def worker(rank, port, out):
+def worker(rank, port, out, placement="replicated"):
     from sampan import distributed
     from sampan.data.loader import BatchLoader
 
@@ -90,16 +91,27 @@ def worker(rank, port, out):
                              rank=rank, world=2)
         batch = next(iter(loader))
         weight = batch.size / loader.global_rows(0)
-        torch.save(grads_and_eval(tiny_model(), batch, weight, out / f"r{rank}.pt"),
-                   out / f"r{rank}.pt")
+        model = tiny_model()
+        if placement == "row_sharded":
+            from sampan.embedding import EmbeddingCollection
+
+            for m in model.modules():
+                if isinstance(m, EmbeddingCollection):
+                    m.shard_rows_(rank, 2)
+        result = grads_and_eval(model, batch, weight, out / f"r{rank}.pt")
+        # the rows this rank's forward saw, to compare with the whole table's
+        with torch.no_grad():
+            result["forward"] = model.eval()(batch)
+        torch.save(result, out / f"r{rank}.pt")
     finally:
         distributed.shutdown()
 
 
-def test_two_ranks_equal_one_process(tmp_path):
+@pytest.mark.parametrize("placement", ["replicated", "row_sharded"])
+def test_two_ranks_equal_one_process(tmp_path, placement):
     from sampan.data.loader import BatchLoader
 
-    mp.spawn(worker, args=(free_port(), tmp_path), nprocs=2, join=True)
+    mp.spawn(worker, args=(free_port(), tmp_path, placement), nprocs=2, join=True)
     ranks = [torch.load(tmp_path / f"r{r}.pt", weights_only=False) for r in range(2)]
     batch = next(iter(BatchLoader(data(), batch_size=33, shuffle="rows", seed=3, prefetch=0)))
     threads = torch.get_num_threads()
@@ -108,12 +120,23 @@ def test_two_ranks_equal_one_process(tmp_path):
         one = grads_and_eval(tiny_model(), batch, 1.0, tmp_path / "single.pt")
     finally:
         torch.set_num_threads(threads)
-    for got in ranks:
+    for r, got in enumerate(ranks):
         # every rank holds the global gradient: dense averaged, sparse rows merged
         for name, g in one["dense"].items():
             torch.testing.assert_close(got["dense"][name], g, atol=1e-6, rtol=1e-4)
-        assert torch.equal(got["rows"], one["rows"])
-        torch.testing.assert_close(got["sparse"], one["sparse"], atol=1e-6, rtol=1e-4)
+        rows, sparse = one["rows"], one["sparse"]
+        if placement == "row_sharded":  # each owner gets its rows' gradients, local indices
+            lo, hi = got["bounds"][r], got["bounds"][r + 1]
+            mine = (rows >= lo) & (rows < hi)
+            rows, sparse = rows[mine] - lo, sparse[mine]
+        assert torch.equal(got["rows"], rows)
+        torch.testing.assert_close(got["sparse"], sparse, atol=1e-6, rtol=1e-4)
+        # the forward of the rank's own rows equals the whole table's
+        local = next(iter(BatchLoader(data(), batch_size=33, shuffle="rows", seed=3,
+                                      prefetch=0, rank=r, world=2)))
+        with torch.no_grad():
+            torch.testing.assert_close(got["forward"], tiny_model().eval()(local),
+                                       atol=1e-6, rtol=1e-5)
         # gathered evaluation: metrics of all 101 rows, not an average of two halves
         for k in ("auc", "logloss", "gauc", "rows"):
             assert got["metrics"][k] == pytest.approx(one["metrics"][k], abs=1e-9), k
@@ -145,26 +168,34 @@ def test_two_processes_follow_one(tmp_path):
     run_cli("train", str(cfg), "--run-dir", str(tmp_path / "one"))
     r = run_cli("train", str(cfg), "--nproc-per-node", "2", "--run-dir", str(tmp_path / "two"))
     assert "distributed: 2 processes, global batch 256 (128 per process)" in r.stdout
-    one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
-    assert [s for s, _ in one] == [s for s, _ in two] and len(one) >= 8
-    for (_, a), (_, b) in zip(one, two, strict=True):
-        assert b == pytest.approx(a, rel=1e-3)
+    assert "replicated (sparse gradients all-gathered)" in r.stdout
+    r = run_cli("train", str(cfg), "--nproc-per-node", "2", "--run-dir",
+                str(tmp_path / "sharded"), "--set", "train.embedding_placement=row_sharded")
+    assert "row-sharded: ranks 0-1" in r.stdout
     a = json.loads((tmp_path / "one" / "results.json").read_text())
-    b = json.loads((tmp_path / "two" / "results.json").read_text())
-    assert b["world_size"] == 2 and b["steps"] == a["steps"]
-    for split in ("valid", "test"):
-        assert b[split]["rows"] == a[split]["rows"]
-        assert b[split]["auc"] == pytest.approx(a[split]["auc"], abs=2e-3)
+    for run in ("two", "sharded"):
+        one, two = losses(tmp_path / "one"), losses(tmp_path / run)
+        assert [s for s, _ in one] == [s for s, _ in two] and len(one) >= 8
+        for (_, x), (_, y) in zip(one, two, strict=True):
+            assert y == pytest.approx(x, rel=1e-3), run
+        b = json.loads((tmp_path / run / "results.json").read_text())
+        assert b["world_size"] == 2 and b["steps"] == a["steps"]
+        for split in ("valid", "test"):
+            assert b[split]["rows"] == a[split]["rows"]
+            assert b[split]["auc"] == pytest.approx(a[split]["auc"], abs=2e-3), (run, split)
     # the 2-process run exports and scores like a single-process one
     from sampan.export import export_run
     from sampan.serving import Predictor
 
-    bundle = export_run(tmp_path / "two", tmp_path / "bundle")
-    assert Predictor(bundle).bundle.manifest["parity"]["max_abs_diff"] < 1e-5
+    for run in ("two", "sharded"):  # the sharded checkpoint holds the gathered table
+        bundle = export_run(tmp_path / run, tmp_path / f"bundle-{run}")
+        assert Predictor(bundle).bundle.manifest["parity"]["max_abs_diff"] < 1e-5
 
 
-def test_killed_two_process_run_resumes(tmp_path):
-    cfg = write_cfg(tmp_path, epochs=3, checkpoint_every_steps=10)
+@pytest.mark.parametrize("placement", ["replicated", "row_sharded"])
+def test_killed_two_process_run_resumes(tmp_path, placement):
+    cfg = write_cfg(tmp_path, epochs=3, checkpoint_every_steps=10,
+                    embedding_placement=placement)
     run_cli("train", str(cfg), "--nproc-per-node", "2", "--run-dir", str(tmp_path / "straight"))
     want = json.loads((tmp_path / "straight" / "results.json").read_text())
     run = tmp_path / "interrupted"
