@@ -27,7 +27,8 @@ every process runs the same experiment on its share of each global batch.
 * **Checkpoints** are written by rank 0 with row-sharded tables (and their optimizer state)
   gathered whole, and read by all (each rank keeps its rows), so a run resumes with any
   world size and exports like a single-process run. Gathering needs the whole table in
-  rank 0's memory at save time.
+  rank 0's host memory at save time; the other ranks keep only their rows (the best
+  weights included).
 * **Retrieval** (two-tower) takes its in-batch negatives from the rank's own part of the
   batch, so with ``W`` processes each row sees ``B / W - 1`` negatives: the one place where
   a step depends on the number of processes.
@@ -230,37 +231,63 @@ def any_sharded(model: torch.nn.Module) -> bool:
     return bool(_sharded(model))
 
 
-def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """``model.state_dict()`` with every row-sharded table gathered whole (on every rank:
-    call it on all of them)."""
-    sd = model.state_dict()
-    for name, m in _sharded(model):
-        sd[f"{name}.weight" if name else "weight"] = all_gather_rows(m.weight.detach())
-    return sd
+def gather_rows_to_main(x: torch.Tensor) -> torch.Tensor | None:
+    """Every rank's rows of ``x`` concatenated in rank order on rank 0, in CPU memory
+    (``None`` on the other ranks). Only rank 0 ever holds the whole table."""
+    # NCCL moves device tensors only; gloo works in CPU memory
+    dev = x.device if dist.get_backend() == "nccl" else torch.device("cpu")
+    n = torch.tensor([x.shape[0]], dtype=torch.long, device=dev)
+    sizes = [torch.zeros_like(n) for _ in range(_CTX.world)]
+    dist.all_gather(sizes, n)
+    sizes = [int(v) for v in sizes]
+    top = max(sizes)
+    local = torch.cat([x.detach().to(dev),
+                       x.new_zeros((top - x.shape[0], *x.shape[1:]), device=dev)])
+    if _CTX.rank == 0:
+        parts = [torch.empty_like(local) for _ in range(_CTX.world)]
+        dist.gather(local, parts, dst=0)
+        return torch.cat([p[:k].cpu() for p, k in zip(parts, sizes, strict=True)])
+    dist.gather(local, None, dst=0)
+    return None
 
 
-def full_optimizer_state(opt: torch.optim.Optimizer, model: torch.nn.Module) -> dict:
-    """A sparse optimizer's state dict with the per-row state of sharded tables gathered
-    (collective: call on every rank)."""
+def full_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor] | None = None
+                    ) -> dict[str, torch.Tensor] | None:
+    """``model.state_dict()`` (or ``state``, a local one) with every row-sharded table
+    gathered whole, on rank 0; ``None`` elsewhere. Collective: call on every rank."""
+    sd = dict(model.state_dict() if state is None else state)
+    for name, _ in _sharded(model):
+        key = f"{name}.weight" if name else "weight"
+        sd[key] = gather_rows_to_main(sd[key])
+    return sd if _CTX.is_main else None
+
+
+def full_optimizer_state(opt: torch.optim.Optimizer, model: torch.nn.Module) -> dict | None:
+    """A sparse optimizer's state dict with the per-row state of sharded tables gathered on
+    rank 0 (``None`` elsewhere). Collective: call on every rank."""
     sd = opt.state_dict()
     shards = {id(m.weight): m for _, m in _sharded(model)}
     params = [p for g in opt.param_groups for p in g["params"]]
     for i, p in enumerate(params):
         if id(p) in shards and i in sd["state"]:
-            sd["state"][i] = {k: all_gather_rows(v) if torch.is_tensor(v) and v.dim() and
-                              v.shape[0] == p.shape[0] else v
+            sd["state"][i] = {k: gather_rows_to_main(v) if torch.is_tensor(v) and v.dim()
+                              and v.shape[0] == p.shape[0] else v
                               for k, v in sd["state"][i].items()}
-    return sd
+    return sd if _CTX.is_main else None
 
 
-def shard_optimizer_state(opt: torch.optim.Optimizer, model: torch.nn.Module) -> None:
-    """After loading a whole-table optimizer state: keep this rank's rows of it."""
+def shard_optimizer_state_dict(sd: dict, opt: torch.optim.Optimizer,
+                               model: torch.nn.Module) -> dict:
+    """A whole-table optimizer state dict cut to this rank's rows (before loading it, so the
+    whole state never reaches the device)."""
     shards = {id(m.weight): m for _, m in _sharded(model)}
-    for g in opt.param_groups:
-        for p in g["params"]:
-            m = shards.get(id(p))
-            if m is None or p not in opt.state:
-                continue
-            lo, hi = m.bounds[_CTX.rank], m.bounds[_CTX.rank + 1]
-            opt.state[p] = {k: v[lo:hi].clone() if torch.is_tensor(v) and v.dim() and
-                            v.shape[0] == m.num_rows else v for k, v in opt.state[p].items()}
+    params = [p for g in opt.param_groups for p in g["params"]]
+    state = dict(sd["state"])
+    for i, p in enumerate(params):
+        m = shards.get(id(p))
+        if m is None or i not in state:
+            continue
+        lo, hi = m.bounds[_CTX.rank], m.bounds[_CTX.rank + 1]
+        state[i] = {k: v[lo:hi].clone() if torch.is_tensor(v) and v.dim() and
+                    v.shape[0] == m.num_rows else v for k, v in state[i].items()}
+    return {**sd, "state": state}

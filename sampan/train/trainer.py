@@ -109,11 +109,13 @@ class Trainer:
         self.maximize = self.metric != "logloss"
         self.best_model: dict[str, torch.Tensor] | None = None
 
-    def _model_state(self) -> dict[str, torch.Tensor]:
-        """The whole model's state (row-sharded tables gathered: call on every rank)."""
+    def _model_state(self, state: dict[str, torch.Tensor] | None = None
+                     ) -> dict[str, torch.Tensor] | None:
+        """The whole model's state for a checkpoint: row-sharded tables gathered on rank 0
+        (collective: call on every rank; ``None`` on the others)."""
         if distributed.any_sharded(self.model):
-            return distributed.full_state_dict(self.model)
-        return self.model.state_dict()
+            return distributed.full_state_dict(self.model, state)
+        return self.model.state_dict() if state is None else state
 
     def _dense_optimizer(self) -> torch.optim.Optimizer | None:
         if not self.dense_params:
@@ -237,12 +239,15 @@ class Trainer:
         value = m.get(self.metric, math.nan)
         improved = st.best is None or (
             value > st.best + es.min_delta if self.maximize else value < st.best - es.min_delta)
+        improved = bool(distributed.broadcast_object(improved))  # one decision for all ranks
         if improved and not math.isnan(value):
             st.best, st.best_step, st.bad_evals = value, st.step, 0
+            # each rank keeps its own rows (loading accepts them); best.pt gets them all
             self.best_model = copy.deepcopy({k: v.detach().clone()
-                                             for k, v in self._model_state().items()})
+                                             for k, v in self.model.state_dict().items()})
+            whole = self._model_state(self.best_model)
             if self.dist.is_main:
-                ckpt.save_atomic({"model": self.best_model, "step": st.step, "metrics": m},
+                ckpt.save_atomic({"model": whole, "step": st.step, "metrics": m},
                                  self.run_dir / "checkpoints" / BEST)
             self.dist.barrier()
         else:
@@ -336,11 +341,12 @@ class Trainer:
         return path
 
     def _restore(self, path: Path) -> None:
-        c = ckpt.load(path, self.device)
+        # to the CPU first: a row-sharded table is cut to this rank's rows before it moves
+        c = ckpt.load(path, "cpu")
         self.model.load_state_dict(c["model"])
         if self.sparse_opt is not None:
-            self.sparse_opt.load_state_dict(c["sparse_opt"])
-            distributed.shard_optimizer_state(self.sparse_opt, self.model)
+            self.sparse_opt.load_state_dict(distributed.shard_optimizer_state_dict(
+                c["sparse_opt"], self.sparse_opt, self.model))
         if self.dense_opt is not None:
             self.dense_opt.load_state_dict(c["dense_opt"])
         s = c["state"]
@@ -350,7 +356,7 @@ class Trainer:
                                 history=list(s["history"]))
         best = self.run_dir / "checkpoints" / BEST
         if best.exists():
-            self.best_model = ckpt.load(best, self.device)["model"]
+            self.best_model = ckpt.load(best, "cpu")["model"]
         ckpt.set_rng_state(c["rng"])
         if self.metrics is not None:
             self.metrics.truncate_after(self.state.step)
