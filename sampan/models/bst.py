@@ -35,6 +35,7 @@ class BST(nn.Module):
         heads: int = Field(2, ge=1)
         mlp: list[int] = Field(default_factory=lambda: [256, 128])
         dropout: float = Field(0.0, ge=0.0, lt=1.0)
+        input_norm: bool = Field(True, description="batch-normalise the MLP input (as DIN)")
 
     def __init__(self, schema: DataSchema, cfg: Config):
         super().__init__()
@@ -53,6 +54,7 @@ class BST(nn.Module):
                                            norm_first=True)
         self.transformer = nn.TransformerEncoder(layer, cfg.layers, enable_nested_tensor=False)
         in_dim = (schema.num_fields() + 2) * d + schema.num_dense
+        self.input_norm = nn.BatchNorm1d(in_dim) if cfg.input_norm else nn.Identity()
         self.mlp = MLP(in_dim, cfg.mlp, out=schema.num_tasks, dropout=cfg.dropout)
 
     def forward(self, batch: Batch) -> torch.Tensor:
@@ -66,5 +68,5 @@ class BST(nn.Module):
         # the target's own output has attended to every event: it carries the match; the
         # pooled history times the target makes their agreement explicit (as in DIN / DIEN)
         target = e[:, self.target_idx]
-        return self.mlp(torch.cat([e.flatten(1), pooled, h[:, -1], pooled * target,
-                                   batch.dense], dim=1))
+        return self.mlp(self.input_norm(torch.cat([e.flatten(1), pooled, h[:, -1],
+                                                   pooled * target, batch.dense], dim=1)))
