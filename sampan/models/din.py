@@ -35,6 +35,9 @@ class DIN(nn.Module):
         attention_activation: Literal["dice", "prelu", "relu"] = "dice"
         dropout: float = Field(0.0, ge=0.0, lt=1.0)
         batch_norm: bool = False
+        attention_normalization: Literal["softmax", "none"] = Field(
+            "softmax", description="softmax: attention weights sum to 1 over the history "
+            "(better on the real datasets here); none: the paper's raw weights")
         input_norm: bool = Field(True, description="batch-normalise the MLP input (as the "
                                  "authors' code does): the pooled interest and the small "
                                  "initial embeddings then learn at a useful scale")
@@ -50,14 +53,19 @@ class DIN(nn.Module):
                                          cfg.attention_activation)
         # other sequences and bags are pooled into fields; the history is attended
         d = (schema.num_fields() + 1) * cfg.embedding_dim + schema.num_dense
+        self.softmax = cfg.attention_normalization == "softmax"
         self.input_norm = nn.BatchNorm1d(d) if cfg.input_norm else nn.Identity()
         self.mlp = MLP(d, cfg.mlp, out=schema.num_tasks, dropout=cfg.dropout,
                        batch_norm=cfg.batch_norm, act=cfg.activation)
 
     def forward(self, batch: Batch) -> torch.Tensor:
         e, hist = embed_fields(self.embedding, batch, self.schema, attend=(self.history,))
-        interest = self.attention(e[:, self.target_idx], hist[self.history],
-                                  batch.sequences[self.history] != 0)
+        keys, mask = hist[self.history], batch.sequences[self.history] != 0
+        if self.softmax:  # weights sum to 1 over the real events
+            w = self.attention.softmax(e[:, self.target_idx], keys, mask)
+            interest = torch.bmm(w.unsqueeze(1), keys).squeeze(1)
+        else:  # the paper's raw weights: the pooled vector keeps the intensity of interest
+            interest = self.attention(e[:, self.target_idx], keys, mask)
         # the interest-target product joins the MLP input, as in the authors' code
         target = e[:, self.target_idx]
         return self.mlp(self.input_norm(torch.cat([e.flatten(1), interest, interest * target,
