@@ -12,9 +12,9 @@ class TargetAttention(nn.Module):
     """Scores ``[B, L]`` from an MLP over ``[q, k, q - k, q * k]`` for a query ``q [B, D]``
     and keys ``k [B, L, D]``.
 
-    ``forward`` pools the keys with the raw scores, as in DIN: the weights are not
-    softmax-normalised, so the pooled vector keeps the intensity of interest. ``softmax``
-    gives normalised weights (DIEN's attention over interest states). Padded positions
+    ``forward`` pools the keys with the raw scores, as in the DIN paper: the weights are not
+    normalised, so the pooled vector keeps the intensity of interest. ``softmax`` gives
+    weights summing to 1 (DIEN's attention, and DIN's default here). Padded positions
     (``mask`` False) get weight 0 in both.
     """
 
