@@ -115,8 +115,8 @@ def run_one(suite: Suite, model: str, seed: int, run_root: Path) -> dict:
         shutil.rmtree(run_dir)
     t0 = time.perf_counter()
     res = run_experiment(cfg, run_dir=run_dir, console=Console(quiet=True))
-    steps_per_epoch = max(1, math.ceil(res["steps"] / max(1, len(
-        [h for h in _history(run_dir)]))))
+    # one validation per epoch: steps per epoch = steps / evaluations
+    steps_per_epoch = max(1, math.ceil(res["steps"] / max(1, len(_history(run_dir)))))
     return {"test": res["test"], "valid": res.get("valid", {}),
             "train_seconds": res["train_seconds"], "wall_seconds": time.perf_counter() - t0,
             "best_step": res["best_step"], "steps": res["steps"],

@@ -226,10 +226,12 @@ class Bundle:
             self._pipeline = FeaturePipeline.load(self.path / "pipeline")
         return self._pipeline
 
-    def session(self) -> _Session:
+    def session(self, threads: int | None = None) -> _Session:
+        """The model runtime (``threads``: ONNX Runtime intra-op threads; its default when
+        None). Opened once."""
         if self._session is None:
             fmt = self.manifest["format"]
-            self._session = _Session(self.path / MODEL_FILES[fmt], fmt, self.schema)
+            self._session = _Session(self.path / MODEL_FILES[fmt], fmt, self.schema, threads)
         return self._session
 
 

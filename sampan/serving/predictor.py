@@ -40,13 +40,14 @@ class Predictor:
     missing.
     """
 
-    def __init__(self, bundle: str | Path | Bundle, max_records: int = 10_000):
+    def __init__(self, bundle: str | Path | Bundle, max_records: int = 10_000,
+                 threads: int | None = None):
         self.bundle = bundle if isinstance(bundle, Bundle) else Bundle(bundle)
         self.pipeline = self.bundle.pipeline()
         self.roles = self.pipeline.roles(with_labels=False, with_extra=False)
         self.columns = list(self.roles.all)
         self.max_records = max_records
-        self.session = self.bundle.session()
+        self.session = self.bundle.session(threads)
         self.labels = self.bundle.schema.labels
 
     @property
@@ -179,14 +180,6 @@ class Predictor:
             for c in context:
                 cols[c] = pc.take(one.column(c).combine_chunks(), zeros)
         return self._validated(self._complete(cols, store))
-
-    def rank(self, context: dict[str, Any], candidates: list[Any], k: int,
-             item_key: str = "item_id", store: Any = None, task: int = 0
-             ) -> list[tuple[Any, float]]:
-        """The ``k`` best candidates by the probability of label ``task``, best first."""
-        scores = self.score_table(self.candidates_table(context, candidates, item_key,
-                                                        store))[:, task]
-        return top_k(candidates, scores, k)
 
 
 def top_k(candidates: list[Any], scores: np.ndarray, k: int) -> list[tuple[Any, float]]:

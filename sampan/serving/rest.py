@@ -121,13 +121,8 @@ class ServerState:
 
     def load(self, bundle: str) -> Predictor:
         """Open ``bundle`` (and its feature store) and make it the served model."""
-        predictor = Predictor(bundle, max_records=self.cfg.max_records)
-        if self.cfg.threads:
-            from sampan.export.bundle import _Session
-
-            predictor.session = _Session(predictor.bundle.path / predictor.bundle.manifest[
-                "model_file"], predictor.bundle.manifest["format"], predictor.bundle.schema,
-                threads=self.cfg.threads)
+        predictor = Predictor(bundle, max_records=self.cfg.max_records,
+                              threads=self.cfg.threads)
         store = self._store_for(predictor)
         with self._lock:
             old = self.predictor

@@ -35,16 +35,11 @@ class Retriever:
         self.index = faiss.read_index(str(self.bundle.path / info["index"]))
         self.items = pq.read_table(self.bundle.path / info["items"]).column("item").to_pylist()
         # raw columns the user tower does not read: sent as missing values
-        item_cols = set()
-        for name in info["item_features"]:
-            spec = next((f for f in self.predictor.pipeline.features.categorical
-                         if f.name == name), None) or next(
-                (f for f in self.predictor.pipeline.features.lists if f.name == name), None) \
-                or next((f for f in self.predictor.pipeline.features.numeric
-                         if f.name == name), None)
-            if spec is not None:
-                item_cols.update(getattr(spec, "flags", None) or [spec.column or spec.name])
-        self.item_columns = item_cols
+        feats = self.predictor.pipeline.features
+        raw = {f.name: f.cross or [f.column or f.name] for f in feats.categorical}
+        raw |= {f.name: f.flags or [f.column or f.name] for f in feats.lists}
+        raw |= {f.name: [f.column or f.name] for f in feats.numeric}
+        self.item_columns = {c for name in info["item_features"] for c in raw.get(name, [])}
 
     def search(self, context: dict[str, Any], n: int, store: Any = None
                ) -> list[tuple[str, float]]:
