@@ -6,6 +6,12 @@ model understands (embedding size, MLP, dropout, history, ...) and its own defau
 rest. Seeds change model initialisation and shuffling, not the split. Reported: mean ± std of
 the test metrics over the seeds, training time, the best epoch, hardware and versions.
 
+Small test sets cannot separate models whose AUCs differ by less than their sampling error,
+so every AUC also gets the half-width of its 95 % bootstrap interval over the test rows, and
+each model is compared with the suite's baseline by a paired bootstrap (the same resampled
+rows score both models; the draws of all seeds are pooled). The test predictions behind
+these stay in each run directory (``test_predictions.npy``).
+
 Usage (from the repository root, with ``../shared/data`` present)::
 
     python benchmarks/accuracy.py                      # every suite, seeds 1 2 3 -> RESULTS.md
@@ -38,6 +44,7 @@ class Suite:
     prepare: str | None = None  # name of a function below that builds the input
     extra: dict[str, dict] = field(default_factory=dict)  # per-model options
     train_extra: dict[str, dict] = field(default_factory=dict)  # per-model train settings
+    baseline: str | None = None  # the model every other one is compared with (paired)
 
 
 SUITES = {
@@ -48,18 +55,18 @@ SUITES = {
         "Criteo Kaggle 10k-line sample: first 75 % train, 5 % valid, last 20 % test.",
         # LR's weights start at zero and are all it has: at the config's lr it is still
         # improving when the epochs run out (test AUC 0.730 at lr 0.001, 0.743 at 0.005)
-        train_extra={"lr": {"lr": 0.005}}),
+        train_extra={"lr": {"lr": 0.005}}, baseline="lr"),
     "movielens_ctr": Suite(
         "configs/movielens100k_deepfm.yaml", ["lr", "fm", "deepfm", "dcn_v2", "autoint"],
         ["auc", "logloss", "gauc"],
         "MovieLens-100k, rating >= 4 as click, user and item side features, time split "
-        "80/10/10.", train_extra={"lr": {"lr": 0.005}}),
+        "80/10/10.", train_extra={"lr": {"lr": 0.005}}, baseline="lr"),
     "amazon_beauty_sequences": Suite(
         "configs/amazon_beauty_din.yaml", ["deepfm", "din", "dien", "bst"],
         ["auc", "logloss", "gauc"],
         "Amazon Beauty (S3-Rec): every event with its last 20 items as history plus one "
         "sampled negative (397k samples), random split 80/10/10.",
-        prepare="beauty_samples"),
+        prepare="beauty_samples", baseline="deepfm"),
     "movielens_retrieval": Suite(
         "configs/movielens100k_two_tower.yaml", ["two_tower"],
         ["recall@50", "ndcg@50", "pop_recall@50", "pop_ndcg@50"],
@@ -115,12 +122,79 @@ def run_one(suite: Suite, model: str, seed: int, run_root: Path) -> dict:
         shutil.rmtree(run_dir)
     t0 = time.perf_counter()
     res = run_experiment(cfg, run_dir=run_dir, console=Console(quiet=True))
+    if auc_metrics(suite):
+        save_test_predictions(run_dir)
     # one validation per epoch: steps per epoch = steps / evaluations
     steps_per_epoch = max(1, math.ceil(res["steps"] / max(1, len(_history(run_dir)))))
     return {"test": res["test"], "valid": res.get("valid", {}),
             "train_seconds": res["train_seconds"], "wall_seconds": time.perf_counter() - t0,
             "best_step": res["best_step"], "steps": res["steps"],
-            "best_epoch": res["best_step"] / steps_per_epoch, "config": dump_config(cfg)}
+            "best_epoch": res["best_step"] / steps_per_epoch, "config": dump_config(cfg),
+            "run_dir": str(run_dir), "seed": seed}
+
+
+def auc_metrics(suite: Suite) -> list[str]:
+    """The suite's AUC metrics: ``auc`` (column 0) or ``auc_k`` (task ``k``)."""
+    return [k for k in suite.metrics if k == "auc" or k.startswith("auc_")]
+
+
+def save_test_predictions(run_dir: Path) -> None:
+    """Best-model probabilities ``[N, T]`` and labels of the test split, as .npy."""
+    import numpy as np
+
+    from sampan.train.experiment import RunArtifacts
+    from sampan.train.trainer import probabilities
+
+    art = RunArtifacts(run_dir)
+    test = art.store.split("test")
+    np.save(run_dir / "test_predictions.npy",
+            probabilities(art.trainer.predict_logits(test)).astype(np.float32))
+    np.save(run_dir / "test_labels.npy", np.asarray(test.labels, dtype=np.float32))
+
+
+RESAMPLES = 1000
+
+
+def intervals(suite: Suite, runs: dict[str, list[dict]]) -> dict[str, dict]:
+    """Per model and AUC metric: the mean half-width of the 95 % bootstrap interval over
+    the test rows, and the paired difference with the baseline (mean and 95 % interval of
+    the pooled per-seed bootstrap differences). Models whose predictions are gone are left
+    out."""
+    import numpy as np
+    import torch
+
+    from sampan.train.metrics import auc_bootstrap
+
+    boots: dict[str, dict[str, dict[int, np.ndarray]]] = {}
+    for model, rs in runs.items():
+        for r in rs:
+            d = Path(r.get("run_dir", ""))
+            if not (d / "test_predictions.npy").exists():
+                continue
+            p, y = np.load(d / "test_predictions.npy"), np.load(d / "test_labels.npy")
+            for k in auc_metrics(suite):
+                col = 0 if k == "auc" else int(k.split("_")[1])
+                # the same resamples for every model and seed: the rows are the same
+                b = auc_bootstrap(torch.from_numpy(p[:, col]), torch.from_numpy(y[:, col]),
+                                  RESAMPLES, seed=0).numpy()
+                boots.setdefault(model, {}).setdefault(k, {})[r["seed"]] = b
+    out: dict[str, dict] = {}
+    for model, per_metric in boots.items():
+        for k, by_seed in per_metric.items():
+            half = [float(np.nanpercentile(b, 97.5) - np.nanpercentile(b, 2.5)) / 2
+                    for b in by_seed.values()]
+            entry = {"ci95_half_width": float(np.mean(half))}
+            base = boots.get(suite.baseline or "", {}).get(k, {})
+            seeds = sorted(set(by_seed) & set(base))
+            if suite.baseline and model != suite.baseline and seeds:
+                diff = np.concatenate([by_seed[sd] - base[sd] for sd in seeds])
+                diff = diff[~np.isnan(diff)]
+                entry.update(vs=suite.baseline, diff_mean=float(diff.mean()),
+                             diff_ci95=[float(np.percentile(diff, 2.5)),
+                                        float(np.percentile(diff, 97.5))],
+                             p_better=float((diff > 0).mean()))
+            out.setdefault(model, {})[k] = entry
+    return out
 
 
 def _history(run_dir: Path) -> list[dict]:
@@ -172,11 +246,34 @@ def markdown(report: dict) -> str:
                   "understands and its own defaults for the rest."
                   + "".join(f" {m}: {', '.join(f'train.{k}={v}' for k, v in t.items())}."
                             for m, t in suite.train_extra.items()), ""]
-        head = ["model", *[f"test {k}" for k in suite.metrics], "train s", "best epoch"]
+        iv = report.get("intervals", {}).get(name, {})
+        aucs = [k for k in auc_metrics(suite) if iv]
+        if aucs:
+            lines += [f"± = half the width of the 95 % bootstrap interval of the test AUC over "
+                      f"the test rows ({RESAMPLES} resamples, averaged over the seeds)."
+                      + (f" Δ = paired bootstrap difference with {suite.baseline}: mean "
+                         "[2.5 %, 97.5 %], the seeds' draws pooled; an interval that holds 0 "
+                         "means this test set cannot tell the two models apart."
+                         if suite.baseline else ""), ""]
+        head = ["model"]
+        for k in suite.metrics:
+            head.append(f"test {k}")
+            if k in aucs:
+                head.append("± (rows)")
+                if suite.baseline:
+                    head.append(f"Δ {k} vs {suite.baseline}")
+        head += ["train s", "best epoch"]
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for model, runs in s.items():
-            cells = [model] + [fmt([r["test"].get(k, math.nan) for r in runs])
-                               for k in suite.metrics]
+            cells = [model]
+            for k in suite.metrics:
+                cells.append(fmt([r["test"].get(k, math.nan) for r in runs]))
+                if k in aucs:
+                    e = iv.get(model, {}).get(k, {})
+                    cells.append(f"{e['ci95_half_width']:.4f}" if e else "-")
+                    if suite.baseline:
+                        cells.append(f"{e['diff_mean']:+.4f} [{e['diff_ci95'][0]:+.4f}, "
+                                     f"{e['diff_ci95'][1]:+.4f}]" if "diff_mean" in e else "-")
             cells += [f"{statistics.mean(r['train_seconds'] for r in runs):.1f}",
                       f"{statistics.mean(r['best_epoch'] for r in runs):.1f}"]
             lines.append("| " + " | ".join(cells) + " |")
@@ -220,6 +317,9 @@ def main() -> None:
                       f"({r['train_seconds']:.1f} s train)", flush=True)
                 runs.append(r)
             report["suites"][name][model] = runs
+        if auc_metrics(suite):
+            found = intervals(suite, report["suites"][name])
+            report.setdefault("intervals", {}).setdefault(name, {}).update(found)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(report, indent=1))
     Path(args.out).write_text(markdown(report) + "\n")

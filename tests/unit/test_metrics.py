@@ -250,3 +250,42 @@ def test_ranking_metrics_match_reference_on_random_inputs():
         assert got[f"hitrate@{k}"] == pytest.approx(want["hit"])
         assert got[f"ndcg@{k}"] == pytest.approx(want["ndcg"])
         assert got["mrr"] == pytest.approx(want["mrr"])
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_auc_bootstrap_equals_auc_of_each_resample(seed) -> None:
+    from sampan.train.metrics import auc_bootstrap
+
+    rng = np.random.default_rng(seed)
+    n = 300
+    scores = np.round(rng.random(n), 1)  # many ties
+    labels = (rng.random(n) < 0.3).astype(np.float64)
+    boot = auc_bootstrap(torch.tensor(scores), torch.tensor(labels), resamples=70, seed=seed,
+                         chunk=16)
+    # the same draws, made one resample at a time
+    gen = torch.Generator().manual_seed(seed)
+    draws = torch.cat([torch.randint(0, n, (min(16, 70 - k), n), generator=gen)
+                       for k in range(0, 70, 16)]).numpy()
+    expected = [roc_auc_score(labels[d], scores[d]) for d in draws]
+    np.testing.assert_allclose(boot.numpy(), expected, rtol=0, atol=1e-12)
+
+
+def test_auc_bootstrap_is_paired_and_spreads_like_the_standard_error() -> None:
+    from sampan.train.metrics import auc_bootstrap
+
+    rng = np.random.default_rng(3)
+    n = 2000
+    labels = (rng.random(n) < 0.25).astype(np.float64)
+    a = labels + rng.normal(0, 1.5, n)
+    b = a + rng.normal(0, 0.3, n)  # a close variant of a
+    ba = auc_bootstrap(torch.tensor(a), torch.tensor(labels), resamples=400)
+    bb = auc_bootstrap(torch.tensor(b), torch.tensor(labels), resamples=400)
+    # Hanley-McNeil standard error of one AUC
+    A, p, q = auc(torch.tensor(a), torch.tensor(labels)), labels.sum(), n - labels.sum()
+    q1, q2 = A / (2 - A), 2 * A * A / (1 + A)
+    se = math.sqrt((A * (1 - A) + (p - 1) * (q1 - A * A) + (q - 1) * (q2 - A * A)) / (p * q))
+    assert 0.8 * se < float(ba.std()) < 1.25 * se
+    assert abs(float(ba.mean()) - A) < 0.2 * se
+    # the paired difference is far tighter than either AUC: the resamples are the same rows
+    assert float((ba - bb).std()) < 0.5 * float(ba.std())
+    assert auc_bootstrap(torch.tensor([0.2, 0.3]), torch.tensor([1.0, 1.0]), 5).isnan().all()
