@@ -132,6 +132,10 @@ def eval_(
                        "run's test split).")] = None,
     split: Annotated[str, typer.Option(help="Processed split to use when --data is not given: "
                                             "train, valid or test.")] = "test",
+    bootstrap: Annotated[int, typer.Option(
+        min=0, help="Resample the rows this many times (e.g. 1000) and add each AUC's 95 % "
+                    "interval as auc_ci95 (auc_0_ci95, ... per task): on a small test set, "
+                    "AUCs that differ by less than this are not told apart.")] = 0,
 ) -> None:
     """Evaluate a trained run's best model: AUC, LogLoss (and GAUC when groups are set)."""
     from sampan.config import ConfigError
@@ -140,7 +144,7 @@ def eval_(
 
     try:
         art = RunArtifacts(run_dir)
-        metrics = art.evaluate(data if data else split)
+        metrics = art.evaluate(data if data else split, bootstrap=bootstrap)
     except (ConfigError, DataError, FileNotFoundError, ValueError) as e:
         _fail(str(e))
     if data:

@@ -27,7 +27,7 @@ from sampan.config import ExperimentConfig, dump_config, load_config
 from sampan.data.store import SplitArrays, Store, build_store, transform_files
 from sampan.models import build_model
 from sampan.train import checkpoint as ckpt
-from sampan.train.metrics import auc
+from sampan.train.metrics import auc, auc_bootstrap
 from sampan.train.trainer import BEST, LAST, Trainer, headline_metrics, probabilities
 
 
@@ -225,14 +225,30 @@ class RunArtifacts:
         self.read_lines = data.line
         return data
 
-    def evaluate(self, split_or_files: str | list[str]) -> dict[str, float]:
+    def evaluate(self, split_or_files: str | list[str], bootstrap: int = 0
+                 ) -> dict[str, Any]:
+        """The run's metrics on a split or raw files; with ``bootstrap`` resamples of the
+        rows, each AUC also gets ``<name>_ci95``: its 95 % bootstrap interval."""
         if isinstance(split_or_files, str) and split_or_files in ("train", "valid", "test"):
             data = self.store.split(split_or_files)
             if data is None:
                 raise ValueError(f"the {split_or_files} split of {self.run} is empty")
         else:
             data = self.read(split_or_files, with_labels=True)
-        return self.trainer.evaluate(data)
+        metrics: dict[str, Any] = dict(self.trainer.evaluate(data))
+        if bootstrap and "auc" in metrics:
+            logits = self.trainer.predict_logits(data)
+            labels = torch.from_numpy(np.array(data.labels, dtype=np.float32))
+            names = ["auc"] + [f"auc_{t}" for t in range(logits.shape[1])
+                               if f"auc_{t}" in metrics]
+            for name in names:
+                t = 0 if name == "auc" else int(name[len("auc_"):])
+                b = auc_bootstrap(logits[:, t], labels[:, t], bootstrap)
+                b = b[~b.isnan()]
+                if len(b):
+                    metrics[f"{name}_ci95"] = [float(torch.quantile(b, 0.025)),
+                                               float(torch.quantile(b, 0.975))]
+        return metrics
 
     def predict(self, files: str | list[str]) -> np.ndarray:
         """Probabilities ``[N, T]`` for raw rows (labels not needed)."""

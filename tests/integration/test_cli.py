@@ -50,6 +50,15 @@ def test_train_prints_test_auc_next_to_oracle_then_eval_and_predict(tmp_path):
     # eval on the stored test split reproduces the training run's number
     r = sampan("eval", str(run))
     assert json.loads(r.stdout)["auc"] == pytest.approx(test["auc"], abs=1e-9)
+    # --bootstrap adds the AUC's 95 % interval over resampled test rows; its width agrees
+    # with the Hanley-McNeil standard error of an AUC on this many positives / negatives
+    lo, hi = json.loads(sampan("eval", str(run), "--bootstrap", "400").stdout)["auc_ci95"]
+    a, p = test["auc"], round(test["ctr"] * test["rows"])
+    q = test["rows"] - p
+    q1, q2 = a / (2 - a), 2 * a * a / (1 + a)
+    se = ((a * (1 - a) + (p - 1) * (q1 - a * a) + (q - 1) * (q2 - a * a)) / (p * q)) ** 0.5
+    assert lo < a < hi
+    assert 0.7 * 3.92 * se < hi - lo < 1.3 * 3.92 * se
 
     # predict from raw rows: write the test rows' raw form as a headerless Criteo TSV
     from sampan.config import SyntheticConfig
