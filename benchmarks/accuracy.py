@@ -296,7 +296,7 @@ def main() -> None:
         sys.exit("../shared/data is not present: the accuracy suites use the real datasets")
     run_root = Path(args.runs).resolve()
     run_root.mkdir(parents=True, exist_ok=True)
-    report = {"command": "python benchmarks/accuracy.py " + " ".join(sys.argv[1:]),
+    report = {"command": " ".join(["python benchmarks/accuracy.py", *sys.argv[1:]]),
               "date": time.strftime("%Y-%m-%d"), "seeds": args.seeds, "machine": machine(),
               "suites": {}}
     if args.merge and Path(args.json).exists():

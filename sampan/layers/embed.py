@@ -18,7 +18,8 @@ class FeatureEmbedding(nn.Module):
     The fused table has ``T + D`` columns: the first ``T`` are each id's first-order weight per
     task (initialised to zero), the rest its latent vector. Dense features get a linear
     weight, and with ``embed_dense`` a learned vector scaled by their value, so FM-style
-    interactions see them as fields too.
+    interactions see them as fields too. Without ``first_order`` the table holds only the
+    vectors and ``linear`` is ``None``.
 
     >>> from sampan.schema import SparseFeatureSpec
     >>> s = DataSchema(dense=["x"], sparse=[SparseFeatureSpec("c", 5)])
@@ -29,32 +30,39 @@ class FeatureEmbedding(nn.Module):
     """
 
     def __init__(self, schema: DataSchema, dim: int, init_std: float = 1e-2,
-                 embed_dense: bool = True):
+                 embed_dense: bool = True, first_order: bool = True):
         super().__init__()
+        if not (dim or first_order):
+            raise ValueError("FeatureEmbedding needs dim > 0 or first_order")
         self.dim = dim
         self.schema = schema
-        self.tasks = schema.num_tasks
+        self.tasks = schema.num_tasks if first_order else 0
         self.embedding = EmbeddingCollection(schema.tables(self.tasks + dim), init_std)
         with torch.no_grad():
             self.embedding.weight[:, : self.tasks].zero_()
         nd = schema.num_dense
-        self.dense_linear = nn.Linear(nd, self.tasks, bias=False) if nd else None
+        self.dense_linear = nn.Linear(nd, self.tasks, bias=False) if nd and first_order \
+            else None
         if self.dense_linear is not None:
             nn.init.zeros_(self.dense_linear.weight)
         self.dense_embed = nn.Parameter(torch.randn(nd, dim) * init_std) \
             if (embed_dense and nd and dim) else None
-        self.bias = nn.Parameter(torch.zeros(self.tasks))
+        self.bias = nn.Parameter(torch.zeros(self.tasks)) if first_order else None
 
-    def forward(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, batch: Batch) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         e, _ = embed_fields(self.embedding, batch, self.schema)  # [B, F', T + D]
         if not self.dim:
-            w = e
+            w, v = e, None
+        elif not self.tasks:
+            w, v = None, e
         else:  # split, not two slices: its backward is one cat instead of two zero-fills
             w, v = e.split([self.tasks, self.dim], dim=-1)
-        linear = w.sum(dim=1) + self.bias
-        if self.dense_linear is not None:
-            linear = linear + self.dense_linear(batch.dense)
-        if not self.dim:
+        linear = None
+        if w is not None:
+            linear = w.sum(dim=1) + self.bias
+            if self.dense_linear is not None:
+                linear = linear + self.dense_linear(batch.dense)
+        if v is None:
             return linear, None
         if self.dense_embed is not None:
             v = torch.cat([v, batch.dense.unsqueeze(-1) * self.dense_embed], dim=1)

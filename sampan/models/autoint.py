@@ -11,8 +11,7 @@ from torch import nn
 
 from sampan.config import ModelConfig
 from sampan.data.loader import Batch
-from sampan.embedding import EmbeddingCollection
-from sampan.layers import MLP, Linear, embed_fields
+from sampan.layers import MLP, FeatureEmbedding, Linear
 from sampan.models.registry import register_model
 from sampan.schema import DataSchema
 
@@ -37,7 +36,8 @@ class InteractingLayer(nn.Module):
 @register_model("autoint")
 class AutoInt(nn.Module):
     """``Batch -> [B, T]``: attention layers over the fields (numeric features embedded as
-    fields), flattened into a linear output, plus an optional MLP (AutoInt+).
+    fields), flattened into a linear output, plus an optional MLP (AutoInt+) and, with
+    ``linear`` (the default), a first-order term over the raw features.
 
     >>> from sampan.schema import SparseFeatureSpec
     >>> s = DataSchema(dense=["x"], sparse=[SparseFeatureSpec("a", 5), SparseFeatureSpec("b", 3)])
@@ -54,13 +54,15 @@ class AutoInt(nn.Module):
         mlp: list[int] = Field(default_factory=lambda: [256, 128],
                                description="[] for plain AutoInt; layers for AutoInt+")
         dropout: float = Field(0.0, ge=0.0, lt=1.0)
+        linear: bool = Field(True, description="add a first-order (logistic-regression) term "
+                             "over the same features, as DeepFM and xDeepFM have")
 
     def __init__(self, schema: DataSchema, cfg: Config):
         super().__init__()
         self.schema = schema
         d = cfg.embedding_dim
-        self.embedding = EmbeddingCollection(schema.tables(d), cfg.embedding_init_std)
-        self.dense_embed = nn.Parameter(torch.randn(schema.num_dense, d) * cfg.embedding_init_std)
+        self.features = FeatureEmbedding(schema, d, cfg.embedding_init_std, embed_dense=True,
+                                         first_order=cfg.linear)
         f = schema.num_fields() + schema.num_dense
         layers, width = [], d
         for _ in range(cfg.attention_layers):
@@ -72,7 +74,8 @@ class AutoInt(nn.Module):
             if cfg.mlp else None
 
     def forward(self, batch: Batch) -> torch.Tensor:
-        fields, _ = embed_fields(self.embedding, batch, self.schema)
-        x = torch.cat([fields, batch.dense.unsqueeze(-1) * self.dense_embed], dim=1)
+        linear, x = self.features(batch)
         logit = self.out(self.attention(x).flatten(1))
+        if linear is not None:
+            logit = logit + linear
         return logit + self.mlp(x.flatten(1)) if self.mlp is not None else logit

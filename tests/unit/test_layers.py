@@ -73,3 +73,43 @@ def test_history_and_target_resolution_and_errors():
         schema.history_and_target("bst", "hist", "user")
     with pytest.raises(ValueError, match="needs a behaviour sequence"):
         DataSchema(sparse=[SparseFeatureSpec("u", 2)]).history_and_target("din", None, None)
+
+
+def test_feature_embedding_without_first_order_and_autoint_linear_switch():
+    import pytest
+
+    from sampan.data.loader import Batch
+    from sampan.layers import FeatureEmbedding
+    from sampan.models.autoint import AutoInt
+
+    schema = DataSchema(dense=["x", "y"], sparse=[SparseFeatureSpec("a", 5),
+                                                  SparseFeatureSpec("b", 3)])
+    b = Batch(dense=torch.randn(4, 2), sparse=torch.tensor([[2, 1], [3, 2], [4, 1], [2, 2]]),
+              labels=torch.ones(4, 1))
+    both = FeatureEmbedding(schema, dim=3)
+    vec_only = FeatureEmbedding(schema, dim=3, first_order=False)
+    assert vec_only.embedding.weight.shape[1] == 3 and both.embedding.weight.shape[1] == 4
+    assert vec_only.bias is None and vec_only.dense_linear is None
+    torch.manual_seed(0)
+    lin, v = both(b)
+    none, v2 = vec_only(b)
+    assert none is None and lin.shape == (4, 1) and v.shape == v2.shape == (4, 4, 3)
+    with pytest.raises(ValueError, match="dim > 0 or first_order"):
+        FeatureEmbedding(schema, dim=0, first_order=False)
+    # AutoInt's first-order term is exactly the features' linear output, added to the logit
+    for linear in (True, False):
+        torch.manual_seed(0)
+        m = AutoInt(schema, AutoInt.Config(embedding_dim=3, mlp=[4], linear=linear))
+        m(b).sum().backward()
+        # the fused table is updated row-sparsely (not through .grad); the rest is dense
+        missing = [n for n, p in m.named_parameters() if p.requires_grad and p.grad is None]
+        assert missing == [], missing
+        assert ("features.bias" in dict(m.named_parameters())) is linear
+    # with the attention output zeroed, AutoInt's logit is exactly its first-order term
+    m_lin = AutoInt(schema, AutoInt.Config(embedding_dim=3, mlp=[], linear=True))
+    with torch.no_grad():
+        m_lin.out.weight.zero_()
+        m_lin.out.bias.zero_()
+        m_lin.features.bias.fill_(0.5)
+        m_lin.features.dense_linear.weight.fill_(0.25)
+    assert torch.allclose(m_lin(b), 0.5 + 0.25 * b.dense.sum(1, keepdim=True))
