@@ -254,11 +254,22 @@ def serve(
     where = f"http://{cfg.host}:{cfg.port}" + (
         f" and gRPC {cfg.host}:{cfg.grpc_port}" if cfg.grpc_port is not None else "")
     if cfg.workers > 1:
+        import shutil
+        import tempfile
+
+        from sampan.serving.rest import ReloadSync
+
+        shared = tempfile.mkdtemp(prefix="sampan-serve-")
+        ReloadSync.create(f"{shared}/bundle.json", cfg.bundle)
         os.environ["SAMPAN_SERVE_CONFIG"] = cfg.model_dump_json()
+        os.environ["SAMPAN_SERVE_SYNC"] = f"{shared}/bundle.json"
         os.environ["SAMPAN_GRPC_IN_WORKER"] = "1"
         console.print(f"serving {cfg.bundle} on {where} with {cfg.workers} workers")
-        uvicorn.run("sampan.serving.rest:app_from_env", factory=True, host=cfg.host,
-                    port=cfg.port, workers=cfg.workers, log_level="warning")
+        try:
+            uvicorn.run("sampan.serving.rest:app_from_env", factory=True, host=cfg.host,
+                        port=cfg.port, workers=cfg.workers, log_level="warning")
+        finally:
+            shutil.rmtree(shared, ignore_errors=True)
         return
     from sampan.serving.rest import ServerState, create_app
 

@@ -8,11 +8,14 @@ Routes: ``POST /v1/predict``, ``POST /v1/rank``, ``GET /healthz``, ``GET /readyz
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import os
 import secrets
+import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from fastapi import Request
@@ -89,6 +92,7 @@ class ServerState:
                                registry=self.registry)
         self.batcher = MicroBatcher(cfg.max_batch_rows, cfg.max_wait_ms, self._on_batch)
         self._lock = threading.Lock()
+        self.sync: ReloadSync | None = None  # set in each worker of `--workers N`
         self.predictor: Predictor | None = None
         self.store: Any = None
         self.load(cfg.bundle)
@@ -166,7 +170,73 @@ class ServerState:
         return secrets.compare_digest(given, self.token)
 
     def close(self) -> None:
+        if self.sync is not None:
+            self.sync.close()
         self.batcher.close()
+
+
+class ReloadSync:
+    """Keeps the worker processes of one ``sampan serve --workers N`` on the same bundle.
+
+    The workers share a small JSON file ``{"bundle": path, "generation": n}``. The worker
+    that takes a reload loads the bundle first (so a bad bundle never reaches the file),
+    then writes the next generation under an exclusive lock; every worker polls the file
+    every ``interval`` seconds and loads a newer generation. A worker that uvicorn starts
+    again later reads the file, so it serves the current bundle, not the one of the
+    command line.
+    """
+
+    def __init__(self, path: str | Path, state: ServerState, interval: float = 0.5):
+        self.path = Path(path)
+        self.state = state
+        self.interval = interval
+        self._lock = threading.Lock()
+        self.generation = self.read()["generation"]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="sampan-reload-sync",
+                                        daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def create(path: str | Path, bundle: str) -> None:
+        """The file for a new server, at generation 0."""
+        Path(path).write_text(json.dumps({"bundle": bundle, "generation": 0}))
+
+    def read(self) -> dict[str, Any]:
+        return json.loads(self.path.read_text())
+
+    def publish(self, bundle: str) -> int:
+        """Tell the other workers that ``bundle`` (already loaded here) is now served."""
+        with self._lock, open(self.path.with_suffix(".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            generation = self.read()["generation"] + 1
+            tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({"bundle": bundle, "generation": generation}))
+            os.replace(tmp, self.path)  # atomic: readers see the old or the new file
+            self.generation = generation
+        return generation
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                current = self.read()
+            except (OSError, ValueError):
+                continue  # the file is being replaced or the server is shutting down
+            with self._lock:
+                if current["generation"] <= self.generation:
+                    continue
+                self.generation = current["generation"]
+            try:
+                self.state.load(current["bundle"])
+                self.state.reloads.labels("ok").inc()
+            except Exception as e:  # noqa: BLE001 - keep serving the old model; say why
+                self.state.reloads.labels("failed").inc()
+                print(f"sampan worker {os.getpid()}: cannot load bundle "
+                      f"{current['bundle']!r} (generation {current['generation']}): {e}",
+                      file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        self._stop.set()
 
 
 def create_app(state: ServerState):  # type: ignore[no-untyped-def]
@@ -219,7 +289,7 @@ def create_app(state: ServerState):  # type: ignore[no-untyped-def]
             return error(503, "no model loaded")
         p = state.predictor
         return {"status": "ready", "model": p.bundle.manifest.get("model"),
-                "version": p.version, "labels": p.labels}
+                "version": p.version, "labels": p.labels, "worker": os.getpid()}
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
@@ -274,16 +344,26 @@ def create_app(state: ServerState):  # type: ignore[no-untyped-def]
             state.reloads.labels("failed").inc()
             return error(400, f"cannot load bundle {req.bundle!r}: {e}", "bundle")
         state.reloads.labels("ok").inc()
-        return {"status": "reloaded", "model": p.bundle.manifest.get("model"),
-                "version": p.version}
+        out = {"status": "reloaded", "model": p.bundle.manifest.get("model"),
+               "version": p.version}
+        if state.sync is not None:  # the other workers follow within sync.interval
+            out["generation"] = await run_in_threadpool(state.sync.publish, req.bundle)
+            out["workers"] = state.cfg.workers
+        return out
 
     return app
 
 
 def app_from_env():  # type: ignore[no-untyped-def]
-    """uvicorn factory for ``--workers N``: the config comes in ``SAMPAN_SERVE_CONFIG``."""
+    """uvicorn factory for ``--workers N``: the config comes in ``SAMPAN_SERVE_CONFIG``, the
+    reload file shared by the workers (see :class:`ReloadSync`) in ``SAMPAN_SERVE_SYNC``."""
     cfg = ServeConfig.model_validate(json.loads(os.environ["SAMPAN_SERVE_CONFIG"]))
+    sync_path = os.environ.get("SAMPAN_SERVE_SYNC")
+    if sync_path:  # a worker started after a reload serves the current bundle
+        cfg = cfg.model_copy(update={"bundle": json.loads(Path(sync_path).read_text())["bundle"]})
     state = ServerState(cfg)
+    if sync_path:
+        state.sync = ReloadSync(sync_path, state)
     app = create_app(state)
     if cfg.grpc_port is not None and os.environ.get("SAMPAN_GRPC_IN_WORKER") == "1":
         from sampan.serving.grpc_server import start_grpc

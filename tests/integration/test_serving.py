@@ -330,3 +330,75 @@ def test_recommend(server, bundles):
                for i in body["items"])
     r = httpx.post(f"{url}/v1/recommend", json={"context": {"user_id": "u3", "colour": 1}})
     assert r.status_code == 400 and r.json()["field"] == "colour"
+
+
+def test_reload_reaches_every_worker(bundles):
+    """`--workers 2`: a reload taken by one worker is served by both within a second, a
+    bad bundle reaches neither, and a worker that uvicorn starts again serves the current
+    bundle."""
+    import signal
+
+    port = free_port()
+    env = {**os.environ, "SAMPAN_ADMIN_TOKEN": TOKEN}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sampan.cli", "serve", str(bundles[0]), "--port", str(port),
+         "--workers", "2"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True)
+    url = f"http://127.0.0.1:{port}"
+
+    def ready():  # a new connection each time, so either worker may answer
+        try:
+            r = httpx.get(f"{url}/readyz", timeout=5)
+            return r.json() if r.status_code == 200 else None
+        except httpx.HTTPError:
+            return None
+
+    def answers(n=60):
+        got = [ready() for _ in range(n)]
+        return [g for g in got if g is not None]
+
+    try:
+        seen: dict[int, str] = {}
+        for _ in range(300):
+            if proc.poll() is not None:
+                pytest.fail(f"server exited: {proc.stdout.read()}")
+            g = ready()
+            if g is not None:
+                seen[g["worker"]] = g["model"]
+            if len(seen) == 2:
+                break
+            time.sleep(0.05)
+        assert len(seen) == 2 and set(seen.values()) == {"deepfm"}, seen
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        r = httpx.post(f"{url}/v1/admin/reload", json={"bundle": str(bundles[1])},
+                       headers=auth, timeout=60)
+        assert r.status_code == 200, r.text
+        assert r.json()["generation"] == 1 and r.json()["workers"] == 2
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            got = answers(20)
+            if {g["model"] for g in got} == {"dcn_v2"} and len({g["worker"] for g in got}) == 2:
+                break
+            time.sleep(0.2)
+        got = answers()
+        assert {g["model"] for g in got} == {"dcn_v2"}, got
+        assert {g["worker"] for g in got} == set(seen)
+        # a bundle that does not load is refused by the worker that takes the request and
+        # never published: every worker keeps serving dcn_v2
+        r = httpx.post(f"{url}/v1/admin/reload", json={"bundle": str(bundles[0]) + "-nope"},
+                       headers=auth, timeout=60)
+        assert r.status_code == 400 and r.json()["field"] == "bundle"
+        time.sleep(1.0)
+        assert {g["model"] for g in answers()} == {"dcn_v2"}
+        # uvicorn replaces a worker that dies; the new one reads the shared file
+        os.kill(next(iter(seen)), signal.SIGKILL)
+        deadline = time.time() + 30
+        fresh = None
+        while time.time() < deadline and fresh is None:
+            fresh = next((g for g in answers(10) if g["worker"] not in seen), None)
+            time.sleep(0.2)
+        assert fresh is not None, "uvicorn did not start a new worker"
+        assert fresh["model"] == "dcn_v2"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
