@@ -260,7 +260,7 @@ def serve(
         from sampan.serving.rest import ReloadSync
 
         shared = tempfile.mkdtemp(prefix="sampan-serve-")
-        ReloadSync.create(f"{shared}/bundle.json", cfg.bundle)
+        ReloadSync.create(f"{shared}/bundle.json", cfg.bundle, cfg.retrieval_bundle)
         os.environ["SAMPAN_SERVE_CONFIG"] = cfg.model_dump_json()
         os.environ["SAMPAN_SERVE_SYNC"] = f"{shared}/bundle.json"
         os.environ["SAMPAN_GRPC_IN_WORKER"] = "1"
@@ -271,11 +271,11 @@ def serve(
         finally:
             shutil.rmtree(shared, ignore_errors=True)
         return
-    from sampan.serving.rest import ServerState, create_app
+    from sampan.serving.rest import BundleError, ServerState, create_app
 
     try:
         state = ServerState(cfg)
-    except (FileNotFoundError, ValueError) as e:
+    except BundleError as e:
         _fail(str(e))
     grpc_server = None
     if cfg.grpc_port is not None:

@@ -52,9 +52,20 @@ class RecommendRequest(BaseModel):
     task: int = Field(0, ge=0)
 
 
+class BundleError(Exception):
+    """A bundle that cannot be served; ``field`` says which (bundle / retrieval_bundle)."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+
 class ReloadRequest(BaseModel):
+    """``{"bundle": ranking bundle}`` and/or ``{"retrieval_bundle": two-tower bundle}``."""
+
     model_config = ConfigDict(extra="forbid")
-    bundle: str
+    bundle: str | None = None
+    retrieval_bundle: str | None = None
 
 
 ROUTES = ("/v1/predict", "/v1/rank", "/v1/recommend", "/v1/admin/reload", "/healthz",
@@ -95,14 +106,11 @@ class ServerState:
         self.sync: ReloadSync | None = None  # set in each worker of `--workers N`
         self.predictor: Predictor | None = None
         self.store: Any = None
-        self.load(cfg.bundle)
+        self.bundle_path: str | None = None  # what is served now
+        self.retrieval_path: str | None = None
         self.retriever: Any = None
         self.retrieval_store: Any = None
-        if cfg.retrieval_bundle:
-            from sampan.serving.retrieval import Retriever
-
-            self.retriever = Retriever(cfg.retrieval_bundle, cfg.max_records)
-            self.retrieval_store = self._store_for(self.retriever.predictor)
+        self.load(cfg.bundle, cfg.retrieval_bundle)
 
     def _on_batch(self, requests: int, rows: int) -> None:
         self.batch_requests.observe(requests)
@@ -123,18 +131,38 @@ class ServerState:
             return RedisFeatureStore.load(fs.url, memory, prefix=fs.prefix)
         return memory
 
-    def load(self, bundle: str) -> Predictor:
-        """Open ``bundle`` (and its feature store) and make it the served model."""
-        predictor = Predictor(bundle, max_records=self.cfg.max_records,
-                              threads=self.cfg.threads)
-        store = self._store_for(predictor)
+    def load(self, bundle: str | None, retrieval_bundle: str | None = None
+             ) -> tuple[Predictor | None, Any]:
+        """Open the given bundles (a ranking bundle, a two-tower bundle for
+        ``/v1/recommend``, each with its feature store), then serve them together. If one
+        fails to open, nothing changes and :class:`BundleError` names it."""
+        from sampan.serving.retrieval import Retriever
+
+        predictor = retriever = store = rstore = None
+        field = "bundle"
+        try:
+            if bundle is not None:
+                predictor = Predictor(bundle, max_records=self.cfg.max_records,
+                                      threads=self.cfg.threads)
+                store = self._store_for(predictor)
+            if retrieval_bundle is not None:
+                field = "retrieval_bundle"
+                retriever = Retriever(retrieval_bundle, self.cfg.max_records)
+                rstore = self._store_for(retriever.predictor)
+        except Exception as e:  # noqa: BLE001 - reported with the bundle that failed
+            path = bundle if field == "bundle" else retrieval_bundle
+            raise BundleError(field, f"cannot load {field} {path!r}: {e}") from e
         with self._lock:
-            old = self.predictor
-            self.predictor, self.store = predictor, store
-            if old is not None:
-                self.model_info.remove(*self._info(old))
-            self.model_info.labels(*self._info(predictor)).set(1)
-        return predictor
+            if predictor is not None:
+                old = self.predictor
+                self.predictor, self.store, self.bundle_path = predictor, store, bundle
+                if old is not None:
+                    self.model_info.remove(*self._info(old))
+                self.model_info.labels(*self._info(predictor)).set(1)
+            if retriever is not None:
+                self.retriever, self.retrieval_store = retriever, rstore
+                self.retrieval_path = retrieval_bundle
+        return predictor, retriever
 
     @staticmethod
     def _info(p: Predictor) -> tuple[str, str, str]:
@@ -157,11 +185,18 @@ class ServerState:
         return predictor, self.batcher.submit(predictor, table)
 
     def retrieve(self, context: dict[str, Any], n: int) -> list[tuple[str, float]]:
-        if self.retriever is None:
+        with self._lock:
+            retriever, store = self.retriever, self.retrieval_store
+        if retriever is None:
             raise RequestError("no retrieval bundle is configured (serve with --set "
-                               "retrieval_bundle=PATH of an exported two_tower run)",
-                               "retrieval_bundle")
-        return self.retriever.search(context, n, self.retrieval_store)
+                               "retrieval_bundle=PATH of an exported two_tower run, or "
+                               "reload one)", "retrieval_bundle")
+        return retriever.search(context, n, store)
+
+    def apply(self, bundle: str | None, retrieval_bundle: str | None) -> None:
+        """Serve these bundles, loading only those that differ from the ones served."""
+        self.load(bundle if bundle != self.bundle_path else None,
+                  retrieval_bundle if retrieval_bundle != self.retrieval_path else None)
 
     def check_token(self, header: str | None) -> bool:
         if not self.token:
@@ -176,14 +211,16 @@ class ServerState:
 
 
 class ReloadSync:
-    """Keeps the worker processes of one ``sampan serve --workers N`` on the same bundle.
+    """Keeps the worker processes of one ``sampan serve --workers N`` on the same bundles.
 
-    The workers share a small JSON file ``{"bundle": path, "generation": n}``. The worker
-    that takes a reload loads the bundle first (so a bad bundle never reaches the file),
-    then writes the next generation under an exclusive lock; every worker polls the file
-    every ``interval`` seconds and loads a newer generation. A worker that uvicorn starts
-    again later reads the file, so it serves the current bundle, not the one of the
-    command line.
+    The workers share a small JSON file ``{"bundle": path, "retrieval_bundle": path or
+    null, "generation": n}``. The worker that takes a reload loads the bundles first (so a
+    bad bundle never reaches the file), then writes the next generation under an
+    exclusive file lock; every worker polls the file every ``interval`` seconds and loads
+    a newer generation. Within a worker, a reload and the watcher take turns, so the file
+    and what the worker serves never disagree for longer than one poll. A worker that
+    uvicorn starts again later reads the file, so it serves the current bundles, not those
+    of the command line.
     """
 
     def __init__(self, path: str | Path, state: ServerState, interval: float = 0.5):
@@ -198,42 +235,51 @@ class ReloadSync:
         self._thread.start()
 
     @staticmethod
-    def create(path: str | Path, bundle: str) -> None:
+    def create(path: str | Path, bundle: str, retrieval_bundle: str | None) -> None:
         """The file for a new server, at generation 0."""
-        Path(path).write_text(json.dumps({"bundle": bundle, "generation": 0}))
+        Path(path).write_text(json.dumps({"bundle": bundle, "retrieval_bundle":
+                                          retrieval_bundle, "generation": 0}))
 
     def read(self) -> dict[str, Any]:
         return json.loads(self.path.read_text())
 
-    def publish(self, bundle: str) -> int:
-        """Tell the other workers that ``bundle`` (already loaded here) is now served."""
-        with self._lock, open(self.path.with_suffix(".lock"), "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            generation = self.read()["generation"] + 1
-            tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps({"bundle": bundle, "generation": generation}))
-            os.replace(tmp, self.path)  # atomic: readers see the old or the new file
+    def reload(self, bundle: str | None, retrieval_bundle: str | None
+               ) -> tuple[Predictor | None, Any, int]:
+        """Load the bundles here (``None`` leaves that one as it is), then tell the other
+        workers: returns what :meth:`ServerState.load` does and the new generation."""
+        with self._lock:  # one reload at a time in this worker, watcher included
+            predictor, retriever = self.state.load(bundle, retrieval_bundle)
+            with open(self.path.with_suffix(".lock"), "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # one writer at a time among the workers
+                current = self.read()
+                generation = current["generation"] + 1
+                update = {"bundle": bundle or current["bundle"],
+                          "retrieval_bundle": retrieval_bundle or current["retrieval_bundle"],
+                          "generation": generation}
+                tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
+                tmp.write_text(json.dumps(update))
+                os.replace(tmp, self.path)  # atomic: readers see the old or the new file
             self.generation = generation
-        return generation
+        return predictor, retriever, generation
 
     def _watch(self) -> None:
         while not self._stop.wait(self.interval):
-            try:
-                current = self.read()
-            except (OSError, ValueError):
-                continue  # the file is being replaced or the server is shutting down
             with self._lock:
+                try:
+                    current = self.read()
+                except (OSError, ValueError):
+                    continue  # the server is shutting down
                 if current["generation"] <= self.generation:
                     continue
                 self.generation = current["generation"]
-            try:
-                self.state.load(current["bundle"])
-                self.state.reloads.labels("ok").inc()
-            except Exception as e:  # noqa: BLE001 - keep serving the old model; say why
-                self.state.reloads.labels("failed").inc()
-                print(f"sampan worker {os.getpid()}: cannot load bundle "
-                      f"{current['bundle']!r} (generation {current['generation']}): {e}",
-                      file=sys.stderr, flush=True)
+                try:
+                    self.state.apply(current["bundle"], current["retrieval_bundle"])
+                    self.state.reloads.labels("ok").inc()
+                except Exception as e:  # noqa: BLE001 - keep serving the old model; say why
+                    self.state.reloads.labels("failed").inc()
+                    print(f"sampan worker {os.getpid()}: cannot load generation "
+                          f"{current['generation']} ({current}): {e}", file=sys.stderr,
+                          flush=True)
 
     def close(self) -> None:
         self._stop.set()
@@ -338,17 +384,26 @@ def create_app(state: ServerState):  # type: ignore[no-untyped-def]
                               "SAMPAN_ADMIN_TOKEN", "authorization")
         if not state.check_token(request.headers.get("authorization")):
             return error(401, "missing or wrong bearer token", "authorization")
+        if req.bundle is None and req.retrieval_bundle is None:
+            return error(422, "give bundle (the ranking model) and/or retrieval_bundle",
+                         "bundle")
+        out: dict[str, Any] = {"status": "reloaded"}
         try:
-            p = await run_in_threadpool(state.load, req.bundle)
-        except Exception as e:  # noqa: BLE001 - the old model keeps serving; say why
+            if state.sync is None:
+                predictor, retriever = await run_in_threadpool(
+                    state.load, req.bundle, req.retrieval_bundle)
+            else:  # the other workers follow within sync.interval
+                predictor, retriever, out["generation"] = await run_in_threadpool(
+                    state.sync.reload, req.bundle, req.retrieval_bundle)
+                out["workers"] = state.cfg.workers
+        except BundleError as e:  # the old bundles keep serving; say which one failed
             state.reloads.labels("failed").inc()
-            return error(400, f"cannot load bundle {req.bundle!r}: {e}", "bundle")
+            return error(400, str(e), e.field)
+        if predictor is not None:
+            out.update(model=predictor.bundle.manifest.get("model"), version=predictor.version)
+        if retriever is not None:
+            out["retrieval_version"] = retriever.predictor.version
         state.reloads.labels("ok").inc()
-        out = {"status": "reloaded", "model": p.bundle.manifest.get("model"),
-               "version": p.version}
-        if state.sync is not None:  # the other workers follow within sync.interval
-            out["generation"] = await run_in_threadpool(state.sync.publish, req.bundle)
-            out["workers"] = state.cfg.workers
         return out
 
     return app
@@ -359,8 +414,10 @@ def app_from_env():  # type: ignore[no-untyped-def]
     reload file shared by the workers (see :class:`ReloadSync`) in ``SAMPAN_SERVE_SYNC``."""
     cfg = ServeConfig.model_validate(json.loads(os.environ["SAMPAN_SERVE_CONFIG"]))
     sync_path = os.environ.get("SAMPAN_SERVE_SYNC")
-    if sync_path:  # a worker started after a reload serves the current bundle
-        cfg = cfg.model_copy(update={"bundle": json.loads(Path(sync_path).read_text())["bundle"]})
+    if sync_path:  # a worker started after a reload serves the current bundles
+        current = json.loads(Path(sync_path).read_text())
+        cfg = cfg.model_copy(update={"bundle": current["bundle"],
+                                     "retrieval_bundle": current.get("retrieval_bundle")})
     state = ServerState(cfg)
     if sync_path:
         state.sync = ReloadSync(sync_path, state)

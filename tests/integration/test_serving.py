@@ -333,9 +333,9 @@ def test_recommend(server, bundles):
 
 
 def test_reload_reaches_every_worker(bundles):
-    """`--workers 2`: a reload taken by one worker is served by both within a second, a
-    bad bundle reaches neither, and a worker that uvicorn starts again serves the current
-    bundle."""
+    """`--workers 2`: a reload taken by one worker is served by both within a second (the
+    ranking bundle and the retrieval bundle), a bad bundle reaches neither, and a worker
+    that uvicorn starts again serves the current bundles."""
     import signal
 
     port = free_port()
@@ -388,8 +388,26 @@ def test_reload_reaches_every_worker(bundles):
         r = httpx.post(f"{url}/v1/admin/reload", json={"bundle": str(bundles[0]) + "-nope"},
                        headers=auth, timeout=60)
         assert r.status_code == 400 and r.json()["field"] == "bundle"
+        r = httpx.post(f"{url}/v1/admin/reload", json={"bundle": str(bundles[1]),
+                                                       "retrieval_bundle": str(bundles[0])},
+                       headers=auth, timeout=60)  # a ranking bundle is no retrieval bundle
+        assert r.status_code == 400 and r.json()["field"] == "retrieval_bundle", r.text
+        assert httpx.post(f"{url}/v1/admin/reload", json={}, headers=auth).status_code == 422
         time.sleep(1.0)
         assert {g["model"] for g in answers()} == {"dcn_v2"}
+        # a retrieval bundle reloaded into a server started without one: /v1/recommend
+        # then works on every worker
+        rec = {"context": {"user_id": "u3"}, "n": 10, "k": 3}
+        assert httpx.post(f"{url}/v1/recommend", json=rec).json()["field"] == \
+            "retrieval_bundle"
+        r = httpx.post(f"{url}/v1/admin/reload", json={"retrieval_bundle": str(bundles[2])},
+                       headers=auth, timeout=60)
+        assert r.status_code == 200 and r.json()["generation"] == 2, r.text
+        assert "model" not in r.json() and "retrieval_version" in r.json()
+        time.sleep(1.5)
+        codes = [httpx.post(f"{url}/v1/recommend", json=rec).status_code for _ in range(30)]
+        assert codes == [200] * 30, codes
+        assert {g["model"] for g in answers()} == {"dcn_v2"}  # the ranking side unchanged
         # uvicorn replaces a worker that dies; the new one reads the shared file
         os.kill(next(iter(seen)), signal.SIGKILL)
         deadline = time.time() + 30
@@ -399,6 +417,8 @@ def test_reload_reaches_every_worker(bundles):
             time.sleep(0.2)
         assert fresh is not None, "uvicorn did not start a new worker"
         assert fresh["model"] == "dcn_v2"
+        codes = [httpx.post(f"{url}/v1/recommend", json=rec).status_code for _ in range(20)]
+        assert codes == [200] * 20, codes
     finally:
         proc.terminate()
         proc.wait(timeout=20)
