@@ -241,7 +241,10 @@ class SideTable:
             dup = pc.filter(counts, pc.greater(counts.field("counts"), 1))[0]["values"]
             raise DataError(f"data.joins: key {key!r} of {join.path} is not unique "
                             f"(e.g. {dup.as_py()!r})")
+        from sampan.data.transforms import ValueIndex
+
         self.keys = _key_text(keys)
+        self.index = ValueIndex(self.keys)
         # Numbers of a side table are checked like those of the main file, but a bad one
         # becomes missing (the row it belongs to is not the main file's to reject).
         self.values = {}
@@ -254,8 +257,7 @@ class SideTable:
 
     def attach(self, table: pa.Table) -> pa.Table:
         # a missing key matches nothing (not a side row with an empty key)
-        idx = pc.index_in(_key_text(table.column(self.join.by).combine_chunks()),
-                          value_set=self.keys, skip_nulls=True)
+        idx = self.index.take_indices(_key_text(table.column(self.join.by).combine_chunks()))
         for c in self.columns:
             table = table.append_column(c, pc.take(self.values[c], idx))
         return table

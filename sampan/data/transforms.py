@@ -79,6 +79,82 @@ def _as_string(values: pa.Array) -> pa.Array:
     return values.cast(pa.string())
 
 
+class ValueIndex:
+    """The position of each query string in a fixed array of distinct strings (``-1`` when
+    absent or null), without rebuilding a hash table of the whole set per call.
+
+    ``pc.index_in`` builds a hash table of the value set on every call: about 0.1 s for a
+    million values, paid per chunk when transforming and per request when serving. When
+    the set is much larger than the query, the set is instead indexed once (on first such
+    use) by the 64-bit :func:`stable_hash` of its values, sorted; a query is hashed, found
+    by binary search and confirmed by comparing the strings, so the answer is exact. Sets
+    where two different values share a hash (odds ~n²/2⁶⁵) always use ``pc.index_in``.
+
+    >>> ValueIndex(pa.array(["a", "b", ""])).positions(pa.array(["b", "z", None, ""])).tolist()
+    [1, -1, -1, 2]
+    """
+
+    SMALL = 2048  # below this, index_in's own table costs less than hashing the query
+    RATIO = 3  # the hashed path pays off once the set has RATIO x the query's values
+
+    def __init__(self, values: pa.Array):
+        if isinstance(values, pa.ChunkedArray):
+            values = values.combine_chunks()
+        self.values = values.cast(pa.string())
+        self._hashes: np.ndarray | None = None  # sorted
+        self._order: np.ndarray | None = None
+        self._collides = False
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def _hashed(self, queries: int) -> bool:
+        n = len(self.values)
+        if self._collides or n <= max(self.SMALL, self.RATIO * queries):
+            return False
+        if self._hashes is None:
+            h = stable_hash(self.values)
+            order = np.argsort(h, kind="stable")
+            h = h[order]
+            if (h[1:] == h[:-1]).any():
+                self._collides = True
+                return False
+            self._order, self._hashes = order, h  # _hashes last: it marks the index ready
+        return True
+
+    def prepare(self, queries: int = 1) -> None:
+        """Build now what a lookup of ``queries`` values would build on first use (a
+        server does this at start-up rather than in its first request)."""
+        self._hashed(queries)
+
+    def positions(self, query: pa.Array) -> np.ndarray:
+        """``int64 [len(query)]``: each value's position in the set, ``-1`` if absent."""
+        if isinstance(query, pa.ChunkedArray):
+            query = query.combine_chunks()
+        query = query.cast(pa.string())
+        if not self._hashed(len(query)):
+            idx = pc.index_in(query, value_set=self.values, skip_nulls=True)
+            return pc.fill_null(idx, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+        hashes, order = self._hashes, self._order
+        h = stable_hash(query)
+        pos = np.minimum(np.searchsorted(hashes, h), len(hashes) - 1)
+        cand = order[pos]
+        hit = hashes[pos] == h
+        hit &= pc.is_valid(query).to_numpy(zero_copy_only=False)
+        rows = np.flatnonzero(hit)
+        if len(rows):  # the hash agrees: confirm with the strings themselves
+            same = pc.equal(pc.take(self.values, pa.array(cand[rows])),
+                            pc.take(query, pa.array(rows)))
+            hit[rows] = pc.fill_null(same, False).to_numpy(zero_copy_only=False)
+        return np.where(hit, cand, -1).astype(np.int64)
+
+    def take_indices(self, query: pa.Array) -> pa.Array:
+        """:meth:`positions` as an Arrow index array with nulls where absent (for
+        ``pc.take``, which then gives nulls)."""
+        pos = self.positions(query)
+        return pa.array(pos, type=pa.int64(), mask=pos < 0)
+
+
 class CategoricalEncoder:
     """Maps a string column to ids: ``0`` padding, ``1`` OOV, then the vocabulary.
 
@@ -100,6 +176,8 @@ class CategoricalEncoder:
         self._pending = 0
         self._merged_size = 0
         self.vocab_: pa.Array | None = None  # string values, id = FIRST_VOCAB_ID + position
+        self._index: ValueIndex | None = None
+        self._index_of: pa.Array | None = None  # the vocabulary _index was built from
         self.counts_: np.ndarray | None = None
         self.oov_count_: int | None = None
         self.boundaries_: np.ndarray | None = None  # bucketize: quantile
@@ -164,6 +242,14 @@ class CategoricalEncoder:
 
     # -- state
     @property
+    def index(self) -> ValueIndex:
+        """The vocabulary's lookup structure, built on first use."""
+        self._check()
+        if self._index is None or self._index_of is not self.vocab_:
+            self._index, self._index_of = ValueIndex(self.vocab_), self.vocab_
+        return self._index
+
+    @property
     def cardinality(self) -> int:
         """Number of ids this feature can produce (its rows in the embedding table)."""
         self._check()
@@ -187,8 +273,7 @@ class CategoricalEncoder:
             return ids.astype(np.int64)
         values = pc.fill_null(self._prepare(values), "")
         if len(self.vocab_):
-            idx = pc.index_in(values, value_set=self.vocab_)
-            ids = pc.fill_null(idx, -1).to_numpy().astype(np.int64)
+            ids = self.index.positions(values)
             known = ids >= 0
             ids += FIRST_VOCAB_ID
         else:

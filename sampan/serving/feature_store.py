@@ -30,6 +30,7 @@ class MemoryFeatureStore:
             if j.by in self.tables:
                 raise ValueError(f"two feature tables are keyed by {j.by!r}")
             self.tables[j.by] = SideTable(j, roles)
+            self.tables[j.by].index.prepare()  # key lookups ready before requests
 
     @property
     def keys(self) -> list[str]:
@@ -42,7 +43,7 @@ class MemoryFeatureStore:
     def columns(self, by: str, keys: pa.Array) -> tuple[dict[str, pa.Array], pa.Array]:
         """``({column: values for keys}, found mask)`` of the table keyed by ``by``."""
         t = self.tables[by]
-        idx = pc.index_in(_key_text(keys), value_set=t.keys, skip_nulls=True)
+        idx = t.index.take_indices(_key_text(keys))
         return {c: pc.take(t.values[c], idx) for c in t.columns}, pc.is_valid(idx)
 
     def rows(self, by: str) -> tuple[pa.Array, dict[str, pa.Array]]:

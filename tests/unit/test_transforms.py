@@ -454,3 +454,65 @@ def test_binned_category_column_is_read_as_a_number():
     roles = FeaturePipeline(fc).roles()
     assert "n" in roles.numeric and "n" not in roles.categorical  # bad text is rejected
     assert "c" in roles.categorical
+
+
+def _index_in(values: pa.Array, query: pa.Array) -> list[int]:
+    import pyarrow.compute as pc
+
+    return pc.fill_null(pc.index_in(query, value_set=values, skip_nulls=True), -1).to_pylist()
+
+
+@pytest.mark.parametrize("size", [5, 3000, 50_000])
+def test_value_index_matches_index_in(size) -> None:
+    from sampan.data.transforms import ValueIndex
+
+    rng = np.random.default_rng(size)
+    # distinct values of varied length, unicode and the empty string among them
+    pool = [f"{x:x}" * (1 + x % 3) for x in rng.choice(10 * size, size, replace=False)]
+    pool[0], pool[-1] = "", "größe-名前"
+    values = pa.array(pool)
+    q = [pool[i] for i in rng.integers(0, size, 400)] + [f"miss{i}" for i in range(100)]
+    q += [None, "", "größe-名前", pool[1] + "x", pool[1][:-1]]
+    query = pa.array(q, pa.large_string())
+    index = ValueIndex(values)
+    assert index.positions(query).tolist() == _index_in(values, pa.array(q))
+    # the hashed index serves sets much larger than the query; index_in the others
+    assert (index._hashes is not None) == (size > max(ValueIndex.SMALL, 3 * len(q)))
+    taken = index.take_indices(query)
+    assert taken.null_count == sum(p < 0 for p in _index_in(values, pa.array(q)))
+    assert index.positions(pa.array([], pa.string())).tolist() == []
+
+
+def test_value_index_falls_back_when_two_values_share_a_hash(monkeypatch) -> None:
+    import sampan.data.transforms as T
+
+    real = T.stable_hash
+    # a hash with 7 values: any large set collides, so the index must use index_in
+    monkeypatch.setattr(T, "stable_hash", lambda v, seed=0: real(v, seed) % np.uint64(7))
+    values = pa.array([f"v{i}" for i in range(3000)])
+    index = T.ValueIndex(values)
+    query = pa.array(["v5", "v2999", "nope", None])
+    assert index.positions(query).tolist() == [5, 2999, -1, -1]
+    assert index._hashes is None and index._collides
+    # and when the set has no collision, a query that collides with a value is still
+    # told apart by comparing the strings
+    monkeypatch.setattr(T, "stable_hash", lambda v, seed=0: np.array(
+        [int(s[1:]) if s and s[0] in "vw" else 10**9 for s in v.to_pylist()], np.uint64))
+    index = T.ValueIndex(values)
+    assert index.positions(pa.array(["v7", "w7", "v2999", "zz"])).tolist() == [7, -1, 2999, -1]
+    assert index._hashes is not None
+
+
+def test_categorical_encoder_large_vocabulary_uses_the_index() -> None:
+    from sampan.data.transforms import FIRST_VOCAB_ID, OOV_ID
+
+    enc = CategoricalEncoder(CategoricalFeature(name="c", min_count=1))
+    vals = [f"id{i}" for i in range(5000)]
+    enc.partial_fit(pa.array(vals))
+    enc.finalize()
+    ids = enc.transform(pa.array(["id17", "unknown", None, "id4999"]))  # 4 << 5000
+    vocab = enc.vocab_.to_pylist()
+    assert ids.tolist() == [FIRST_VOCAB_ID + vocab.index("id17"), OOV_ID,
+                            OOV_ID if "" not in vocab else FIRST_VOCAB_ID + vocab.index(""),
+                            FIRST_VOCAB_ID + vocab.index("id4999")]
+    assert enc.index._hashes is not None
