@@ -167,23 +167,29 @@ def predict(
     from sampan.data.sources import DataError
     from sampan.train.experiment import RunArtifacts
 
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.partial")
+    rows = 0
     try:
         art = RunArtifacts(run_dir)
-        probs = art.predict(inputs)
+        labels = art.store.schema.labels
+        names = ["probability"] if len(labels) == 1 else [f"probability_{t}" for t in labels]
+        with open(tmp, "w") as f:  # chunk by chunk: any file size in bounded memory
+            f.write("line," + ",".join(names) + "\n")
+            for lines, probs in art.predict_chunks(inputs):
+                np.savetxt(f, np.column_stack([lines, probs]), delimiter=",",
+                           fmt=["%d"] + ["%.8f"] * probs.shape[1])
+                rows += len(probs)
+        if not rows:
+            raise DataError("no rows left to use after reading the input")
+        tmp.replace(out)
     except (ConfigError, DataError, FileNotFoundError, ValueError) as e:
+        tmp.unlink(missing_ok=True)
         _fail(str(e))
-    lines = art.last_log
-    line_numbers = art.read_lines
-    out.parent.mkdir(parents=True, exist_ok=True)
-    names = ["probability"] if probs.shape[1] == 1 else [f"probability_{t}"
-                                                       for t in art.store.schema.labels]
-    with open(out, "w") as f:
-        f.write("line," + ",".join(names) + "\n")
-        np.savetxt(f, np.column_stack([line_numbers, probs]), delimiter=",",
-                   fmt=["%d"] + ["%.8f"] * probs.shape[1])
-    console.print(f"wrote {len(probs):,} predictions to {out}"
-                  + (f"; {lines.rejected:,} rows rejected {dict(lines.reasons)}"
-                     if lines.rejected else ""))
+    log = art.last_log
+    console.print(f"wrote {rows:,} predictions to {out}"
+                  + (f"; {log.rejected:,} rows rejected {dict(log.reasons)}"
+                     if log.rejected else ""))
 
 
 @app.command()

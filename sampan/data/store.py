@@ -355,23 +355,31 @@ class _SplitWriter:
             raise RuntimeError(f"{self.out.name}: wrote {self.pos} rows, expected {self.n}")
 
 
-def transform_files(cfg: ExperimentConfig, pipe: FeaturePipeline, spec: str | list[str],
-                    with_labels: bool, rejects: Path | None = None) -> tuple[SplitArrays,
-                                                                             RejectLog]:
-    """Read raw files as configured and transform them in memory (for eval and predict)."""
-    log = RejectLog(rejects)
+def iter_transformed(cfg: ExperimentConfig, pipe: FeaturePipeline, spec: str | list[str],
+                     with_labels: bool, log: RejectLog) -> Iterator[dict[str, Any]]:
+    """Read raw files as configured and transform them chunk by chunk (memory bounded by
+    ``data.block_size``): the arrays of :meth:`FeaturePipeline.transform` plus ``line``,
+    the line numbers of the chunk's rows. Bad rows go to ``log``; the caller closes it and
+    checks ``data.max_bad_fraction``."""
     roles = pipe.roles(with_labels=with_labels, with_extra=False)
     # A run trained on the built-in generator reads files in the generator's column layout.
     data_cfg = cfg.data if cfg.data.format != "synthetic" else cfg.data.model_copy(
         update={"format": "auto"})
-    parts = []
+    for t in read_source(data_cfg, spec, roles, log):
+        if not t.num_rows:
+            continue
+        arrays = pipe.transform(t, with_labels=with_labels)
+        arrays["line"] = t.column(LINE_COLUMN).to_numpy()
+        yield arrays
+
+
+def transform_files(cfg: ExperimentConfig, pipe: FeaturePipeline, spec: str | list[str],
+                    with_labels: bool, rejects: Path | None = None) -> tuple[SplitArrays,
+                                                                             RejectLog]:
+    """Read raw files as configured and transform them in memory (for eval)."""
+    log = RejectLog(rejects)
     try:
-        for t in read_source(data_cfg, spec, roles, log):
-            if not t.num_rows:
-                continue
-            arrays = pipe.transform(t, with_labels=with_labels)
-            arrays["line"] = t.column(LINE_COLUMN).to_numpy()
-            parts.append(arrays)
+        parts = list(iter_transformed(cfg, pipe, spec, with_labels, log))
     finally:
         log.close()
     log.check(cfg.data.max_bad_fraction)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,8 @@ from rich.table import Table
 
 from sampan import distributed
 from sampan.config import ExperimentConfig, dump_config, load_config
-from sampan.data.store import SplitArrays, Store, build_store, transform_files
+from sampan.data.sources import RejectLog
+from sampan.data.store import SplitArrays, Store, build_store, iter_transformed, transform_files
 from sampan.models import build_model
 from sampan.train import checkpoint as ckpt
 from sampan.train.metrics import auc, auc_bootstrap
@@ -254,3 +256,21 @@ class RunArtifacts:
         """Probabilities ``[N, T]`` for raw rows (labels not needed)."""
         data = self.read(files, with_labels=False)
         return probabilities(self.trainer.predict_logits(data))
+
+    def predict_chunks(self, files: str | list[str]
+                       ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """``(line numbers, probabilities [n, T])`` chunk by chunk, so files of any size
+        are scored in bounded memory. Bad rows go to ``<run>/rejects-input.jsonl``; when
+        the iteration ends, ``last_log`` holds the counts and ``data.max_bad_fraction`` has
+        been checked (raising :class:`DataError` when exceeded)."""
+        rejects = self.run / "rejects-input.jsonl"
+        rejects.unlink(missing_ok=True)
+        log = RejectLog(rejects)
+        self.last_log = log
+        try:
+            for arrays in iter_transformed(self.cfg, self.pipeline, files, False, log):
+                chunk = SplitArrays.concat([arrays], None)
+                yield arrays["line"], probabilities(self.trainer.predict_logits(chunk))
+        finally:
+            log.close()
+        log.check(self.cfg.data.max_bad_fraction)

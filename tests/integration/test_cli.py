@@ -78,6 +78,23 @@ def test_train_prints_test_auc_next_to_oracle_then_eval_and_predict(tmp_path):
     assert len(pred) == 50
     assert pred["line"].tolist() == list(range(1, 51))
     assert ((pred["probability"] > 0) & (pred["probability"] < 1)).all()
+    # the file scored in many small chunks gives the same lines and probabilities
+    from sampan.train.experiment import RunArtifacts
+
+    art = RunArtifacts(run)
+    art.cfg = art.cfg.model_copy(update={"data": art.cfg.data.model_copy(
+        update={"block_size": 512})})
+    chunks = list(art.predict_chunks(str(raw)))
+    assert len(chunks) > 3
+    np.testing.assert_array_equal(np.concatenate([c[0] for c in chunks]), pred["line"])
+    np.testing.assert_allclose(np.concatenate([c[1] for c in chunks])[:, 0],
+                               pred["probability"], atol=1e-8)
+    # too many bad rows: the command fails and leaves no output behind
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("".join("1\tnot-a-number\n" for _ in range(5)))
+    r = sampan("predict", str(run), str(bad), "--out", str(tmp_path / "bad.csv"), check=False)
+    assert r.returncode != 0 and "rejected" in (r.stdout + r.stderr).lower()
+    assert not (tmp_path / "bad.csv").exists() and not list(tmp_path.glob(".bad.csv*"))
     # the same rows evaluated through `eval --data` give the AUC of those probabilities
     from sklearn.metrics import roc_auc_score
 
