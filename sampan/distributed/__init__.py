@@ -110,16 +110,49 @@ def all_gather_rows(x: torch.Tensor) -> torch.Tensor:
     order."""
     if not _CTX.enabled:
         return x
+    return _gather(x)[0]
+
+
+def _gather(x: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
     n = torch.tensor([x.shape[0]], dtype=torch.long, device=x.device)
-    sizes = [torch.zeros_like(n) for _ in range(_CTX.world)]
-    dist.all_gather(sizes, n)
-    sizes = [int(s) for s in sizes]
+    sizes_t = [torch.zeros_like(n) for _ in range(_CTX.world)]
+    dist.all_gather(sizes_t, n)
+    sizes = [int(s) for s in sizes_t]
     top = max(sizes)
     pad = torch.zeros((top - x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
     parts = [torch.empty((top, *x.shape[1:]), dtype=x.dtype, device=x.device)
              for _ in range(_CTX.world)]
     dist.all_gather(parts, torch.cat([x, pad]).contiguous())
-    return torch.cat([p[:s] for p, s in zip(parts, sizes, strict=True)])
+    return torch.cat([p[:s] for p, s in zip(parts, sizes, strict=True)]), sizes
+
+
+class _GatherRows(torch.autograd.Function):
+    """all_gather_rows with a backward: each rank's rows get the sum over ranks of the
+    gradient with respect to them (every rank's loss may use every rank's rows)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, where: dict) -> torch.Tensor:  # type: ignore[override]
+        out, sizes = _gather(x)
+        ctx.lo, ctx.n = sum(sizes[: _CTX.rank]), x.shape[0]
+        where["lo"] = ctx.lo
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad)
+        return grad[ctx.lo: ctx.lo + ctx.n], None
+
+
+def gather_rows_with_grad(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """``(every rank's x in rank order, where this rank's rows start)``, differentiable:
+    for losses that use other ranks' rows, e.g. in-batch negatives drawn from the global
+    batch. A single process gets ``(x, 0)``."""
+    if not _CTX.enabled:
+        return x, 0
+    where: dict[str, int] = {}
+    out = _GatherRows.apply(x, where)
+    return out, where["lo"]
 
 
 def average_gradients(params: list[torch.Tensor], bucket_bytes: int = 25 << 20) -> None:

@@ -1,7 +1,8 @@
 """Retrieval (candidate generation) for two-tower models.
 
 **Training**: each batch holds positive (user, item) rows; every row's item is the positive
-of its user and the other items of the batch are its negatives (in-batch sampled softmax).
+of its user and the other items of the batch are its negatives (in-batch sampled softmax;
+under data parallelism, the items of the whole global batch, gathered from every rank).
 Popular items appear as negatives more often than a uniform sample would draw them, which
 biases scores against them; the logQ correction (Yi et al., 2019) subtracts ``log q(item)``,
 the item's share of the training positives, from each logit. In-batch copies of a row's own
@@ -24,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sampan import distributed
 from sampan.data.store import SplitArrays
 from sampan.train.metrics import ranking_metrics
 
@@ -96,14 +98,19 @@ class RetrievalTask:
     def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
         u, v = model.vectors(batch)
         u, v = u.float(), v.float()
-        logits = u @ v.T / self.temperature
         ids = batch.sparse[:, self.item_col]
+        # Under data parallelism the negatives are the items of the whole global batch (as
+        # in one process): every rank's item vectors, gradients flowing back to their rank.
+        v_all, lo = distributed.gather_rows_with_grad(v)
+        ids_all = distributed.all_gather_rows(ids)
+        logits = u @ v_all.T / self.temperature
         if self.logq:
-            logits = logits - self.log_q.to(logits.device)[ids].unsqueeze(0)
-        hit = ids.unsqueeze(0) == ids.unsqueeze(1)
-        hit.fill_diagonal_(False)
+            logits = logits - self.log_q.to(logits.device)[ids_all].unsqueeze(0)
+        target = torch.arange(len(ids), device=logits.device) + lo
+        hit = ids.unsqueeze(1) == ids_all.unsqueeze(0)
+        hit[torch.arange(len(ids), device=hit.device), target] = False
         logits = logits.masked_fill(hit, float("-inf"))
-        return F.cross_entropy(logits, torch.arange(len(ids), device=logits.device))
+        return F.cross_entropy(logits, target)
 
     # ----------------------------------------------------------------- evaluation
     def evaluate(self, model: nn.Module, data: SplitArrays,

@@ -142,6 +142,87 @@ def test_two_ranks_equal_one_process(tmp_path, placement):
             assert got["metrics"][k] == pytest.approx(one["metrics"][k], abs=1e-9), k
 
 
+def two_tower_model():
+    from sampan.models import build_model, get_model_class
+    from sampan.schema import DataSchema, SparseFeatureSpec
+
+    schema = DataSchema(dense=["x"], sparse=[SparseFeatureSpec("user_id", 20),
+                                             SparseFeatureSpec("item_id", 9)])
+    torch.manual_seed(0)
+    return build_model(get_model_class("two_tower").Config(
+        embedding_dim=4, tower_mlp=[8], item_features=["item_id"], k=5), schema)
+
+
+def two_tower_step(batch, weight):
+    """Loss and gradients of one step; items repeat, so accidental hits are masked."""
+    from sampan import distributed
+    from sampan.embedding import EmbeddingCollection
+    from sampan.tasks import make_task
+
+    g = np.random.default_rng(1)
+    n = 60
+    train = data(n)
+    train.sparse = np.stack([g.integers(2, 20, n), g.integers(2, 9, n)], 1)
+    train.labels = np.ones((n, 1), np.float32)
+    model = two_tower_model()
+    task = make_task(model, train)
+    loss = task.loss(model, batch)
+    (loss * weight).backward()
+    dense = [p for p in model.parameters() if p.requires_grad]
+    distributed.average_gradients(dense)
+    coll = next(m for m in model.modules() if isinstance(m, EmbeddingCollection))
+    rows, sparse = coll.pop_lookups()
+    return {"loss": loss.detach() * weight, "rows": rows, "sparse": sparse,
+            "dense": {k: p.grad.clone() for k, p in model.named_parameters()
+                      if p.requires_grad}}
+
+
+def tt_batch(rank=0, world=1):
+    from sampan.data.loader import BatchLoader
+
+    g = np.random.default_rng(2)
+    d = data(40)
+    d.sparse = np.stack([g.integers(2, 20, 40), g.integers(2, 9, 40)], 1)
+    loader = BatchLoader(d, batch_size=31, shuffle="rows", seed=3, prefetch=0, rank=rank,
+                         world=world)
+    return next(iter(loader)), loader
+
+
+def tt_worker(rank, port, out):
+    from sampan import distributed
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE="2", LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    distributed.init_from_env("cpu")
+    try:
+        batch, loader = tt_batch(rank, 2)
+        result = two_tower_step(batch, batch.size / loader.global_rows(0))
+        torch.save(result, out / f"tt{rank}.pt")
+    finally:
+        distributed.shutdown()
+
+
+def test_two_tower_negatives_come_from_the_global_batch(tmp_path):
+    """Two ranks of 16 + 15 rows train exactly like one process on the 31: every rank's
+    softmax runs over all 31 items, and the gradients reach the items' own ranks."""
+    mp.spawn(tt_worker, args=(free_port(), tmp_path), nprocs=2, join=True)
+    ranks = [torch.load(tmp_path / f"tt{r}.pt", weights_only=False) for r in range(2)]
+    batch, _ = tt_batch()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        one = two_tower_step(batch, 1.0)
+    finally:
+        torch.set_num_threads(threads)
+    torch.testing.assert_close(ranks[0]["loss"] + ranks[1]["loss"], one["loss"])
+    for got in ranks:
+        for name, g in one["dense"].items():
+            torch.testing.assert_close(got["dense"][name], g, atol=1e-6, rtol=1e-4)
+        assert torch.equal(got["rows"], one["rows"])
+        torch.testing.assert_close(got["sparse"], one["sparse"], atol=1e-6, rtol=1e-4)
+
+
 # -------------------------------------------------------------------- the CLI, torchrun
 def run_cli(*args, timeout=300):
     r = subprocess.run([*SAMPAN, *args], capture_output=True, text=True, timeout=timeout,
