@@ -193,11 +193,6 @@ class ServerState:
                                "reload one)", "retrieval_bundle")
         return retriever.search(context, n, store)
 
-    def apply(self, bundle: str | None, retrieval_bundle: str | None) -> None:
-        """Serve these bundles, loading only those that differ from the ones served."""
-        self.load(bundle if bundle != self.bundle_path else None,
-                  retrieval_bundle if retrieval_bundle != self.retrieval_path else None)
-
     def check_token(self, header: str | None) -> bool:
         if not self.token:
             return False  # reload is disabled without a configured token
@@ -213,14 +208,16 @@ class ServerState:
 class ReloadSync:
     """Keeps the worker processes of one ``sampan serve --workers N`` on the same bundles.
 
-    The workers share a small JSON file ``{"bundle": path, "retrieval_bundle": path or
-    null, "generation": n}``. The worker that takes a reload loads the bundles first (so a
-    bad bundle never reaches the file), then writes the next generation under an
-    exclusive file lock; every worker polls the file every ``interval`` seconds and loads
-    a newer generation. Within a worker, a reload and the watcher take turns, so the file
-    and what the worker serves never disagree for longer than one poll. A worker that
-    uvicorn starts again later reads the file, so it serves the current bundles, not those
-    of the command line.
+    The workers share a small JSON file: the served ``bundle`` and ``retrieval_bundle``,
+    the ``generation`` (reloads so far) and, for each bundle, the generation that last
+    loaded it (``bundle_gen``, ``retrieval_gen``: a bundle exported again to the same path
+    and reloaded is loaded again everywhere). The worker that takes a reload loads the
+    bundles first (so a bad bundle never reaches the file), then writes the next
+    generation under an exclusive file lock; every worker polls the file every
+    ``interval`` seconds and loads what a newer generation changed. Within a worker, a
+    reload and the watcher take turns, so the file and what the worker serves never
+    disagree for longer than one poll. A worker that uvicorn starts again later reads the
+    file, so it serves the current bundles, not those of the command line.
     """
 
     def __init__(self, path: str | Path, state: ServerState, interval: float = 0.5):
@@ -228,7 +225,7 @@ class ReloadSync:
         self.state = state
         self.interval = interval
         self._lock = threading.Lock()
-        self.generation = self.read()["generation"]
+        self.seen = self.read()  # the file as this worker last applied it
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="sampan-reload-sync",
                                         daemon=True)
@@ -237,8 +234,9 @@ class ReloadSync:
     @staticmethod
     def create(path: str | Path, bundle: str, retrieval_bundle: str | None) -> None:
         """The file for a new server, at generation 0."""
-        Path(path).write_text(json.dumps({"bundle": bundle, "retrieval_bundle":
-                                          retrieval_bundle, "generation": 0}))
+        Path(path).write_text(json.dumps({
+            "bundle": bundle, "retrieval_bundle": retrieval_bundle, "generation": 0,
+            "bundle_gen": 0, "retrieval_gen": 0}))
 
     def read(self) -> dict[str, Any]:
         return json.loads(self.path.read_text())
@@ -252,34 +250,52 @@ class ReloadSync:
             with open(self.path.with_suffix(".lock"), "w") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)  # one writer at a time among the workers
                 current = self.read()
-                generation = current["generation"] + 1
-                update = {"bundle": bundle or current["bundle"],
-                          "retrieval_bundle": retrieval_bundle or current["retrieval_bundle"],
-                          "generation": generation}
+                g = current["generation"] + 1
+                current["generation"] = g
+                if bundle is not None:
+                    current.update(bundle=bundle, bundle_gen=g)
+                if retrieval_bundle is not None:
+                    current.update(retrieval_bundle=retrieval_bundle, retrieval_gen=g)
                 tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
-                tmp.write_text(json.dumps(update))
+                tmp.write_text(json.dumps(current))
                 os.replace(tmp, self.path)  # atomic: readers see the old or the new file
-            self.generation = generation
-        return predictor, retriever, generation
+            # What this worker serves now: what it just loaded, and for the other bundle
+            # what it had before; if another worker changed that one meanwhile, the
+            # watcher's next poll loads it.
+            old = self.seen
+            self.seen = {**current, **({} if bundle is not None else {
+                "bundle": old["bundle"], "bundle_gen": old["bundle_gen"]}),
+                **({} if retrieval_bundle is not None else {
+                    "retrieval_bundle": old["retrieval_bundle"],
+                    "retrieval_gen": old["retrieval_gen"]})}
+        return predictor, retriever, g
 
     def _watch(self) -> None:
         while not self._stop.wait(self.interval):
-            with self._lock:
-                try:
-                    current = self.read()
-                except (OSError, ValueError):
-                    continue  # the server is shutting down
-                if current["generation"] <= self.generation:
-                    continue
-                self.generation = current["generation"]
-                try:
-                    self.state.apply(current["bundle"], current["retrieval_bundle"])
-                    self.state.reloads.labels("ok").inc()
-                except Exception as e:  # noqa: BLE001 - keep serving the old model; say why
-                    self.state.reloads.labels("failed").inc()
-                    print(f"sampan worker {os.getpid()}: cannot load generation "
-                          f"{current['generation']} ({current}): {e}", file=sys.stderr,
-                          flush=True)
+            self.poll()
+
+    def poll(self) -> None:
+        """Load whatever the file's bundles changed since this worker last looked."""
+        with self._lock:
+            try:
+                current = self.read()
+            except (OSError, ValueError):
+                return  # the server is shutting down
+            seen = self.seen
+            bundle = current["bundle"] if current["bundle_gen"] > seen["bundle_gen"] else None
+            retrieval = current["retrieval_bundle"] \
+                if current["retrieval_gen"] > seen["retrieval_gen"] else None
+            if bundle is None and retrieval is None:
+                return
+            self.seen = current
+            try:
+                self.state.load(bundle, retrieval)
+                self.state.reloads.labels("ok").inc()
+            except Exception as e:  # noqa: BLE001 - keep serving the old model; say why
+                self.state.reloads.labels("failed").inc()
+                print(f"sampan worker {os.getpid()}: cannot load generation "
+                      f"{current['generation']} ({current}): {e}", file=sys.stderr,
+                      flush=True)
 
     def close(self) -> None:
         self._stop.set()
