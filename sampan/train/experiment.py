@@ -25,7 +25,7 @@ from rich.table import Table
 
 from sampan import distributed
 from sampan.config import ExperimentConfig, dump_config, load_config
-from sampan.data.sources import RejectLog
+from sampan.data.sources import DataError, RejectLog
 from sampan.data.store import SplitArrays, Store, build_store, iter_transformed, transform_files
 from sampan.models import build_model
 from sampan.train import checkpoint as ckpt
@@ -224,7 +224,6 @@ class RunArtifacts:
         rejects.unlink(missing_ok=True)
         data, log = transform_files(self.cfg, self.pipeline, files, with_labels, rejects=rejects)
         self.last_log = log
-        self.read_lines = data.line
         return data
 
     def evaluate(self, split_or_files: str | list[str], bootstrap: int = 0
@@ -237,9 +236,15 @@ class RunArtifacts:
                 raise ValueError(f"the {split_or_files} split of {self.run} is empty")
         else:
             data = self.read(split_or_files, with_labels=True)
-        metrics: dict[str, Any] = dict(self.trainer.evaluate(data))
+        outputs: list[torch.Tensor] = []
+
+        def infer(fn, d):  # type: ignore[no-untyped-def]  # keeps the logits: one pass
+            outputs.append(self.trainer.infer(fn, d))
+            return outputs[-1]
+
+        metrics: dict[str, Any] = dict(self.trainer.task.evaluate(self.model, data, infer))
         if bootstrap and "auc" in metrics:
-            logits = self.trainer.predict_logits(data)
+            logits = outputs[0]
             labels = torch.from_numpy(np.array(data.labels, dtype=np.float32))
             names = ["auc"] + [f"auc_{t}" for t in range(logits.shape[1])
                                if f"auc_{t}" in metrics]
@@ -254,8 +259,10 @@ class RunArtifacts:
 
     def predict(self, files: str | list[str]) -> np.ndarray:
         """Probabilities ``[N, T]`` for raw rows (labels not needed)."""
-        data = self.read(files, with_labels=False)
-        return probabilities(self.trainer.predict_logits(data))
+        parts = [probs for _, probs in self.predict_chunks(files)]
+        if not parts:
+            raise DataError("no rows left to use after reading the input")
+        return np.concatenate(parts)
 
     def predict_chunks(self, files: str | list[str]
                        ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
