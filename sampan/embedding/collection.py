@@ -16,6 +16,8 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -42,6 +44,46 @@ class _GatherRows(torch.autograd.Function):
         return out.index_add_(0, inverse, grad), None
 
 
+# Tables built while a rule is set (see sharded_build) keep only this process's rows.
+_SHARD_RULE: Callable[[int], tuple[int, int] | None] | None = None
+_INIT_BLOCK_ROWS = 1 << 16  # a multiple of 16: see _normal_rows
+
+
+@contextmanager
+def sharded_build(rule: Callable[[int], tuple[int, int] | None]) -> Iterator[None]:
+    """While active, every ``EmbeddingCollection`` built calls ``rule(weight bytes)``;
+    ``(rank, world)`` makes it allocate and initialise only that rank's contiguous rows,
+    with exactly the values those rows get in the whole table (a process never holds the
+    whole table); ``None`` builds the whole table."""
+    global _SHARD_RULE
+    previous, _SHARD_RULE = _SHARD_RULE, rule
+    try:
+        yield
+    finally:
+        _SHARD_RULE = previous
+
+
+def _normal_rows(rows: int, dim: int, std: float, lo: int, hi: int) -> torch.Tensor:
+    """Rows ``[lo, hi)`` of ``torch.empty(rows, dim).normal_(0, std)``, drawing the same
+    random stream (so the global generator ends in the same state) one block at a time.
+
+    PyTorch's CPU ``normal_`` fills 16 values at a time; blocks of a multiple of 16 values
+    continue the stream exactly, and the last block takes any remainder under 16 values.
+    """
+    out = torch.empty(hi - lo, dim)
+    start = 0
+    while start < rows:
+        end = min(start + _INIT_BLOCK_ROWS, rows)
+        if (rows - end) * dim < 16:
+            end = rows
+        block = torch.empty(end - start, dim).normal_(0.0, std)
+        a, b = max(start, lo), min(end, hi)
+        if a < b:
+            out[a - lo: b - lo] = block[a - start: b - start]
+        start = end
+    return out
+
+
 class EmbeddingCollection(nn.Module):
     """One fused table for ``tables`` (all of one dim), looked up by ``ids [B, F]``.
 
@@ -64,10 +106,21 @@ class EmbeddingCollection(nn.Module):
         # List features (sequences, bags) read their table by name.
         self.shared_offset = {name: int(offsets[i]) for i, t in enumerate(tables)
                               for name in (t.features if not t.field else t.features[1:])}
-        self.weight = nn.Parameter(torch.empty(self.num_rows, self.dim), requires_grad=False)
-        nn.init.normal_(self.weight, 0.0, init_std)
-        self._lookups: list[tuple[Any, ...]] = []
         self.bounds: list[int] | None = None  # row shards of each rank, when row-sharded
+        shard = _SHARD_RULE(self.num_rows * self.dim * 4) if _SHARD_RULE else None
+        if shard is None:
+            self.weight = nn.Parameter(torch.empty(self.num_rows, self.dim),
+                                       requires_grad=False)
+            nn.init.normal_(self.weight, 0.0, init_std)
+        else:
+            from sampan.distributed import shard_bounds
+
+            rank, world = shard
+            self.bounds = shard_bounds(self.num_rows, world)
+            self.weight = nn.Parameter(_normal_rows(
+                self.num_rows, self.dim, init_std, self.bounds[rank], self.bounds[rank + 1]),
+                requires_grad=False)
+        self._lookups: list[tuple[Any, ...]] = []
 
     # ------------------------------------------------------------------ row sharding
     @property

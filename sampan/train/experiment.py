@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from sampan import distributed
 from sampan.config import ExperimentConfig, dump_config, load_config
 from sampan.data.sources import DataError, RejectLog
 from sampan.data.store import SplitArrays, Store, build_store, iter_transformed, transform_files
+from sampan.embedding.collection import sharded_build
 from sampan.models import build_model
 from sampan.train import checkpoint as ckpt
 from sampan.train.metrics import auc, auc_bootstrap
@@ -95,12 +96,14 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path | None = None,
         raise ValueError("the train split is empty; check data.split")
 
     torch.manual_seed(cfg.seed)  # model init depends only on the seed (same on every rank)
-    model = build_model(cfg.model, store.schema)
     if dist.enabled:
+        # row-sharded tables are built as this rank's rows only (never the whole table)
+        with sharded_build(placement_rule(cfg, dist)):
+            model = build_model(cfg.model, store.schema)
         torch.manual_seed(cfg.seed + dist.rank)  # dropout masks differ between ranks
-    if dist.enabled:
-        place_embeddings(model, cfg, dist)
         print_placement(model, console)
+    else:
+        model = build_model(cfg.model, store.schema)
     n_params = sum(p.numel() for p in model.parameters())
     console.print(f"model {cfg.model.name}: {n_params:,} parameters on "
                   f"{cfg.train.device if cfg.train.device != 'auto' else 'auto device'}")
@@ -130,16 +133,15 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path | None = None,
     return results
 
 
-def place_embeddings(model: torch.nn.Module, cfg: ExperimentConfig, dist: Any) -> None:
-    """Row-shard the fused tables the placement rule picks (see ``train.embedding_placement``);
-    the others stay replicated."""
-    from sampan.embedding import EmbeddingCollection
-
-    for c in (m for m in model.modules() if isinstance(m, EmbeddingCollection)):
-        size = c.num_rows * c.dim * c.weight.element_size()
-        rule = cfg.train.embedding_placement
-        if rule == "row_sharded" or (rule == "auto" and size >= cfg.train.shard_min_bytes):
-            c.shard_rows_(dist.rank, dist.world)
+def placement_rule(cfg: ExperimentConfig, dist: Any) -> Callable[[int], tuple[int, int] | None]:
+    """Which fused tables are row-sharded (see ``train.embedding_placement``): given a
+    table's weight bytes, ``(rank, world)`` to shard it, ``None`` to replicate it."""
+    def rule(nbytes: int) -> tuple[int, int] | None:
+        how = cfg.train.embedding_placement
+        if how == "row_sharded" or (how == "auto" and nbytes >= cfg.train.shard_min_bytes):
+            return dist.rank, dist.world
+        return None
+    return rule
 
 
 def print_placement(model: torch.nn.Module, console: Console) -> None:

@@ -188,3 +188,34 @@ def test_optimizer_state_dict_round_trip_continues_identically():
         return coll.weight.data
 
     torch.testing.assert_close(train(3, 3, True), train(3, 3, False), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_sharded_build_holds_exactly_its_rows_of_the_whole_table(monkeypatch, world) -> None:
+    """A table built as one rank's shard has the values of those rows in the whole table
+    (drawn block by block from the same random stream), and leaves the generator where
+    building the whole table leaves it."""
+    import itertools
+
+    import sampan.embedding.collection as C
+    from sampan.schema import TableSpec
+
+    monkeypatch.setattr(C, "_INIT_BLOCK_ROWS", 32)  # many blocks, small remainders
+    for rows, dim in itertools.product([1, 31, 33, 65, 129, 1000], [1, 3, 16, 17]):
+        tables = [TableSpec("a", rows, dim, ("a",))]
+        torch.manual_seed(1)
+        whole = C.EmbeddingCollection(tables, 0.1)
+        after = torch.rand(3)
+        for r in range(world):
+            torch.manual_seed(1)
+            with C.sharded_build(lambda nbytes, r=r: (r, world)):
+                shard = C.EmbeddingCollection(tables, 0.1)
+            assert torch.equal(torch.rand(3), after)
+            lo, hi = shard.bounds[r], shard.bounds[r + 1]
+            assert shard.weight.shape == (hi - lo, dim)
+            assert torch.equal(shard.weight, whole.weight[lo:hi]), (rows, dim, r)
+    # the rule sees the table's bytes and may keep a table whole
+    seen = []
+    with C.sharded_build(lambda nbytes: seen.append(nbytes)):
+        whole = C.EmbeddingCollection([TableSpec("a", 10, 4, ("a",))])
+    assert seen == [10 * 4 * 4] and not whole.sharded and whole.weight.shape == (10, 4)
