@@ -269,6 +269,8 @@ def serve(
         ReloadSync.create(f"{shared}/bundle.json", cfg.bundle, cfg.retrieval_bundle)
         os.environ["SAMPAN_SERVE_CONFIG"] = cfg.model_dump_json()
         os.environ["SAMPAN_SERVE_SYNC"] = f"{shared}/bundle.json"
+        os.makedirs(f"{shared}/metrics")  # every worker's Prometheus metrics, added up
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = f"{shared}/metrics"
         os.environ["SAMPAN_GRPC_IN_WORKER"] = "1"
         console.print(f"serving {cfg.bundle} on {where} with {cfg.workers} workers")
         try:

@@ -97,8 +97,14 @@ class ServerState:
         self.batch_requests = Histogram("sampan_batch_requests", "Requests per model call",
                                         registry=self.registry,
                                         buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32, 64))
+        # With --workers N every worker writes its metrics to PROMETHEUS_MULTIPROC_DIR and
+        # /metrics adds them up (prometheus_client's multiprocess mode); the model gauge
+        # then has a pid label per worker, and a replaced model reads 0 (labels cannot be
+        # removed in that mode).
+        self.multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
         self.model_info = Gauge("sampan_model_info", "The model being served (value 1)",
-                                ["model", "version", "bundle"], registry=self.registry)
+                                ["model", "version", "bundle"], registry=self.registry,
+                                multiprocess_mode="liveall")
         self.reloads = Counter("sampan_reloads", "Bundle reloads by outcome", ["outcome"],
                                registry=self.registry)
         self.batcher = MicroBatcher(cfg.max_batch_rows, cfg.max_wait_ms, self._on_batch)
@@ -156,7 +162,9 @@ class ServerState:
             if predictor is not None:
                 old = self.predictor
                 self.predictor, self.store, self.bundle_path = predictor, store, bundle
-                if old is not None:
+                if old is not None and self.multiprocess:
+                    self.model_info.labels(*self._info(old)).set(0)
+                elif old is not None:
                     self.model_info.remove(*self._info(old))
                 self.model_info.labels(*self._info(predictor)).set(1)
             if retriever is not None:
@@ -355,7 +363,14 @@ def create_app(state: ServerState):  # type: ignore[no-untyped-def]
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
-        return PlainTextResponse(generate_latest(state.registry),
+        registry = state.registry
+        if state.multiprocess:  # every worker's metrics, whichever worker answers
+            from prometheus_client import CollectorRegistry
+            from prometheus_client.multiprocess import MultiProcessCollector
+
+            registry = CollectorRegistry()
+            MultiProcessCollector(registry)
+        return PlainTextResponse(generate_latest(registry),
                                  media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/v1/predict")

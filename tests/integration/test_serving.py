@@ -369,6 +369,15 @@ def test_reload_reaches_every_worker(bundles):
                 break
             time.sleep(0.05)
         assert len(seen) == 2 and set(seen.values()) == {"deepfm"}, seen
+        # /metrics adds up every worker's counts, whichever worker answers
+        for _ in range(40):  # a new connection each: both workers take some
+            assert httpx.post(f"{url}/v1/predict", json={"records": [
+                {"user_id": "u1", "item_id": "i2"}]}).status_code == 200
+        for _ in range(4):
+            text = httpx.get(f"{url}/metrics").text
+            assert 'sampan_requests_total{route="/v1/predict",status="200"} 40.0' in text
+        assert sum(line.startswith("sampan_model_info{") and line.endswith(" 1.0")
+                   for line in text.splitlines()) == 2  # one per worker (pid label)
         auth = {"Authorization": f"Bearer {TOKEN}"}
         r = httpx.post(f"{url}/v1/admin/reload", json={"bundle": str(bundles[1])},
                        headers=auth, timeout=60)
