@@ -155,6 +155,38 @@ def eval_(
 
 
 @app.command()
+def compare(
+    run_a: Annotated[Path, typer.Argument(help="A finished run directory (the baseline).")],
+    run_b: Annotated[Path, typer.Argument(help="Another run, on the same data and split.")],
+    data: Annotated[list[str] | None, typer.Option(
+        "--data", help="Raw file(s) to score with both runs (default: their test split).")
+    ] = None,
+    split: Annotated[str, typer.Option(help="Processed split when --data is not given.")
+                     ] = "test",
+    resamples: Annotated[int, typer.Option(min=100, help="Bootstrap resamples.")] = 1000,
+    task: Annotated[int, typer.Option(min=0, help="Label to compare (multi-task runs).")] = 0,
+) -> None:
+    """Is B better than A? Paired bootstrap of the AUC difference on the same rows.
+
+    Both models score the same rows; each resample draws rows with replacement and takes
+    both AUCs on it, so the spread of the difference is that of the two models on this data,
+    not of two independent test sets. Prints both AUCs, `diff` (B - A), its 95 % interval
+    `diff_ci95` and `p_b_better` (the share of resamples where B wins). An interval that
+    holds 0 means this data cannot tell the two apart.
+    """
+    from sampan.config import ConfigError
+    from sampan.data.sources import DataError
+    from sampan.train.experiment import RunArtifacts, compare_runs
+
+    try:
+        result = compare_runs(RunArtifacts(run_a), RunArtifacts(run_b),
+                              data if data else split, resamples, task)
+    except (ConfigError, DataError, FileNotFoundError, ValueError) as e:
+        _fail(str(e))
+    console.print_json(json.dumps(result))
+
+
+@app.command()
 def predict(
     run_dir: Annotated[Path, typer.Argument(help="A finished run directory.")],
     inputs: Annotated[list[str], typer.Argument(

@@ -283,3 +283,43 @@ class RunArtifacts:
         finally:
             log.close()
         log.check(self.cfg.data.max_bad_fraction)
+
+
+def compare_runs(a: RunArtifacts, b: RunArtifacts, split_or_files: str | list[str] = "test",
+                 resamples: int = 1000, task: int = 0) -> dict[str, Any]:
+    """Paired bootstrap of two runs' AUC on the same rows: a stored split of both runs
+    (which must hold the same rows: same count and labels) or raw files read by each run's
+    own pipeline. Returns both AUCs, ``diff`` (b - a), its 95 % interval and how often b
+    came out ahead, over ``resamples`` resamples shared by the two models."""
+    def scored(art: RunArtifacts) -> tuple[torch.Tensor, np.ndarray, np.ndarray | None]:
+        if isinstance(split_or_files, str) and split_or_files in ("train", "valid", "test"):
+            data = art.store.split(split_or_files)
+            if data is None:
+                raise ValueError(f"the {split_or_files} split of {art.run} is empty")
+        else:
+            data = art.read(split_or_files, with_labels=True)
+        if data.labels is None or task >= data.labels.shape[1]:
+            raise ValueError(f"{art.run} has no label {task} to compare on")
+        logits = art.trainer.predict_logits(data)
+        if task >= logits.shape[1]:
+            raise ValueError(f"{art.run}'s model predicts {logits.shape[1]} label(s); "
+                             f"there is no task {task}")
+        return logits[:, task], np.asarray(data.labels[:, task]), data.line
+
+    za, ya, la = scored(a)
+    zb, yb, lb = scored(b)
+    if len(ya) != len(yb) or not np.array_equal(ya, yb) or (
+            la is not None and lb is not None and not np.array_equal(la, lb)):
+        raise ValueError(f"{a.run} and {b.run} do not hold the same rows ({len(ya):,} vs "
+                         f"{len(yb):,} rows, or different labels): a paired comparison needs "
+                         "the same data and split (or give the same --data files)")
+    y = torch.from_numpy(ya.astype(np.float32))
+    ba, bb = auc_bootstrap(za, y, resamples), auc_bootstrap(zb, y, resamples)
+    diff = (bb - ba)[~(ba.isnan() | bb.isnan())]
+    return {"a": {"run": str(a.run), "auc": auc(za, y)},
+            "b": {"run": str(b.run), "auc": auc(zb, y)},
+            "rows": len(ya), "resamples": resamples, "task": task,
+            "diff": auc(zb, y) - auc(za, y),
+            "diff_ci95": [float(torch.quantile(diff, 0.025)), float(torch.quantile(diff, 0.975))],
+            "p_b_better": float((diff > 0).double().mean())}
+

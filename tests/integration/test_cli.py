@@ -159,3 +159,31 @@ def test_killed_run_resumes_to_the_same_final_metrics(tmp_path):
             assert got[split][k] == pytest.approx(want[split][k], abs=1e-7), (split, k)
     steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps == sorted(steps)  # records past the checkpoint were rewritten, not duplicated
+
+
+def test_compare_two_runs_paired_bootstrap(tmp_path):
+    """`sampan compare A B`: both AUCs and B - A on the same test rows, with an interval
+    from resamples shared by the two models; a run against itself differs by exactly 0;
+    runs on different rows are refused."""
+    runs = {}
+    for name, rows in (("lr", 6000), ("deepfm", 6000), ("other", 3000)):
+        cfg = tiny_config(tmp_path, rows=rows)
+        cfg["model"] = {"name": name} if name == "lr" else cfg["model"]
+        runs[name] = tmp_path / name
+        sampan("train", str(write_cfg(tmp_path, cfg)), "--run-dir", str(runs[name]))
+    test = {n: json.loads((runs[n] / "results.json").read_text())["test"] for n in runs}
+    out = json.loads(sampan("compare", str(runs["lr"]), str(runs["deepfm"]),
+                            "--resamples", "400").stdout)
+    assert out["a"]["auc"] == pytest.approx(test["lr"]["auc"], abs=1e-9)
+    assert out["b"]["auc"] == pytest.approx(test["deepfm"]["auc"], abs=1e-9)
+    assert out["diff"] == pytest.approx(test["deepfm"]["auc"] - test["lr"]["auc"], abs=1e-9)
+    lo, hi = out["diff_ci95"]
+    assert lo < out["diff"] < hi and out["rows"] == 600 and 0 <= out["p_b_better"] <= 1
+    # the paired interval is narrower than either AUC's own interval
+    own = json.loads(sampan("eval", str(runs["lr"]), "--bootstrap", "400").stdout)["auc_ci95"]
+    assert hi - lo < own[1] - own[0]
+    same = json.loads(sampan("compare", str(runs["lr"]), str(runs["lr"]),
+                             "--resamples", "200").stdout)
+    assert same["diff"] == 0 and same["diff_ci95"] == [0.0, 0.0] and same["p_b_better"] == 0
+    r = sampan("compare", str(runs["lr"]), str(runs["other"]), check=False)
+    assert r.returncode == 2 and "do not hold the same rows" in r.stderr
