@@ -228,16 +228,21 @@ class RunArtifacts:
         self.last_log = log
         return data
 
-    def evaluate(self, split_or_files: str | list[str], bootstrap: int = 0
-                 ) -> dict[str, Any]:
-        """The run's metrics on a split or raw files; with ``bootstrap`` resamples of the
-        rows, each AUC also gets ``<name>_ci95``: its 95 % bootstrap interval."""
+    def labelled(self, split_or_files: str | list[str]) -> SplitArrays:
+        """A stored split (``train`` / ``valid`` / ``test``) or raw files with labels,
+        through the run's pipeline."""
         if isinstance(split_or_files, str) and split_or_files in ("train", "valid", "test"):
             data = self.store.split(split_or_files)
             if data is None:
                 raise ValueError(f"the {split_or_files} split of {self.run} is empty")
-        else:
-            data = self.read(split_or_files, with_labels=True)
+            return data
+        return self.read(split_or_files, with_labels=True)
+
+    def evaluate(self, split_or_files: str | list[str], bootstrap: int = 0
+                 ) -> dict[str, Any]:
+        """The run's metrics on a split or raw files; with ``bootstrap`` resamples of the
+        rows, each AUC also gets ``<name>_ci95``: its 95 % bootstrap interval."""
+        data = self.labelled(split_or_files)
         outputs: list[torch.Tensor] = []
 
         def infer(fn, d):  # type: ignore[no-untyped-def]  # keeps the logits: one pass
@@ -292,12 +297,7 @@ def compare_runs(a: RunArtifacts, b: RunArtifacts, split_or_files: str | list[st
     own pipeline. Returns both AUCs, ``diff`` (b - a), its 95 % interval and how often b
     came out ahead, over ``resamples`` resamples shared by the two models."""
     def scored(art: RunArtifacts) -> tuple[torch.Tensor, np.ndarray, np.ndarray | None]:
-        if isinstance(split_or_files, str) and split_or_files in ("train", "valid", "test"):
-            data = art.store.split(split_or_files)
-            if data is None:
-                raise ValueError(f"the {split_or_files} split of {art.run} is empty")
-        else:
-            data = art.read(split_or_files, with_labels=True)
+        data = art.labelled(split_or_files)
         if data.labels is None or task >= data.labels.shape[1]:
             raise ValueError(f"{art.run} has no label {task} to compare on")
         logits = art.trainer.predict_logits(data)
