@@ -119,7 +119,9 @@ class DIEN(nn.Module):
         h = states[:, :-1][valid]
         pos = x[:, 1:][valid]
         pool = x[mask]
-        neg = pool[torch.randint(0, len(pool), (len(pos),), device=x.device)]
+        # index_select, not pool[idx]: the backward of advanced indexing accumulates
+        # repeated rows in a thread-dependent order on CPU (not bit-reproducible)
+        neg = pool.index_select(0, torch.randint(0, len(pool), (len(pos),), device=x.device))
         logits = self.aux(torch.cat([torch.cat([h, pos], 1), torch.cat([h, neg], 1)]))
         target = torch.cat([torch.ones(len(pos), 1), torch.zeros(len(neg), 1)]).to(logits)
         return F.binary_cross_entropy_with_logits(logits.float(), target.float())
