@@ -130,6 +130,14 @@ class FeaturePipeline:
         return self
 
     # -- transforming
+    def prepare_lookups(self, rows: int = 1) -> None:
+        """Build the vocabulary indexes that transforming ``rows`` rows at a time will use
+        (a server calls this at start-up, so its first request does not pay for them)."""
+        vocabs = [e for e in self.categorical if e.boundaries_ is None]
+        vocabs += [e.vocab for e in self.lists if e.owns_vocab]
+        for enc in vocabs:
+            enc.index.prepare(rows)
+
     def transform(self, table: pa.Table, with_labels: bool = True) -> dict[str, np.ndarray]:
         """Arrays for ``table``: ``dense [n, Nd] f32``, ``sparse [n, F] i64``,
         ``labels [n, T] f32`` (when ``with_labels``), ``group [n] i64`` (when configured),

@@ -29,9 +29,12 @@ every process runs the same experiment on its share of each global batch.
   world size and exports like a single-process run. Gathering needs the whole table in
   rank 0's host memory at save time; the other ranks keep only their rows (the best
   weights included).
-* **Retrieval** (two-tower) takes its in-batch negatives from the rank's own part of the
-  batch, so with ``W`` processes each row sees ``B / W - 1`` negatives: the one place where
-  a step depends on the number of processes.
+* **Retrieval** (two-tower) takes its in-batch negatives from the whole global batch: the
+  item vectors are all-gathered with :func:`gather_rows_with_grad`, whose backward returns
+  each rank's share of the gradient, so a step equals one process's on the global batch.
+* **Row-sharded tables** are built as each rank's rows only (see
+  :func:`sampan.embedding.collection.sharded_build`), with the values those rows have in the
+  whole table.
 """
 
 from __future__ import annotations
@@ -126,7 +129,7 @@ def _gather(x: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
     return torch.cat([p[:s] for p, s in zip(parts, sizes, strict=True)]), sizes
 
 
-class _GatherRows(torch.autograd.Function):
+class _AllGatherRows(torch.autograd.Function):
     """all_gather_rows with a backward: each rank's rows get the sum over ranks of the
     gradient with respect to them (every rank's loss may use every rank's rows)."""
 
@@ -151,7 +154,7 @@ def gather_rows_with_grad(x: torch.Tensor) -> tuple[torch.Tensor, int]:
     if not _CTX.enabled:
         return x, 0
     where: dict[str, int] = {}
-    out = _GatherRows.apply(x, where)
+    out = _AllGatherRows.apply(x, where)
     return out, where["lo"]
 
 

@@ -49,12 +49,7 @@ class Predictor:
         self.max_records = max_records
         self.session = self.bundle.session(threads)
         self.labels = self.bundle.schema.labels
-        for enc in self.pipeline.categorical:  # vocabulary lookups ready before requests
-            if enc.boundaries_ is None:
-                enc.index.prepare()
-        for enc in self.pipeline.lists:
-            if enc.owns_vocab:
-                enc.vocab.index.prepare()
+        self.pipeline.prepare_lookups()  # vocabulary lookups ready before requests
 
     @property
     def version(self) -> str:

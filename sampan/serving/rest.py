@@ -112,8 +112,6 @@ class ServerState:
         self.sync: ReloadSync | None = None  # set in each worker of `--workers N`
         self.predictor: Predictor | None = None
         self.store: Any = None
-        self.bundle_path: str | None = None  # what is served now
-        self.retrieval_path: str | None = None
         self.retriever: Any = None
         self.retrieval_store: Any = None
         self.load(cfg.bundle, cfg.retrieval_bundle)
@@ -161,7 +159,7 @@ class ServerState:
         with self._lock:
             if predictor is not None:
                 old = self.predictor
-                self.predictor, self.store, self.bundle_path = predictor, store, bundle
+                self.predictor, self.store = predictor, store
                 if old is not None and self.multiprocess:
                     self.model_info.labels(*self._info(old)).set(0)
                 elif old is not None:
@@ -169,7 +167,6 @@ class ServerState:
                 self.model_info.labels(*self._info(predictor)).set(1)
             if retriever is not None:
                 self.retriever, self.retrieval_store = retriever, rstore
-                self.retrieval_path = retrieval_bundle
         return predictor, retriever
 
     @staticmethod
