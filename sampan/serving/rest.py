@@ -437,6 +437,30 @@ def create_app(state: ServerState):  # type: ignore[no-untyped-def]
     return app
 
 
+def forget_dead_workers() -> list[int]:
+    """Drop the live-only gauges (``sampan_model_info``) of workers that are gone, so that
+    /metrics shows the models of running workers only; returns their pids. A worker that
+    uvicorn starts in place of one that died calls this first. Counters and histograms of
+    dead workers stay: their counts still belong in the totals."""
+    from prometheus_client import multiprocess
+
+    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if not path:
+        return []
+    dead = []
+    for f in Path(path).glob("gauge_live*_*.db"):
+        pid = int(f.stem.rsplit("_", 1)[1])
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            dead.append(pid)
+        except PermissionError:  # alive, another user's
+            pass
+    for pid in sorted(set(dead)):
+        multiprocess.mark_process_dead(pid, path)
+    return sorted(set(dead))
+
+
 def app_from_env():  # type: ignore[no-untyped-def]
     """uvicorn factory for ``--workers N``: the config comes in ``SAMPAN_SERVE_CONFIG``, the
     reload file shared by the workers (see :class:`ReloadSync`) in ``SAMPAN_SERVE_SYNC``."""
@@ -446,6 +470,7 @@ def app_from_env():  # type: ignore[no-untyped-def]
         current = json.loads(Path(sync_path).read_text())
         cfg = cfg.model_copy(update={"bundle": current["bundle"],
                                      "retrieval_bundle": current.get("retrieval_bundle")})
+    forget_dead_workers()
     state = ServerState(cfg)
     if sync_path:
         state.sync = ReloadSync(sync_path, state)

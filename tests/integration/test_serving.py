@@ -335,7 +335,8 @@ def test_recommend(server, bundles):
 def test_reload_reaches_every_worker(bundles):
     """`--workers 2`: a reload taken by one worker is served by both within a second (the
     ranking bundle and the retrieval bundle), a bad bundle reaches neither, and a worker
-    that uvicorn starts again serves the current bundles."""
+    that uvicorn starts again serves the current bundles and drops the dead one's model
+    gauge from /metrics."""
     import signal
 
     port = free_port()
@@ -438,6 +439,14 @@ def test_reload_reaches_every_worker(bundles):
         assert fresh["model"] == "dcn_v2"
         codes = [httpx.post(f"{url}/v1/recommend", json=rec).status_code for _ in range(20)]
         assert codes == [200] * 20, codes
+        # the dead worker's model gauge is gone; its request counts stay in the totals
+        dead = next(iter(seen))
+        text = httpx.get(f"{url}/metrics").text
+        info = [line for line in text.splitlines() if line.startswith("sampan_model_info{")]
+        assert not [line for line in info if f'pid="{dead}"' in line], info
+        assert sum(line.endswith(" 1.0") for line in info) == 2, info
+        assert any(f'pid="{fresh["worker"]}"' in line for line in info), info
+        assert 'sampan_requests_total{route="/v1/predict",status="200"} 40.0' in text
     finally:
         proc.terminate()
         proc.wait(timeout=20)
