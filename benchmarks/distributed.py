@@ -10,6 +10,7 @@ Usage::
 
     python benchmarks/distributed.py                          # CPU, 1 and 2 processes
     python benchmarks/distributed.py --device cuda --procs 1 2 4 8 --rows 4000000
+    python benchmarks/distributed.py --set model.batch_norm=true    # cost of synced batch norm
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ def run(procs: int, args: argparse.Namespace, work: Path) -> dict:
            "--set", f"train.batch_size={args.batch_size}", "--set", "train.progress=false",
            "--set", "train.tensorboard=false", "--set", f"train.device={args.device}",
            "--set", "train.log_every_steps=20"]
+    for kv in args.set:
+        cmd += ["--set", kv]
     env = {**os.environ}
     if procs > 1 and args.device == "cpu":
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // procs))
@@ -52,6 +55,8 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=400_000)
     ap.add_argument("--batch-size", type=int, default=4096, help="the global batch")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="passed to every `sampan train`, e.g. model.batch_norm=true")
     ap.add_argument("--json", default=str(ROOT / "benchmarks/results/distributed.json"))
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="sampan-dist-"))

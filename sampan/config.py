@@ -382,6 +382,8 @@ class TrainConfig(_Strict):
         "rows over the processes, or shard those of shard_min_bytes or more (auto)")
     shard_min_bytes: int = Field(256 << 20, ge=0, description="auto placement: tables this "
                                  "large (weights) are row-sharded")
+    sync_batch_norm: bool = Field(True, description="distributed runs: batch norm "
+                                  "statistics over the global batch (False: per process)")
     threads: int | None = Field(None, gt=0)
     prefetch: int = Field(2, ge=0)
     log_every_steps: int = Field(50, gt=0)

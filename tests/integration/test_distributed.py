@@ -30,6 +30,21 @@ def free_port():
 
 
 # ------------------------------------------------------------ in-process, spawned ranks
+def _rank_main(rank, fn, args):
+    fn(rank, *args)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # The group is destroyed and the results are on disk: leave without the interpreter's
+    # teardown, during which gloo's threads have (rarely, on a loaded 2-core machine) aborted
+    # a rank with "terminate called without an active exception".
+    os._exit(0)
+
+
+def spawn_ranks(fn, *args):
+    """Run ``fn(rank, *args)`` in 2 spawned processes; a rank's exception fails the test."""
+    mp.spawn(_rank_main, args=(fn, args), nprocs=2, join=True)
+
+
 def tiny_model():
     from sampan.models import build_model, get_model_class
     from sampan.schema import DataSchema, SequenceFeatureSpec, SparseFeatureSpec
@@ -38,10 +53,10 @@ def tiny_model():
                                              SparseFeatureSpec("b", 30)],
                         sequences=[SequenceFeatureSpec("hist_b", 4, "b")])
     torch.manual_seed(0)
-    # PReLU, not Dice: batch-norm statistics are per rank (as under DDP without SyncBN)
+    # batch norm three ways: Dice in the MLP and the attention, the input norm, the MLP's
     return build_model(get_model_class("din").Config(
-        embedding_dim=4, mlp=[8], attention_mlp=[4], activation="prelu",
-        attention_activation="prelu", input_norm=False), schema)
+        embedding_dim=4, mlp=[8], attention_mlp=[4], activation="dice",
+        attention_activation="dice", input_norm=True, batch_norm=True), schema)
 
 
 def data(n=101):
@@ -66,6 +81,7 @@ def grads_and_eval(model, batch, weight, out):
 
     model.train()
     (training_loss(model, batch) * weight).backward()
+    buffers = {n: b.clone() for n, b in model.named_buffers()}  # batch-norm statistics
     dense = [p for p in model.parameters() if p.requires_grad]
     distributed.average_gradients(dense)
     coll = next(m for m in model.modules() if isinstance(m, EmbeddingCollection))
@@ -75,7 +91,7 @@ def grads_and_eval(model, batch, weight, out):
     metrics = trainer.evaluate(data())
     return {"dense": {n: p.grad.clone() for n, p in model.named_parameters()
                       if p.requires_grad}, "rows": rows, "sparse": g, "metrics": metrics,
-            "bounds": coll.bounds}
+            "bounds": coll.bounds, "buffers": buffers}
 
 
 def worker(rank, port, out, placement="replicated"):
@@ -92,6 +108,7 @@ def worker(rank, port, out, placement="replicated"):
         batch = next(iter(loader))
         weight = batch.size / loader.global_rows(0)
         model = tiny_model()
+        assert distributed.sync_batch_norm_(model) == 4
         if placement == "row_sharded":
             from sampan.embedding import EmbeddingCollection
 
@@ -111,19 +128,23 @@ def worker(rank, port, out, placement="replicated"):
 def test_two_ranks_equal_one_process(tmp_path, placement):
     from sampan.data.loader import BatchLoader
 
-    mp.spawn(worker, args=(free_port(), tmp_path, placement), nprocs=2, join=True)
+    spawn_ranks(worker, free_port(), tmp_path, placement)
     ranks = [torch.load(tmp_path / f"r{r}.pt", weights_only=False) for r in range(2)]
     batch = next(iter(BatchLoader(data(), batch_size=33, shuffle="rows", seed=3, prefetch=0)))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the ranks: the same summation order in every kernel
     try:
-        one = grads_and_eval(tiny_model(), batch, 1.0, tmp_path / "single.pt")
+        single = tiny_model()
+        one = grads_and_eval(single, batch, 1.0, tmp_path / "single.pt")
     finally:
         torch.set_num_threads(threads)
     for r, got in enumerate(ranks):
-        # every rank holds the global gradient: dense averaged, sparse rows merged
+        # every rank holds the global gradient: dense averaged, sparse rows merged; batch
+        # norm normalised with, and kept, the global batch's statistics
         for name, g in one["dense"].items():
             torch.testing.assert_close(got["dense"][name], g, atol=1e-6, rtol=1e-4)
+        for name, b in one["buffers"].items():
+            torch.testing.assert_close(got["buffers"][name], b, atol=1e-6, rtol=1e-5)
         rows, sparse = one["rows"], one["sparse"]
         if placement == "row_sharded":  # each owner gets its rows' gradients, local indices
             lo, hi = got["bounds"][r], got["bounds"][r + 1]
@@ -135,7 +156,7 @@ def test_two_ranks_equal_one_process(tmp_path, placement):
         local = next(iter(BatchLoader(data(), batch_size=33, shuffle="rows", seed=3,
                                       prefetch=0, rank=r, world=2)))
         with torch.no_grad():
-            torch.testing.assert_close(got["forward"], tiny_model().eval()(local),
+            torch.testing.assert_close(got["forward"], single.eval()(local),
                                        atol=1e-6, rtol=1e-5)
         # gathered evaluation: metrics of all 101 rows, not an average of two halves
         for k in ("auc", "logloss", "gauc", "rows"):
@@ -206,7 +227,7 @@ def tt_worker(rank, port, out):
 def test_two_tower_negatives_come_from_the_global_batch(tmp_path):
     """Two ranks of 16 + 15 rows train exactly like one process on the 31: every rank's
     softmax runs over all 31 items, and the gradients reach the items' own ranks."""
-    mp.spawn(tt_worker, args=(free_port(), tmp_path), nprocs=2, join=True)
+    spawn_ranks(tt_worker, free_port(), tmp_path)
     ranks = [torch.load(tmp_path / f"tt{r}.pt", weights_only=False) for r in range(2)]
     batch, _ = tt_batch()
     threads = torch.get_num_threads()

@@ -113,3 +113,26 @@ def test_feature_embedding_without_first_order_and_autoint_linear_switch():
         m_lin.features.bias.fill_(0.5)
         m_lin.features.dense_linear.weight.fill_(0.25)
     assert torch.allclose(m_lin(b), 0.5 + 0.25 * b.dense.sum(1, keepdim=True))
+
+
+def test_sync_batch_norm_conversion_keeps_state_and_single_process_output():
+    """Converted in place: the same parameter and buffer tensors (so checkpoints and exports
+    do not change); outside a distributed run it is BatchNorm1d, in training and eval."""
+    from sampan.distributed import SyncBatchNorm, sync_batch_norm_
+    from sampan.layers import MLP
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(MLP(6, [5, 4], batch_norm=True), Dice(4))
+    reference = [torch.nn.Sequential(MLP(6, [5, 4], batch_norm=True), Dice(4))]
+    reference[0].load_state_dict(model.state_dict())
+    before = {k: v.data_ptr() for k, v in model.state_dict().items()}
+    assert sync_batch_norm_(model) == 3
+    assert sum(isinstance(m, SyncBatchNorm) for m in model.modules()) == 3
+    assert {k: v.data_ptr() for k, v in model.state_dict().items()} == before
+    x = torch.randn(32, 6)
+    for train in (True, False):
+        model.train(train)
+        reference[0].train(train)
+        assert torch.equal(model(x), reference[0](x))
+    for k, v in reference[0].state_dict().items():
+        assert torch.equal(model.state_dict()[k], v), k
