@@ -447,18 +447,18 @@ def forget_dead_workers() -> list[int]:
     path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     if not path:
         return []
-    dead = []
+    dead = set()
     for f in Path(path).glob("gauge_live*_*.db"):
         pid = int(f.stem.rsplit("_", 1)[1])
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
-            dead.append(pid)
+            dead.add(pid)
         except PermissionError:  # alive, another user's
             pass
-    for pid in sorted(set(dead)):
+    for pid in dead:
         multiprocess.mark_process_dead(pid, path)
-    return sorted(set(dead))
+    return sorted(dead)
 
 
 def app_from_env():  # type: ignore[no-untyped-def]

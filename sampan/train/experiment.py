@@ -101,8 +101,8 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path | None = None,
         with sharded_build(placement_rule(cfg, dist)):
             model = build_model(cfg.model, store.schema)
         torch.manual_seed(cfg.seed + dist.rank)  # dropout masks differ between ranks
-        if cfg.train.sync_batch_norm:
-            distributed.sync_batch_norm_(model)
+        if cfg.train.sync_batch_norm and (n_bn := distributed.sync_batch_norm_(model)):
+            console.print(f"batch norm: {n_bn} layer(s) normalised over the global batch")
         print_placement(model, console)
     else:
         model = build_model(cfg.model, store.schema)
