@@ -26,11 +26,11 @@ every process runs the same experiment on its share of each global batch.
   one ``all_reduce`` forward and one backward per layer); with ``train.sync_batch_norm:
   false`` it keeps per-rank statistics (as DDP without SyncBatchNorm). Rank 0's buffers are
   broadcast before every evaluation and checkpoint.
-* **Checkpoints** are written by rank 0 with row-sharded tables (and their optimizer state)
-  gathered whole, and read by all (each rank keeps its rows), so a run resumes with any
-  world size and exports like a single-process run. Gathering needs the whole table in
-  rank 0's host memory at save time; the other ranks keep only their rows (the best
-  weights included).
+* **Checkpoints** are written by rank 0, except the rows of row-sharded tables and their
+  optimizer state: each process writes its own to a part file first (see
+  :mod:`sampan.train.checkpoint`), so no process ever holds a whole table. Every process
+  reads back only its rows (memory-mapped), so a run resumes with any world size; a
+  single-process reader (export, eval) puts the parts together.
 * **Retrieval** (two-tower) takes its in-batch negatives from the whole global batch: the
   item vectors are all-gathered with :func:`gather_rows_with_grad`, whose backward returns
   each rank's share of the gradient, so a step equals one process's on the global batch.
@@ -340,49 +340,64 @@ def any_sharded(model: torch.nn.Module) -> bool:
     return bool(_sharded(model))
 
 
-def gather_rows_to_main(x: torch.Tensor) -> torch.Tensor | None:
-    """Every rank's rows of ``x`` concatenated in rank order on rank 0, in CPU memory
-    (``None`` on the other ranks). Only rank 0 ever holds the whole table."""
-    # NCCL moves device tensors only; gloo works in CPU memory
-    dev = x.device if dist.get_backend() == "nccl" else torch.device("cpu")
-    n = torch.tensor([x.shape[0]], dtype=torch.long, device=dev)
-    sizes = [torch.zeros_like(n) for _ in range(_CTX.world)]
-    dist.all_gather(sizes, n)
-    sizes = [int(v) for v in sizes]
-    top = max(sizes)
-    local = torch.cat([x.detach().to(dev),
-                       x.new_zeros((top - x.shape[0], *x.shape[1:]), device=dev)])
-    if _CTX.rank == 0:
-        parts = [torch.empty_like(local) for _ in range(_CTX.world)]
-        dist.gather(local, parts, dst=0)
-        return torch.cat([p[:k].cpu() for p, k in zip(parts, sizes, strict=True)])
-    dist.gather(local, None, dst=0)
-    return None
+def _key(name: str) -> str:
+    return f"model/{name}.weight" if name else "model/weight"
 
 
-def full_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor] | None = None
-                    ) -> dict[str, torch.Tensor] | None:
-    """``model.state_dict()`` (or ``state``, a local one) with every row-sharded table
-    gathered whole, on rank 0; ``None`` elsewhere. Collective: call on every rank."""
-    sd = dict(model.state_dict() if state is None else state)
-    for name, _ in _sharded(model):
-        key = f"{name}.weight" if name else "weight"
-        sd[key] = gather_rows_to_main(sd[key])
-    return sd if _CTX.is_main else None
+def split_sharded_state(model: torch.nn.Module, obj: dict,
+                        opt: torch.optim.Optimizer | None = None) -> tuple[dict, dict]:
+    """A checkpoint ``obj`` (``"model"`` and maybe ``"sparse_opt"``, the state dict of
+    ``opt``, of this rank) with this rank's rows of every row-sharded table, and their
+    per-row optimizer state, replaced by placeholders; and those rows by key, for
+    :func:`checkpoint.save_part`."""
+    from sampan.train.checkpoint import placeholder
+
+    rows: dict[str, torch.Tensor] = {}
+    sd = dict(obj["model"])
+    sharded = _sharded(model)
+    for name, m in sharded:
+        key = _key(name)
+        rows[key] = sd[key[len("model/"):]]
+        sd[key[len("model/"):]] = placeholder(key, m.num_rows)
+    out = {**obj, "model": sd}
+    opt_sd = obj.get("sparse_opt")
+    if opt_sd is not None and opt is not None:
+        tables = {id(m.weight): m for _, m in sharded}
+        state = dict(opt_sd["state"])
+        for i, p in enumerate(p for g in opt.param_groups for p in g["params"]):
+            m = tables.get(id(p))
+            if m is None or i not in state:
+                continue
+            entry = dict(state[i])
+            for k, v in entry.items():
+                if torch.is_tensor(v) and v.dim() and v.shape[0] == p.shape[0]:
+                    rows[f"sparse_opt/{i}/{k}"] = v
+                    entry[k] = placeholder(f"sparse_opt/{i}/{k}", m.num_rows)
+            state[i] = entry
+        out["sparse_opt"] = {**opt_sd, "state": state}
+    return out, rows
 
 
-def full_optimizer_state(opt: torch.optim.Optimizer, model: torch.nn.Module) -> dict | None:
-    """A sparse optimizer's state dict with the per-row state of sharded tables gathered on
-    rank 0 (``None`` elsewhere). Collective: call on every rank."""
-    sd = opt.state_dict()
-    shards = {id(m.weight): m for _, m in _sharded(model)}
-    params = [p for g in opt.param_groups for p in g["params"]]
+def local_rows_of(model: torch.nn.Module,  # type: ignore[no-untyped-def]
+                  opt: torch.optim.Optimizer | None = None):
+    """For :func:`checkpoint.load`: this rank's ``(lo, hi)`` of each row-sharded table and of
+    its optimizer state, so a process reads only its rows; ``None`` when nothing is sharded."""
+    sharded = _sharded(model)
+    if not sharded:
+        return None
+    r = _CTX.rank
+    want = {_key(name): (m.bounds[r], m.bounds[r + 1], m.num_rows) for name, m in sharded}
+    tables = {id(m.weight): (m.bounds[r], m.bounds[r + 1], m.num_rows) for _, m in sharded}
+    params = [] if opt is None else [p for g in opt.param_groups for p in g["params"]]
     for i, p in enumerate(params):
-        if id(p) in shards and i in sd["state"]:
-            sd["state"][i] = {k: gather_rows_to_main(v) if torch.is_tensor(v) and v.dim()
-                              and v.shape[0] == p.shape[0] else v
-                              for k, v in sd["state"][i].items()}
-    return sd if _CTX.is_main else None
+        if id(p) in tables:
+            want[f"sparse_opt/{i}"] = tables[id(p)]
+
+    def rows_of(key: str, total: int) -> tuple[int, int] | None:
+        got = want.get(key) or want.get(key.rsplit("/", 1)[0])
+        return got[:2] if got is not None and got[2] == total else None
+
+    return rows_of
 
 
 def shard_optimizer_state_dict(sd: dict, opt: torch.optim.Optimizer,

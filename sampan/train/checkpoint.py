@@ -29,11 +29,91 @@ def save_atomic(obj: dict[str, Any], path: str | Path) -> None:
     os.replace(tmp, path)
 
 
-def load(path: str | Path, device: str | torch.device = "cpu") -> dict[str, Any]:
+# ----------------------------------------------------------------- row-sharded parts
+# A distributed run with row-sharded tables writes each table's rows (and their optimizer
+# state) where they live: process k of W writes ``<name>.step<S>.part<k>-of-<W>.pt`` holding
+# ``{"rows": {key: its rows}}``, and rank 0 then writes ``<name>.pt`` with a placeholder
+# ``{PART: key, "rows": total rows}`` in place of each such tensor and ``"parts"`` naming the
+# files. No process ever holds a whole table; readers take the rows they need (memory-mapped,
+# so a process reads only its rows) or assemble whole tensors.
+PART = "__rows_in_parts__"
+
+
+def part_name(path: str | Path, step: int, rank: int, world: int) -> str:
+    path = Path(path)
+    return f"{path.stem}.step{step}.part{rank}-of-{world}.pt"
+
+
+def save_part(rows: dict[str, torch.Tensor], path: str | Path, step: int, rank: int,
+              world: int) -> None:
+    """This process's rows of every row-sharded tensor of the checkpoint ``path``. Written
+    before ``path`` itself (see :func:`save_with_parts`), so ``path`` never names a part
+    that is not complete."""
+    save_atomic({"rows": {k: v.detach().cpu() for k, v in rows.items()}},
+                Path(path).with_name(part_name(path, step, rank, world)))
+
+
+def save_with_parts(obj: dict[str, Any], path: str | Path, step: int, world: int) -> None:
+    """Rank 0, after every process's :func:`save_part`: ``obj`` (placeholders in place of
+    the sharded tensors) naming its parts; then the parts of earlier checkpoints at ``path``
+    are removed."""
+    path = Path(path)
+    names = [part_name(path, step, k, world) for k in range(world)]
+    save_atomic({**obj, "parts": {"world": world, "files": names}}, path)
+    for old in path.parent.glob(f"{path.stem}.step*.part*-of-*.pt"):
+        if old.name not in names:
+            old.unlink(missing_ok=True)
+
+
+def placeholder(key: str, rows: int) -> dict[str, Any]:
+    return {PART: key, "rows": rows}
+
+
+def load(path: str | Path, device: str | torch.device = "cpu",
+         rows_of: Any = None) -> dict[str, Any]:
+    """A checkpoint, with the tensors of row-sharded parts put back: whole, or, where
+    ``rows_of(key, total_rows)`` gives ``(lo, hi)``, only those rows (read from the parts
+    that hold them, so the rest never reaches memory)."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
-    return torch.load(path, map_location=device, weights_only=True)
+    obj = torch.load(path, map_location=device, weights_only=True)
+    parts = obj.pop("parts", None) if isinstance(obj, dict) else None
+    if parts is None:
+        return obj
+    from sampan.distributed import shard_bounds
+
+    files = [path.with_name(f) for f in parts["files"]]
+    missing = [str(f) for f in files if not f.exists()]
+    if missing:
+        raise FileNotFoundError(f"checkpoint {str(path)!r} is missing its parts {missing}")
+    opened: dict[int, dict[str, torch.Tensor]] = {}
+
+    def part(k: int) -> dict[str, torch.Tensor]:
+        if k not in opened:
+            opened[k] = torch.load(files[k], map_location=device, weights_only=True,
+                                   mmap=True)["rows"]
+        return opened[k]
+
+    def fill(x: Any) -> Any:
+        if isinstance(x, dict) and PART in x:
+            key, n = x[PART], x["rows"]
+            want = rows_of(key, n) if rows_of is not None else None
+            lo, hi = want if want is not None else (0, n)
+            bounds = shard_bounds(n, parts["world"])
+            pieces = [part(k)[key][max(lo, a) - a: min(hi, b) - a]
+                      for k, (a, b) in enumerate(zip(bounds[:-1], bounds[1:], strict=True))
+                      if max(lo, a) < min(hi, b)]
+            if len(pieces) == 1:  # memory-mapped (copy-on-write): copied where it is used
+                return pieces[0]
+            return torch.cat(pieces) if pieces else part(0)[key][:0].clone()
+        if isinstance(x, dict):
+            return {k: fill(v) for k, v in x.items()}
+        if isinstance(x, list):
+            return [fill(v) for v in x]
+        return x
+
+    return fill(obj)
 
 
 def rng_state() -> dict[str, Any]:

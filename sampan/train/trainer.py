@@ -109,13 +109,26 @@ class Trainer:
         self.maximize = self.metric != "logloss"
         self.best_model: dict[str, torch.Tensor] | None = None
 
-    def _model_state(self, state: dict[str, torch.Tensor] | None = None
-                     ) -> dict[str, torch.Tensor] | None:
-        """The whole model's state for a checkpoint: row-sharded tables gathered on rank 0
-        (collective: call on every rank; ``None`` on the others)."""
+    def _write(self, name: str, obj: dict[str, Any]) -> Path:
+        """Write ``checkpoints/<name>`` (collective: call on every rank). Rank 0 writes it;
+        with row-sharded tables each process first writes its rows and their optimizer
+        state to a part file of its own, so no process ever holds a whole table."""
+        path = self.run_dir / "checkpoints" / name
         if distributed.any_sharded(self.model):
-            return distributed.full_state_dict(self.model, state)
-        return self.model.state_dict() if state is None else state
+            obj, rows = distributed.split_sharded_state(self.model, obj, self.sparse_opt)
+            ckpt.save_part(rows, path, self.state.step, self.dist.rank, self.dist.world)
+            self.dist.barrier()
+            if self.dist.is_main:
+                ckpt.save_with_parts(obj, path, self.state.step, self.dist.world)
+        elif self.dist.is_main:
+            ckpt.save_atomic(obj, path)
+        self.dist.barrier()
+        return path
+
+    def _read(self, name: str) -> dict[str, Any]:
+        """``checkpoints/<name>`` with this process's rows of row-sharded tables only."""
+        return ckpt.load(self.run_dir / "checkpoints" / name, "cpu",
+                         distributed.local_rows_of(self.model, self.sparse_opt))
 
     def _dense_optimizer(self) -> torch.optim.Optimizer | None:
         if not self.dense_params:
@@ -242,14 +255,10 @@ class Trainer:
         improved = bool(distributed.broadcast_object(improved))  # one decision for all ranks
         if improved and not math.isnan(value):
             st.best, st.best_step, st.bad_evals = value, st.step, 0
-            # each rank keeps its own rows (loading accepts them); best.pt gets them all
+            # each rank keeps its own rows (loading accepts them), and writes them to best.pt
             self.best_model = copy.deepcopy({k: v.detach().clone()
                                              for k, v in self.model.state_dict().items()})
-            whole = self._model_state(self.best_model)
-            if self.dist.is_main:
-                ckpt.save_atomic({"model": whole, "step": st.step, "metrics": m},
-                                 self.run_dir / "checkpoints" / BEST)
-            self.dist.barrier()
+            self._write(BEST, {"model": self.best_model, "step": st.step, "metrics": m})
         else:
             st.bad_evals += 1
             if es.enabled and st.bad_evals >= es.patience:
@@ -315,20 +324,12 @@ class Trainer:
 
     # ---------------------------------------------------------------- checkpoints
     def save_checkpoint(self) -> Path:
-        """Rank 0 writes ``last.pt`` (the state is replicated); every rank waits for it."""
+        """``last.pt``: everything a resumed run needs (see :meth:`_write`)."""
         st = self.state
-        path = self.run_dir / "checkpoints" / LAST
         distributed.broadcast_buffers(self.model)
-        model_state = self._model_state()  # row-sharded tables gathered whole (collective)
-        sparse_state = None if self.sparse_opt is None else (
-            distributed.full_optimizer_state(self.sparse_opt, self.model)
-            if distributed.any_sharded(self.model) else self.sparse_opt.state_dict())
-        if not self.dist.is_main:
-            self.dist.barrier()
-            return path
-        ckpt.save_atomic({
-            "model": model_state,
-            "sparse_opt": sparse_state,
+        return self._write(LAST, {
+            "model": self.model.state_dict(),
+            "sparse_opt": self.sparse_opt.state_dict() if self.sparse_opt else None,
             "dense_opt": self.dense_opt.state_dict() if self.dense_opt else None,
             "state": {"step": st.step, "epoch": st.epoch, "batch": st.batch, "best": st.best,
                       "best_step": st.best_step, "bad_evals": st.bad_evals,
@@ -336,13 +337,12 @@ class Trainer:
             "rng": ckpt.rng_state(),
             "config": dump_config(self.cfg),
             "world_size": self.dist.world,
-        }, path)
-        self.dist.barrier()
-        return path
+        })
 
     def _restore(self, path: Path) -> None:
-        # to the CPU first: a row-sharded table is cut to this rank's rows before it moves
-        c = ckpt.load(path, "cpu")
+        # to the CPU first, only this rank's rows of a row-sharded table (a checkpoint that
+        # holds the whole table is cut to them before it moves)
+        c = self._read(path.name)
         self.model.load_state_dict(c["model"])
         if self.sparse_opt is not None:
             self.sparse_opt.load_state_dict(distributed.shard_optimizer_state_dict(
@@ -354,9 +354,8 @@ class Trainer:
                                 best=s["best"], best_step=s["best_step"],
                                 bad_evals=s["bad_evals"], stopped_early=s["stopped_early"],
                                 history=list(s["history"]))
-        best = self.run_dir / "checkpoints" / BEST
-        if best.exists():
-            self.best_model = ckpt.load(best, "cpu")["model"]
+        if (self.run_dir / "checkpoints" / BEST).exists():
+            self.best_model = self._read(BEST)["model"]
         ckpt.set_rng_state(c["rng"])
         if self.metrics is not None:
             self.metrics.truncate_after(self.state.step)

@@ -285,6 +285,23 @@ def test_two_processes_follow_one(tmp_path):
         for split in ("valid", "test"):
             assert b[split]["rows"] == a[split]["rows"]
             assert b[split]["auc"] == pytest.approx(a[split]["auc"], abs=2e-3), (run, split)
+    # the sharded run's checkpoints are written in parts, each process its own rows (and
+    # their optimizer state); put together they are the table
+    from sampan.train import checkpoint as ckpt
+
+    ck = tmp_path / "sharded" / "checkpoints"
+    for name in ("last.pt", "best.pt"):
+        top = torch.load(ck / name, weights_only=True)
+        assert top["parts"]["world"] == 2
+        parts = [torch.load(ck / f, weights_only=True)["rows"] for f in top["parts"]["files"]]
+        key = next(k for k in parts[0] if k.startswith("model/"))
+        whole = ckpt.load(ck / name)["model"][key[len("model/"):]]
+        assert not torch.is_tensor(top["model"][key[len("model/"):]])
+        assert [len(p[key]) for p in parts] == [len(whole) // 2, len(whole) - len(whole) // 2]
+        assert torch.equal(torch.cat([p[key] for p in parts]), whole)
+        if name == "last.pt":
+            assert any(k.startswith("sparse_opt/") for k in parts[1])
+    assert len(list(ck.glob("*.part*-of-*.pt"))) == 4  # earlier checkpoints' parts removed
     # the 2-process run exports and scores like a single-process one
     from sampan.export import export_run
     from sampan.serving import Predictor
@@ -294,8 +311,12 @@ def test_two_processes_follow_one(tmp_path):
         assert Predictor(bundle).bundle.manifest["parity"]["max_abs_diff"] < 1e-5
 
 
-@pytest.mark.parametrize("placement", ["replicated", "row_sharded"])
-def test_killed_two_process_run_resumes(tmp_path, placement):
+@pytest.mark.parametrize("placement,resume_procs", [("replicated", 2), ("row_sharded", 2),
+                                                    ("row_sharded", 1)])
+def test_killed_two_process_run_resumes(tmp_path, placement, resume_procs):
+    """Killed after a checkpoint, the run resumes to the same end; a row-sharded checkpoint
+    (in per-process parts) also resumes in one process, to the same steps and AUC within
+    the 1-vs-2-process tolerance."""
     cfg = write_cfg(tmp_path, epochs=3, checkpoint_every_steps=10,
                     embedding_placement=placement)
     run_cli("train", str(cfg), "--nproc-per-node", "2", "--run-dir", str(tmp_path / "straight"))
@@ -313,9 +334,10 @@ def test_killed_two_process_run_resumes(tmp_path, placement):
     assert last.exists() and not (run / "results.json").exists()
     step = torch.load(last, weights_only=True)["state"]["step"]
     assert 0 < step < want["steps"]
-    run_cli("train", "--resume", str(run), "--nproc-per-node", "2")
+    run_cli("train", "--resume", str(run), "--nproc-per-node", str(resume_procs))
     got = json.loads((run / "results.json").read_text())
     assert (got["steps"], got["best_step"]) == (want["steps"], want["best_step"])
     for split in ("valid", "test"):
         for k in ("auc", "logloss"):
-            assert got[split][k] == pytest.approx(want[split][k], abs=1e-6), (split, k)
+            assert got[split][k] == pytest.approx(
+                want[split][k], abs=1e-6 if resume_procs == 2 else 2e-3), (split, k)
