@@ -60,8 +60,14 @@ def save_with_parts(obj: dict[str, Any], path: str | Path, step: int, world: int
     path = Path(path)
     names = [part_name(path, step, k, world) for k in range(world)]
     save_atomic({**obj, "parts": {"world": world, "files": names}}, path)
+    remove_parts(path, keep=names)
+
+
+def remove_parts(path: str | Path, keep: list[str] | tuple[str, ...] = ()) -> None:
+    """Delete the part files of earlier checkpoints at ``path`` (all but ``keep``)."""
+    path = Path(path)
     for old in path.parent.glob(f"{path.stem}.step*.part*-of-*.pt"):
-        if old.name not in names:
+        if old.name not in keep:
             old.unlink(missing_ok=True)
 
 

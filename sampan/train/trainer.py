@@ -122,6 +122,7 @@ class Trainer:
                 ckpt.save_with_parts(obj, path, self.state.step, self.dist.world)
         elif self.dist.is_main:
             ckpt.save_atomic(obj, path)
+            ckpt.remove_parts(path)  # those of a row-sharded run this one resumed
         self.dist.barrier()
         return path
 

@@ -335,6 +335,10 @@ def test_killed_two_process_run_resumes(tmp_path, placement, resume_procs):
     step = torch.load(last, weights_only=True)["state"]["step"]
     assert 0 < step < want["steps"]
     run_cli("train", "--resume", str(run), "--nproc-per-node", str(resume_procs))
+    # no orphaned parts: those on disk are the ones last.pt and best.pt name
+    named = [f for name in ("last.pt", "best.pt") for f in torch.load(
+        run / "checkpoints" / name, weights_only=True).get("parts", {}).get("files", [])]
+    assert sorted(p.name for p in (run / "checkpoints").glob("*.part*")) == sorted(named)
     got = json.loads((run / "results.json").read_text())
     assert (got["steps"], got["best_step"]) == (want["steps"], want["best_step"])
     for split in ("valid", "test"):

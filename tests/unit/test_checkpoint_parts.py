@@ -58,3 +58,12 @@ def test_a_newer_checkpoint_removes_older_parts_and_missing_parts_are_named(tmp_
     (tmp_path / "last.step9.part1-of-2.pt").unlink()
     with pytest.raises(FileNotFoundError, match="missing its parts.*last.step9.part1-of-2"):
         ckpt.load(path)
+
+
+def test_remove_parts_keeps_only_the_named(tmp_path):
+    table = torch.randn(6, 2)
+    write(tmp_path / "last.pt", table, torch.rand(6), step=3, world=2)
+    ckpt.remove_parts(tmp_path / "last.pt", keep=["last.step3.part1-of-2.pt"])
+    assert [p.name for p in tmp_path.glob("*.part*")] == ["last.step3.part1-of-2.pt"]
+    ckpt.remove_parts(tmp_path / "last.pt")
+    assert not list(tmp_path.glob("*.part*"))
