@@ -217,7 +217,9 @@ class SyncBatchNorm(torch.nn.BatchNorm1d):
         scale, shift = inv, -mean * inv
         if self.affine:
             scale, shift = scale * self.weight, shift * self.weight + self.bias
-        return torch.addcmul(shift.to(x.dtype).view(shape), x, scale.to(x.dtype).view(shape))
+        t = torch.float32 if low else x.dtype  # normalised in float32 under amp, as torch's
+        y = torch.addcmul(shift.to(t).view(shape), x.to(t), scale.to(t).view(shape))
+        return y.to(x.dtype)
 
 
 def sync_batch_norm_(module: torch.nn.Module) -> int:

@@ -449,15 +449,20 @@ def forget_dead_workers() -> list[int]:
         return []
     dead = set()
     for f in Path(path).glob("gauge_live*_*.db"):
-        pid = int(f.stem.rsplit("_", 1)[1])
+        pid = f.stem.rsplit("_", 1)[1]
+        if not pid.isdigit():
+            continue
         try:
-            os.kill(pid, 0)
+            os.kill(int(pid), 0)
         except ProcessLookupError:
-            dead.add(pid)
+            dead.add(int(pid))
         except PermissionError:  # alive, another user's
             pass
     for pid in dead:
-        multiprocess.mark_process_dead(pid, path)
+        try:
+            multiprocess.mark_process_dead(pid, path)
+        except FileNotFoundError:  # another new worker removed them first
+            pass
     return sorted(dead)
 
 

@@ -31,34 +31,42 @@ def save_atomic(obj: dict[str, Any], path: str | Path) -> None:
 
 # ----------------------------------------------------------------- row-sharded parts
 # A distributed run with row-sharded tables writes each table's rows (and their optimizer
-# state) where they live: process k of W writes ``<name>.step<S>.part<k>-of-<W>.pt`` holding
+# state) where they live: process k of W writes ``<name>.<tag>.part<k>-of-<W>.pt`` holding
 # ``{"rows": {key: its rows}}``, and rank 0 then writes ``<name>.pt`` with a placeholder
 # ``{PART: key, "rows": total rows}`` in place of each such tensor and ``"parts"`` naming the
-# files. No process ever holds a whole table; readers take the rows they need (memory-mapped,
-# so a process reads only its rows) or assemble whole tensors.
+# files. The tag (step and a random id, the same on every rank) is new at every save, so a
+# save never overwrites a part that an existing checkpoint names. No process ever holds a
+# whole table; readers take the rows they need (memory-mapped, so a process reads only its
+# rows) or assemble whole tensors.
 PART = "__rows_in_parts__"
 
 
-def part_name(path: str | Path, step: int, rank: int, world: int) -> str:
-    path = Path(path)
-    return f"{path.stem}.step{step}.part{rank}-of-{world}.pt"
+def part_name(path: str | Path, tag: str, rank: int, world: int) -> str:
+    return f"{Path(path).stem}.{tag}.part{rank}-of-{world}.pt"
 
 
-def save_part(rows: dict[str, torch.Tensor], path: str | Path, step: int, rank: int,
+def _compact(t: torch.Tensor) -> torch.Tensor:
+    """``t`` on the CPU with a storage of its own size (``torch.save`` writes a view's whole
+    storage, e.g. the whole memory-mapped part a resumed row range was read from)."""
+    t = t.detach().cpu()
+    return t.clone() if t.untyped_storage().nbytes() > t.numel() * t.element_size() else t
+
+
+def save_part(rows: dict[str, torch.Tensor], path: str | Path, tag: str, rank: int,
               world: int) -> None:
     """This process's rows of every row-sharded tensor of the checkpoint ``path``. Written
     before ``path`` itself (see :func:`save_with_parts`), so ``path`` never names a part
     that is not complete."""
-    save_atomic({"rows": {k: v.detach().cpu() for k, v in rows.items()}},
-                Path(path).with_name(part_name(path, step, rank, world)))
+    save_atomic({"rows": {k: _compact(v) for k, v in rows.items()}},
+                Path(path).with_name(part_name(path, tag, rank, world)))
 
 
-def save_with_parts(obj: dict[str, Any], path: str | Path, step: int, world: int) -> None:
+def save_with_parts(obj: dict[str, Any], path: str | Path, tag: str, world: int) -> None:
     """Rank 0, after every process's :func:`save_part`: ``obj`` (placeholders in place of
     the sharded tensors) naming its parts; then the parts of earlier checkpoints at ``path``
     are removed."""
     path = Path(path)
-    names = [part_name(path, step, k, world) for k in range(world)]
+    names = [part_name(path, tag, k, world) for k in range(world)]
     save_atomic({**obj, "parts": {"world": world, "files": names}}, path)
     remove_parts(path, keep=names)
 
@@ -66,7 +74,7 @@ def save_with_parts(obj: dict[str, Any], path: str | Path, step: int, world: int
 def remove_parts(path: str | Path, keep: list[str] | tuple[str, ...] = ()) -> None:
     """Delete the part files of earlier checkpoints at ``path`` (all but ``keep``)."""
     path = Path(path)
-    for old in path.parent.glob(f"{path.stem}.step*.part*-of-*.pt"):
+    for old in path.parent.glob(f"{path.stem}.*.part*-of-*.pt"):
         if old.name not in keep:
             old.unlink(missing_ok=True)
 
@@ -83,23 +91,22 @@ def load(path: str | Path, device: str | torch.device = "cpu",
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
-    obj = torch.load(path, map_location=device, weights_only=True)
-    parts = obj.pop("parts", None) if isinstance(obj, dict) else None
-    if parts is None:
-        return obj
+    for attempt in (0, 1):
+        obj = torch.load(path, map_location=device, weights_only=True)
+        parts = obj.pop("parts", None) if isinstance(obj, dict) else None
+        if parts is None:
+            return obj
+        files = [path.with_name(f) for f in parts["files"]]
+        try:  # opened (mapped) at once: a newer save may remove them from the directory
+            opened = [torch.load(f, map_location=device, weights_only=True,
+                                 mmap=True)["rows"] for f in files]
+            break
+        except FileNotFoundError:
+            if attempt:  # not a save replacing them in between: they are gone
+                missing = [str(f) for f in files if not f.exists()]
+                raise FileNotFoundError(
+                    f"checkpoint {str(path)!r} is missing its parts {missing}") from None
     from sampan.distributed import shard_bounds
-
-    files = [path.with_name(f) for f in parts["files"]]
-    missing = [str(f) for f in files if not f.exists()]
-    if missing:
-        raise FileNotFoundError(f"checkpoint {str(path)!r} is missing its parts {missing}")
-    opened: dict[int, dict[str, torch.Tensor]] = {}
-
-    def part(k: int) -> dict[str, torch.Tensor]:
-        if k not in opened:
-            opened[k] = torch.load(files[k], map_location=device, weights_only=True,
-                                   mmap=True)["rows"]
-        return opened[k]
 
     def fill(x: Any) -> Any:
         if isinstance(x, dict) and PART in x:
@@ -107,12 +114,12 @@ def load(path: str | Path, device: str | torch.device = "cpu",
             want = rows_of(key, n) if rows_of is not None else None
             lo, hi = want if want is not None else (0, n)
             bounds = shard_bounds(n, parts["world"])
-            pieces = [part(k)[key][max(lo, a) - a: min(hi, b) - a]
+            pieces = [opened[k][key][max(lo, a) - a: min(hi, b) - a]
                       for k, (a, b) in enumerate(zip(bounds[:-1], bounds[1:], strict=True))
                       if max(lo, a) < min(hi, b)]
             if len(pieces) == 1:  # memory-mapped (copy-on-write): copied where it is used
                 return pieces[0]
-            return torch.cat(pieces) if pieces else part(0)[key][:0].clone()
+            return torch.cat(pieces) if pieces else opened[0][key][:0].clone()
         if isinstance(x, dict):
             return {k: fill(v) for k, v in x.items()}
         if isinstance(x, list):

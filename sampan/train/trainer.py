@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import math
+import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -116,10 +117,12 @@ class Trainer:
         path = self.run_dir / "checkpoints" / name
         if distributed.any_sharded(self.model):
             obj, rows = distributed.split_sharded_state(self.model, obj, self.sparse_opt)
-            ckpt.save_part(rows, path, self.state.step, self.dist.rank, self.dist.world)
+            tag = str(distributed.broadcast_object(
+                f"step{self.state.step}-{secrets.token_hex(4)}"))  # new at every save
+            ckpt.save_part(rows, path, tag, self.dist.rank, self.dist.world)
             self.dist.barrier()
             if self.dist.is_main:
-                ckpt.save_with_parts(obj, path, self.state.step, self.dist.world)
+                ckpt.save_with_parts(obj, path, tag, self.dist.world)
         elif self.dist.is_main:
             ckpt.save_atomic(obj, path)
             ckpt.remove_parts(path)  # those of a row-sharded run this one resumed

@@ -12,13 +12,13 @@ def write(path, table, state, step, world):
     for rank in range(world):
         lo, hi = shard_bounds(len(table), world)[rank: rank + 2]
         ckpt.save_part({"model/emb.weight": table[lo:hi], "sparse_opt/0/sum": state[lo:hi]},
-                       path, step, rank, world)
+                       path, f"step{step}", rank, world)
     ckpt.save_with_parts({
         "model": {"emb.weight": ckpt.placeholder("model/emb.weight", len(table)),
                   "mlp.bias": torch.ones(3)},
         "sparse_opt": {"state": {0: {"sum": ckpt.placeholder("sparse_opt/0/sum", len(table)),
                                      "step": torch.tensor(7)}}, "param_groups": []},
-        "state": {"step": step}}, path, step, world)
+        "state": {"step": step}}, path, f"step{step}", world)
 
 
 def test_parts_read_whole_or_by_any_rows(tmp_path):
@@ -58,6 +58,18 @@ def test_a_newer_checkpoint_removes_older_parts_and_missing_parts_are_named(tmp_
     (tmp_path / "last.step9.part1-of-2.pt").unlink()
     with pytest.raises(FileNotFoundError, match="missing its parts.*last.step9.part1-of-2"):
         ckpt.load(path)
+
+
+def test_a_part_is_saved_compact(tmp_path):
+    """A row range read memory-mapped from a bigger part is saved as its rows alone."""
+    big = torch.randn(10_000, 8)
+    write(tmp_path / "last.pt", big, torch.rand(10_000), step=1, world=2)
+    rows = ckpt.load(tmp_path / "last.pt", rows_of=lambda key, n: (5000, 5100))
+    ckpt.save_part({"model/emb.weight": rows["model"]["emb.weight"]}, tmp_path / "x.pt",
+                   "step2", 0, 1)
+    assert (tmp_path / "x.step2.part0-of-1.pt").stat().st_size < 20_000
+    got = torch.load(tmp_path / "x.step2.part0-of-1.pt", weights_only=True)["rows"]
+    assert torch.equal(got["model/emb.weight"], big[5000:5100])
 
 
 def test_remove_parts_keeps_only_the_named(tmp_path):
