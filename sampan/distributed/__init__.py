@@ -110,6 +110,15 @@ def broadcast_object(obj: object) -> object:
     return box[0]
 
 
+def gather_objects(obj: object) -> list[object]:
+    """Every rank's ``obj``, in rank order, on every rank (``[obj]`` in a single process)."""
+    if not _CTX.enabled:
+        return [obj]
+    out: list[object] = [None] * _CTX.world
+    dist.all_gather_object(out, obj)
+    return out
+
+
 def all_gather_rows(x: torch.Tensor) -> torch.Tensor:
     """Concatenate every rank's ``x`` (same trailing shape, any number of rows) in rank
     order."""

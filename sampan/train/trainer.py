@@ -339,6 +339,8 @@ class Trainer:
                       "best_step": st.best_step, "bad_evals": st.bad_evals,
                       "stopped_early": st.stopped_early, "history": st.history},
             "rng": ckpt.rng_state(),
+            # every rank's own (dropout masks differ between ranks), for a resume on as many
+            "rng_ranks": distributed.gather_objects(ckpt.rng_state()),
             "config": dump_config(self.cfg),
             "world_size": self.dist.world,
         })
@@ -360,7 +362,9 @@ class Trainer:
                                 history=list(s["history"]))
         if (self.run_dir / "checkpoints" / BEST).exists():
             self.best_model = self._read(BEST)["model"]
-        ckpt.set_rng_state(c["rng"])
+        ranks = c.get("rng_ranks")
+        ckpt.set_rng_state(ranks[self.dist.rank] if ranks and len(ranks) == self.dist.world
+                           else c["rng"])
         if self.metrics is not None:
             self.metrics.truncate_after(self.state.step)
         self.console.print(f"resumed from {path} at step {self.state.step} "

@@ -319,6 +319,10 @@ def test_killed_two_process_run_resumes(tmp_path, placement, resume_procs):
     the 1-vs-2-process tolerance."""
     cfg = write_cfg(tmp_path, epochs=3, checkpoint_every_steps=10,
                     embedding_placement=placement)
+    if resume_procs == 2:  # each rank resumes its own dropout stream
+        d = yaml.safe_load(cfg.read_text())
+        d["model"]["dropout"] = 0.3
+        cfg.write_text(yaml.safe_dump(d))
     run_cli("train", str(cfg), "--nproc-per-node", "2", "--run-dir", str(tmp_path / "straight"))
     want = json.loads((tmp_path / "straight" / "results.json").read_text())
     run = tmp_path / "interrupted"
@@ -341,6 +345,11 @@ def test_killed_two_process_run_resumes(tmp_path, placement, resume_procs):
     assert sorted(p.name for p in (run / "checkpoints").glob("*.part*")) == sorted(named)
     got = json.loads((run / "results.json").read_text())
     assert (got["steps"], got["best_step"]) == (want["steps"], want["best_step"])
+    if resume_procs == 2:  # the steps after the resume are the straight run's
+        straight, resumed = dict(losses(tmp_path / "straight")), dict(losses(run))
+        assert sorted(straight) == sorted(resumed) and max(straight) > step
+        for s in straight:
+            assert resumed[s] == pytest.approx(straight[s], rel=1e-5), s
     for split in ("valid", "test"):
         for k in ("auc", "logloss"):
             assert got[split][k] == pytest.approx(
