@@ -42,6 +42,7 @@ every process runs the same experiment on its share of each global batch.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -83,6 +84,8 @@ def init_from_env(device_type: str = "cpu") -> DistContext:
         _CTX = DistContext()
         return _CTX
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        _die_with_launcher()
     if device_type == "cuda":
         torch.cuda.set_device(local_rank)  # one GPU per process on each machine
     if not dist.is_initialized():
@@ -91,6 +94,24 @@ def init_from_env(device_type: str = "cpu") -> DistContext:
     _CTX = DistContext(rank=dist.get_rank(), world=dist.get_world_size(),
                        local_rank=local_rank)
     return _CTX
+
+
+def _die_with_launcher() -> None:
+    """torchrun starts each rank in a session of its own, so a launcher killed outright
+    (SIGKILL to ``sampan train``'s process group) would leave its ranks training on. On
+    Linux, have the kernel kill this rank when its launcher dies."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    parent = os.getppid()
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the launcher died before the request took effect
+        os._exit(1)
 
 
 def shutdown() -> None:

@@ -311,6 +311,20 @@ def test_two_processes_follow_one(tmp_path):
         assert Predictor(bundle).bundle.manifest["parity"]["max_abs_diff"] < 1e-5
 
 
+def ranks_of(run) -> list[int]:
+    """Processes still running a `sampan train` of this run directory."""
+    pids = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                cmd = open(f"/proc/{d}/cmdline", "rb").read().split(b"\0")
+            except OSError:
+                continue
+            if str(run).encode() in cmd and b"sampan" in cmd:
+                pids.append(int(d))
+    return pids
+
+
 @pytest.mark.parametrize("placement,resume_procs", [("replicated", 2), ("row_sharded", 2),
                                                     ("row_sharded", 1)])
 def test_killed_two_process_run_resumes(tmp_path, placement, resume_procs):
@@ -321,7 +335,7 @@ def test_killed_two_process_run_resumes(tmp_path, placement, resume_procs):
                     embedding_placement=placement)
     if resume_procs == 2:  # each rank resumes its own dropout stream
         d = yaml.safe_load(cfg.read_text())
-        d["model"]["dropout"] = 0.3
+        d["model"].update(dropout=0.5, embedding_init_std=0.3)  # masks that move the loss
         cfg.write_text(yaml.safe_dump(d))
     run_cli("train", str(cfg), "--nproc-per-node", "2", "--run-dir", str(tmp_path / "straight"))
     want = json.loads((tmp_path / "straight" / "results.json").read_text())
@@ -333,8 +347,12 @@ def test_killed_two_process_run_resumes(tmp_path, placement, resume_procs):
     deadline = time.time() + 240
     while not last.exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.005)
-    os.killpg(proc.pid, signal.SIGKILL)  # torchrun and both ranks
+    os.killpg(proc.pid, signal.SIGKILL)  # the launcher; the ranks (own sessions) follow it
     proc.wait()
+    deadline = time.time() + 10
+    while ranks_of(run) and time.time() < deadline:
+        time.sleep(0.05)
+    assert not ranks_of(run), "ranks outlived their killed launcher"
     assert last.exists() and not (run / "results.json").exists()
     step = torch.load(last, weights_only=True)["state"]["step"]
     assert 0 < step < want["steps"]
