@@ -216,7 +216,8 @@ class SyncBatchNorm(torch.nn.BatchNorm1d):
     differentiate exactly as one process on the global batch (``torch.nn.SyncBatchNorm``
     runs on GPUs only). Its parameters and buffers are ``BatchNorm1d``'s, so checkpoints and
     exports do not change; outside training, or in a single process, it is
-    ``BatchNorm1d``."""
+    ``BatchNorm1d``. Every rank must run each layer the same number of times a step (a
+    collective): no batch norm in a branch that only some ranks take."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not (self.training and _CTX.enabled):
