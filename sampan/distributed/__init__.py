@@ -373,8 +373,9 @@ def any_sharded(model: torch.nn.Module) -> bool:
     return bool(_sharded(model))
 
 
-def _key(name: str) -> str:
-    return f"model/{name}.weight" if name else "model/weight"
+def _weight(name: str) -> str:
+    """A table's state-dict key (checkpoint part keys are ``model/`` + it)."""
+    return f"{name}.weight" if name else "weight"
 
 
 def split_sharded_state(model: torch.nn.Module, obj: dict,
@@ -389,9 +390,9 @@ def split_sharded_state(model: torch.nn.Module, obj: dict,
     sd = dict(obj["model"])
     sharded = _sharded(model)
     for name, m in sharded:
-        key = _key(name)
-        rows[key] = sd[key[len("model/"):]]
-        sd[key[len("model/"):]] = placeholder(key, m.num_rows)
+        w = _weight(name)
+        rows[f"model/{w}"] = sd[w]
+        sd[w] = placeholder(f"model/{w}", m.num_rows)
     out = {**obj, "model": sd}
     opt_sd = obj.get("sparse_opt")
     if opt_sd is not None and opt is not None:
@@ -419,7 +420,8 @@ def local_rows_of(model: torch.nn.Module,  # type: ignore[no-untyped-def]
     if not sharded:
         return None
     r = _CTX.rank
-    want = {_key(name): (m.bounds[r], m.bounds[r + 1], m.num_rows) for name, m in sharded}
+    want = {f"model/{_weight(name)}": (m.bounds[r], m.bounds[r + 1], m.num_rows)
+            for name, m in sharded}
     tables = {id(m.weight): (m.bounds[r], m.bounds[r + 1], m.num_rows) for _, m in sharded}
     params = [] if opt is None else [p for g in opt.param_groups for p in g["params"]]
     for i, p in enumerate(params):

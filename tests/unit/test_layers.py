@@ -123,8 +123,8 @@ def test_sync_batch_norm_conversion_keeps_state_and_single_process_output():
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(MLP(6, [5, 4], batch_norm=True), Dice(4))
-    reference = [torch.nn.Sequential(MLP(6, [5, 4], batch_norm=True), Dice(4))]
-    reference[0].load_state_dict(model.state_dict())
+    reference = torch.nn.Sequential(MLP(6, [5, 4], batch_norm=True), Dice(4))
+    reference.load_state_dict(model.state_dict())
     before = {k: v.data_ptr() for k, v in model.state_dict().items()}
     assert sync_batch_norm_(model) == 3
     assert sum(isinstance(m, SyncBatchNorm) for m in model.modules()) == 3
@@ -132,7 +132,7 @@ def test_sync_batch_norm_conversion_keeps_state_and_single_process_output():
     x = torch.randn(32, 6)
     for train in (True, False):
         model.train(train)
-        reference[0].train(train)
-        assert torch.equal(model(x), reference[0](x))
-    for k, v in reference[0].state_dict().items():
+        reference.train(train)
+        assert torch.equal(model(x), reference(x))
+    for k, v in reference.state_dict().items():
         assert torch.equal(model.state_dict()[k], v), k
