@@ -281,6 +281,16 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
+def kept_sections(path: Path) -> str:
+    """The blocks other benchmarks write into the same file (``<!-- defaults -->``, by
+    benchmarks/defaults.py), carried over when this table is regenerated."""
+    old = path.read_text() if path.exists() else ""
+    begin, end = "<!-- defaults -->", "<!-- /defaults -->"
+    if begin in old and end in old:
+        return "\n" + old[old.index(begin): old.index(end) + len(end)] + "\n"
+    return ""
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--suites", nargs="*", default=list(SUITES), choices=list(SUITES))
@@ -322,7 +332,7 @@ def main() -> None:
             report.setdefault("intervals", {}).setdefault(name, {}).update(found)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(report, indent=1))
-    Path(args.out).write_text(markdown(report) + "\n")
+    Path(args.out).write_text(markdown(report) + "\n" + kept_sections(Path(args.out)))
     print(f"wrote {args.out} and {args.json}")
 
 

@@ -72,8 +72,8 @@ def train(
     import os
 
     from sampan import distributed
-    from sampan.config import ConfigError, load_config
-    from sampan.data.sources import DataError
+    from sampan.config import load_config
+    from sampan.errors import SampanError
     from sampan.train.experiment import run_experiment
 
     if (nproc_per_node > 1 or nnodes > 1) and "WORLD_SIZE" not in os.environ:
@@ -89,7 +89,7 @@ def train(
         else:
             cfg = load_config(config, overrides=set_ or [])
             run_experiment(cfg, run_dir=run_dir, console=console)
-    except (ConfigError, DataError, FileNotFoundError, FileExistsError) as e:
+    except (SampanError, FileNotFoundError, FileExistsError) as e:
         _fail(str(e))
     finally:
         distributed.shutdown()
@@ -388,7 +388,6 @@ def data_prepare(
 ) -> None:
     """Read, validate, split, fit the feature pipeline on train and write model-ready arrays,
     without training. Reports rows kept and rejected by reason, and every feature."""
-    from rich.table import Table
 
     from sampan.config import ConfigError, load_config
     from sampan.data.sources import DataError
@@ -397,24 +396,9 @@ def data_prepare(
     try:
         cfg = load_config(config, overrides=set_ or [])
         root = out or Path(cfg.output_dir) / cfg.name / "data"
-        store = build_store(cfg, root, echo=console.print)
+        build_store(cfg, root, echo=console.print)
     except (ConfigError, DataError, FileNotFoundError) as e:
         _fail(str(e))
-    pipe = store.pipeline()
-    t = Table(title=f"features fitted on {pipe.fitted_rows_:,} train rows")
-    for col in ("feature", "kind", "ids / stats"):
-        t.add_column(col)
-    for e in pipe.categorical:
-        t.add_row(e.spec.name, "categorical", f"{e.cardinality:,} ids"
-                  + (f", {e.oov_count_:,} OOV occurrences" if e.oov_count_ else ""))
-    for e in pipe.numeric:
-        t.add_row(e.spec.name, "numeric", f"fill {e.fill_:.4g}, mean {e.mean_:.4g}, std "
-                  f"{e.std_:.4g}, missing {100 * e.missing_rate_:.1f}%")
-    for e in pipe.lists:
-        t.add_row(e.spec.name, e.spec.kind, f"{e.cardinality:,} ids"
-                  + (f" (shares {e.spec.share})" if e.spec.share else "")
-                  + f", length mean {e.lengths_['mean']:.1f} max {e.lengths_['max']}")
-    console.print(t)
     console.print(f"processed data: {root}")
 
 

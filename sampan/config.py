@@ -28,14 +28,18 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     SerializeAsAny,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
 
+from sampan.errors import SampanError
 
-class ConfigError(ValueError):
+
+class ConfigError(SampanError, ValueError):
     """A config file or override is invalid. The message lists every problem found."""
 
 
@@ -70,17 +74,19 @@ class SplitConfig(_Strict):
             raise ValueError(f"split.boundaries must be increasing, got {list(self.boundaries)}")
         return self
 
-    @model_validator(mode="after")
-    def _sums_to_one(self) -> SplitConfig:
+    def check_fractions(self, own_files: list[str]) -> None:
+        """The fractions of the roles carved from ``data.train`` must add up to 1; those of
+        roles with their own files (``own_files``) are ignored and the rest renormalised."""
+        if self.train <= 0:
+            raise ValueError("split.train must be > 0")
+        if own_files:
+            return
         total = self.train + self.valid + self.test
         if abs(total - 1.0) > 1e-6:
             raise ValueError(
                 f"split fractions train+valid+test must add up to 1.0, got {total:g} "
                 f"({self.train:g}+{self.valid:g}+{self.test:g})"
             )
-        if self.train <= 0:
-            raise ValueError("split.train must be > 0")
-        return self
 
 
 class SyntheticConfig(_Strict):
@@ -135,6 +141,7 @@ class DataConfig(_Strict):
                              "format: synthetic for the built-in generator)")
         if self.delimiter is not None and len(self.delimiter) != 1:
             raise ValueError(f"data.delimiter must be one character, got {self.delimiter!r}")
+        self.split.check_fractions([r for r in ("valid", "test") if getattr(self, r)])
         return self
 
 
@@ -150,7 +157,8 @@ class CategoricalFeature(_Strict):
 
     name: str
     column: str | None = None
-    min_count: int = Field(1, ge=1)
+    min_count: int = Field(1, ge=1, description="values seen fewer times in the train split "
+                           "are OOV (features.categorical_defaults sets 3)")
     max_size: int | None = Field(None, gt=0)
     hash_buckets: int = Field(0, ge=0)
     vocab: bool = True
@@ -227,8 +235,13 @@ class NumericFeature(_Strict):
     column: str | None = None
     fill: float | Literal["mean"] = 0.0
     clip: tuple[float | None, float | None] | None = None
-    log1p: bool = False
-    standardize: bool = False
+    log1p: bool = Field(False, description="signed log1p: tames heavy-tailed counts; "
+                        "monotone, so it loses little for other numbers")
+    standardize: bool = Field(False, description="(x - mean) / std of the train split")
+    buckets: int = Field(0, ge=0, description="the column also enters as a categorical "
+                         "feature <name>_bucket cut at this many train quantiles, missing "
+                         "values an id of their own: lets every model learn a non-linear "
+                         "effect and what a missing value means; 0: numeric only")
 
 
 class LabelSpec(_Strict):
@@ -240,11 +253,24 @@ class LabelSpec(_Strict):
     threshold: float | None = None
 
 
+# What every categorical / numeric entry gets unless it says otherwise: the package's
+# defaults, documented in the README. `features.categorical_defaults` / `numeric_defaults`
+# add to them (a key given there wins), and a feature's own keys win over both. A spec built
+# directly in Python (CategoricalFeature(name=...)) is neutral: min_count 1, no transforms.
+PACKAGE_FEATURE_DEFAULTS: dict[str, dict[str, Any]] = {
+    # rare ids get no row of their own to overfit: they share the OOV row
+    "categorical": {"min_count": 3},
+    # counts are heavy-tailed: signed log1p, then standardize; the quantile-bucket twin
+    # carries non-linear effects and what a missing value means
+    "numeric": {"fill": 0.0, "log1p": True, "standardize": True, "buckets": 16},
+}
+
+
 class FeaturesConfig(_Strict):
     """Which columns are features and how they are encoded.
 
-    List entries may be plain column names; they then take ``categorical_defaults`` /
-    ``numeric_defaults``.
+    Entries take :data:`PACKAGE_FEATURE_DEFAULTS`, then ``categorical_defaults`` /
+    ``numeric_defaults``, then their own keys (plain column names take the first two only).
     """
 
     label: str | list[str | LabelSpec] = "label"
@@ -252,22 +278,29 @@ class FeaturesConfig(_Strict):
         None, description="binarise labels given by name: value >= threshold is 1 (e.g. "
         "rating >= 4)")
     group: str | None = None
-    categorical_defaults: dict[str, Any] = Field(default_factory=dict)
-    numeric_defaults: dict[str, Any] = Field(default_factory=dict)
+    categorical_defaults: dict[str, Any] = Field(
+        default_factory=lambda: dict(PACKAGE_FEATURE_DEFAULTS["categorical"]))
+    numeric_defaults: dict[str, Any] = Field(
+        default_factory=lambda: dict(PACKAGE_FEATURE_DEFAULTS["numeric"]))
     categorical: list[CategoricalFeature] = Field(default_factory=list)
     numeric: list[NumericFeature] = Field(default_factory=list)
     lists: list[ListFeature] = Field(default_factory=list)
 
     @model_validator(mode="before")
     @classmethod
-    def _expand_shorthand(cls, data: Any) -> Any:
+    def _expand_shorthand(cls, data: Any, info: ValidationInfo) -> Any:
         if not isinstance(data, dict):
             return data
         data = dict(data)
+        # a fitted pipeline's saved features are complete: nothing is added to them (an
+        # older save keeps the defaults of its day)
+        saved = bool(info.context and info.context.get("saved"))
         for kind, model in (("categorical", CategoricalFeature), ("numeric", NumericFeature)):
-            defaults = data.get(f"{kind}_defaults") or {}
-            if not isinstance(defaults, dict):
+            given = data.get(f"{kind}_defaults") or {}
+            if not isinstance(given, dict):
                 continue  # reported by field validation
+            defaults = given if saved else {**PACKAGE_FEATURE_DEFAULTS[kind], **given}
+            data[f"{kind}_defaults"] = defaults
             for key in defaults:
                 if key not in model.model_fields or key == "name":
                     near = difflib.get_close_matches(key, list(model.model_fields), n=1)
@@ -281,6 +314,22 @@ class FeaturesConfig(_Strict):
                     for it in items
                 ]
         return data
+
+    @model_validator(mode="after")
+    def _bucket_twins(self) -> FeaturesConfig:
+        # A numeric column with `buckets` also enters as a quantile-bucketed category, unless
+        # a categorical feature of that name exists (a saved config has it already) or the
+        # column is bucketized as a category already.
+        names = {f.name for f in self.categorical}
+        binned = {f.column or f.name for f in self.categorical if f.bucketize != "none"}
+        for f in self.numeric:
+            col = f.column or f.name
+            if f.buckets and f"{f.name}_bucket" not in names and col not in binned:
+                self.categorical.append(CategoricalFeature(
+                    name=f"{f.name}_bucket", column=col, bucketize="quantile",
+                    buckets=f.buckets))
+                binned.add(col)
+        return self
 
     @model_validator(mode="after")
     def _unique(self) -> FeaturesConfig:
@@ -300,7 +349,7 @@ class FeaturesConfig(_Strict):
         if not self.categorical:
             raise ValueError("features.categorical: declare at least one categorical feature "
                              "(every model embeds them; numbers can become categories with "
-                             "bucketize)")
+                             "bucketize, or numeric buckets > 0)")
         return self
 
     @property
@@ -336,8 +385,9 @@ class MLPModelConfig(ModelConfig):
 class EarlyStoppingConfig(_Strict):
     metric: str | None = Field(
         None, description="validation metric to track: auc, logloss, gauc, or for retrieval "
-        "recall@K, ndcg@K, hitrate@K, mrr (K = the model's k); default: auc, or recall@K for "
-        "retrieval models")
+        "recall@K, ndcg@K, hitrate@K, mrr (K = the model's k); default: auc (logloss when the "
+        "validation split holds under 100 positives or negatives, where AUC is too noisy to "
+        "steer by), or recall@K for retrieval models")
     patience: int = Field(2, ge=1, description="evaluations without improvement before stop")
 
     @field_validator("metric")
@@ -352,25 +402,53 @@ class EarlyStoppingConfig(_Strict):
     enabled: bool = True
 
 
-class TrainConfig(_Strict):
-    """The training loop: optimisation, schedule, evaluation, checkpoints."""
+Auto = Literal["auto"]
+PosInt = Annotated[int, Field(gt=0)]
+NonNegInt = Annotated[int, Field(ge=0)]
+NonNegFloat = Annotated[float, Field(ge=0.0)]
 
-    epochs: int = Field(5, ge=1)
+
+class TrainConfig(_Strict):
+    """The training loop: optimisation, schedule, evaluation, checkpoints.
+
+    ``auto`` values are sized from the training rows when training starts (see
+    :func:`sampan.train.plan.plan_training`); the run prints what was chosen and why and
+    writes it to ``schedule.json``. An explicit value always wins.
+    """
+
+    epochs: PosInt | Auto = Field("auto", description="auto: until validation stops improving "
+                               "(early stopping), at most the epochs that give 30,000 steps "
+                               "(3 to 30)")
     max_steps: int | None = Field(None, gt=0)
-    batch_size: int = Field(1024, gt=0)
+    batch_size: PosInt | Auto = Field("auto", description="auto: the power of two nearest "
+                                   "sqrt(train rows), 64 to 4096")
     eval_batch_size: int = Field(16384, gt=0)
     optimizer: Literal["adam", "adamw", "sgd"] = "adam"
     lr: float = Field(1e-3, gt=0)
     weight_decay: float = Field(0.0, ge=0.0)
     sparse_optimizer: Literal["adam", "adagrad", "rowwise_adagrad"] = "adam"
     sparse_lr: float | None = Field(None, gt=0, description="defaults to lr")
-    embedding_l2: float = Field(1e-4, ge=0.0, description="L2 on embedding rows used in a batch")
-    schedule: Literal["constant", "cosine"] = "cosine"
-    warmup_steps: int = Field(0, ge=0)
+    embedding_l2: NonNegFloat | Auto = Field(
+        "auto", description="L2 on embedding rows used in a batch; auto: 0.1 / batch_size, "
+        "the same regularisation per example at every batch size")
+    schedule: Literal["constant", "cosine", "plateau"] = Field(
+        "cosine", description="after linear warmup: constant, a half cosine to min_lr_ratio "
+        "at the last step, or plateau: constant, halved at every evaluation that does not "
+        "improve the early-stopping metric")
+    warmup_steps: NonNegInt | Auto = Field("auto", description="auto: a tenth of an epoch, 10 to "
+                                     "200 steps")
     min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0)
     clip_grad_norm: float | None = Field(None, gt=0)
-    eval_every_steps: int | None = Field(None, gt=0, description="None: once per epoch")
+    eval_every_steps: PosInt | Auto | None = Field(
+        "auto", description="None: once per epoch; auto: once per epoch, or four times per "
+        "epoch (at least 100 steps apart) when epochs are long")
     early_stopping: EarlyStoppingConfig = EarlyStoppingConfig()
+    on_divergence: Literal["recover", "stop"] = Field(
+        "recover", description="a non-finite or exploding training loss, or a validation "
+        "LogLoss far above the base rate's: recover restores the last good state and halves "
+        "the learning rates (at most 3 times), stop ends the run with an error")
+    init_output_bias: bool = Field(True, description="start the output bias at the training "
+                                   "base rate's logit")
     checkpoint_every_steps: int | None = Field(None, gt=0)
     shuffle: Literal["rows", "blocks", "none"] = "rows"
     amp: Literal["none", "bf16"] = "none"
@@ -403,6 +481,13 @@ class ExperimentConfig(_Strict):
     features: FeaturesConfig
     model: SerializeAsAny[ModelConfig] = ModelConfig()
     train: TrainConfig = TrainConfig()
+
+    _notices: list[str] = PrivateAttr(default_factory=list)
+
+    @property
+    def notices(self) -> list[str]:
+        """What loading changed that the user did not write (printed by every run)."""
+        return self._notices
 
     @model_validator(mode="after")
     def _gauc_needs_group(self) -> ExperimentConfig:
@@ -531,6 +616,8 @@ def load_config(
         if preset not in PRESETS:
             raise ConfigError(f"unknown preset {preset!r}; known presets: {', '.join(PRESETS)}")
         raw = deep_merge(PRESETS[preset](), raw)
+    file_model = raw.get("model") if isinstance(raw.get("model"), dict) else {}
+    file_model_name = file_model.get("name", "deepfm")
     raw = copy.deepcopy(raw)
     for item in overrides or []:
         apply_override(raw, item)
@@ -548,8 +635,24 @@ def load_config(
         model_cls = get_model_class(cfg.model.name)
     except UnknownModelError as e:
         raise ConfigError(f"model.name: {e}") from None
+    notices = []
+    if cfg.model.name != file_model_name and isinstance(file_model_name, str):
+        # --set model.name=X on a config written for another model: options of the old
+        # model that X lacks are dropped (with a notice); a key neither knows stays an error.
+        try:
+            old_fields = set(get_model_class(file_model_name).Config.model_fields)
+        except UnknownModelError:
+            old_fields = set()
+        new_fields = set(model_cls.Config.model_fields)
+        dropped = [k for k in model_raw if k in old_fields and k not in new_fields]
+        if dropped:
+            model_raw = {k: v for k, v in model_raw.items() if k not in dropped}
+            notices.append(f"model.name is {cfg.model.name!r} (was {file_model_name!r} in the "
+                           f"file): dropped the options {cfg.model.name!r} does not have: "
+                           f"{', '.join(f'model.{k}' for k in dropped)}")
     try:
         cfg.model = model_cls.Config.model_validate(model_raw)
+        cfg._notices = notices
     except ValidationError as e:
         raise ConfigError(format_validation_error(e, model_cls.Config, prefix=("model",))) from None
     return cfg
@@ -565,9 +668,18 @@ def format_validation_error(
     err: ValidationError, root: type[BaseModel], prefix: tuple[Any, ...] = ()
 ) -> str:
     """Turn pydantic's errors into one line per problem, with the nearest valid key."""
-    lines = []
+    lines: list[str] = []
+    # A value that fits no member of a union gets one error per member: one line for all.
+    merged: dict[tuple[Any, ...], dict[str, Any]] = {}
     for e in err.errors():
-        loc = tuple(x for x in e["loc"] if not (isinstance(x, str) and "[" in x))
+        # union members appear in the location as tags ("literal['auto']", "constrained-int")
+        loc = tuple(x for x in e["loc"] if not (isinstance(x, str) and ("[" in x or "-" in x)))
+        if loc in merged and e["type"] not in ("extra_forbidden", "missing"):
+            merged[loc]["msg"] += f", or {e['msg'][0].lower()}{e['msg'][1:]}"
+            continue
+        merged[loc] = {**e, "loc": loc}
+    for e in merged.values():
+        loc = e["loc"]
         where = _loc_str(prefix + loc)
         if e["type"] == "extra_forbidden":
             valid = _keys_at(root, loc[:-1])

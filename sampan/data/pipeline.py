@@ -7,7 +7,9 @@ plus one ``.npy`` per vocabulary, and loading it back gives byte-identical trans
 Example::
 
     >>> from sampan.config import FeaturesConfig
-    >>> fc = FeaturesConfig(categorical=["c"], numeric=["x"])
+    >>> fc = FeaturesConfig(categorical=["c"], numeric=["x"], categorical_defaults={
+    ...     "min_count": 1}, numeric_defaults={"log1p": False, "standardize": False,
+    ...     "buckets": 0})                    # the package defaults switched off
     >>> pipe = FeaturePipeline(fc)
     >>> _ = pipe.fit([pa.table({"label": [1.0, 0.0], "c": ["a", "b"], "x": [1.0, None]})])
     >>> out = pipe.transform(pa.table({"label": [1.0], "c": ["b"], "x": [3.0]}))
@@ -129,6 +131,47 @@ class FeaturePipeline:
         self.finalize()
         return self
 
+    def feature_report(self) -> list[dict[str, Any]]:
+        """One entry per fitted feature: its kind, the settings that shaped it, its
+        vocabulary size and the share of training values that fell out of the vocabulary
+        (or its statistics, for numbers). Every run prints it and saves it in the data
+        manifest."""
+        rows = max(self.fitted_rows_, 1)
+        out: list[dict[str, Any]] = []
+        for e in self.categorical:
+            sp = e.spec
+            if sp.cross:
+                how = f"cross of {'+'.join(sp.cross)}, hashed into {sp.hash_buckets:,}"
+            elif sp.bucketize != "none":
+                how = f"bucketize {sp.bucketize}" + (
+                    f" ({sp.buckets})" if sp.bucketize == "quantile" else "")
+            elif not sp.vocab:
+                how = f"hashed into {sp.hash_buckets:,}"
+            else:
+                how = f"vocabulary, min_count {sp.min_count}" + (
+                    f", max_size {sp.max_size:,}" if sp.max_size else "") + (
+                    f", OOV hashed into {sp.hash_buckets:,}" if sp.hash_buckets else "")
+            vocab = sp.vocab and sp.bucketize == "none" and not sp.cross
+            out.append({"feature": sp.name, "kind": "categorical", "min_count": sp.min_count,
+                        "transform": how, "ids": e.cardinality,
+                        "oov_share": round(e.oov_count_ / rows, 4) if vocab else None})
+        for e in self.numeric:
+            sp = e.spec
+            steps = [f"fill {sp.fill}"] + ([f"clip {list(sp.clip)}"] if sp.clip else []) \
+                + (["signed log1p"] if sp.log1p else []) \
+                + (["standardize"] if sp.standardize else [])
+            out.append({"feature": sp.name, "kind": "numeric", "transform": " -> ".join(steps),
+                        "mean": e.mean_, "std": e.std_,
+                        "missing_share": round(e.missing_rate_, 4)})
+        for le in self.lists:
+            sp = le.spec
+            out.append({"feature": sp.name, "kind": sp.kind,
+                        "transform": (f"ids of {sp.share}" if sp.share else
+                                      f"own vocabulary, min_count {sp.min_count}")
+                        + f", max_len {sp.max_len}", "ids": le.cardinality,
+                        "length_mean": round(le.lengths_["mean"], 2)})
+        return out
+
     # -- transforming
     def prepare_lookups(self, rows: int = 1) -> None:
         """Build the vocabulary indexes that transforming ``rows`` rows at a time will use
@@ -221,7 +264,8 @@ class FeaturePipeline:
         if state.get("format_version") != FORMAT_VERSION:
             raise ValueError(f"{d / PIPELINE_FILE}: format_version {state.get('format_version')} "
                              f"is not supported (expected {FORMAT_VERSION})")
-        pipe = cls(FeaturesConfig.model_validate(state["features"]), state["extra_numeric"])
+        pipe = cls(FeaturesConfig.model_validate(state["features"], context={"saved": True}),
+                   state["extra_numeric"])
         pipe.categorical = [CategoricalEncoder.from_state(s, d) for s in state["categorical"]]
         pipe.numeric = [NumericEncoder.from_state(s, d) for s in state["numeric"]]
         by_name = {e.spec.name: e for e in pipe.categorical}

@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from rich.console import Console
+from rich.table import Table
 
 from sampan.config import ExperimentConfig
 from sampan.data.pipeline import FeaturePipeline
@@ -129,8 +131,11 @@ def _source_tables(cfg: ExperimentConfig, spec: str | list[str] | None,
     yield from read_source(cfg.data, spec, pipe.roles(), log)
 
 
-def build_store(cfg: ExperimentConfig, root: str | Path, echo: Any = print) -> Store:
-    """Read, validate, split, fit the pipeline on train, transform and write every split."""
+def build_store(cfg: ExperimentConfig, root: str | Path, echo: Any = None) -> Store:
+    """Read, validate, split, fit the pipeline on train, transform and write every split.
+
+    ``echo`` receives the summary lines and the feature table (default: printed)."""
+    echo = echo or Console().print
     root = Path(root)
     if root.exists():
         if any(root.iterdir()) and not (root / "manifest.json").exists():
@@ -237,6 +242,7 @@ def build_store(cfg: ExperimentConfig, root: str | Path, echo: Any = print) -> S
         "sources": sources,
         "rejects": log.summary(),
         "fitted_on": {"split": "train", "rows": pipe.fitted_rows_},
+        "features": pipe.feature_report(),
         "oracle": bool(cfg.data.oracle_column or cfg.data.format == "synthetic"),
     }
     (root / "manifest.json").write_text(json.dumps(manifest, indent=1))
@@ -245,7 +251,21 @@ def build_store(cfg: ExperimentConfig, root: str | Path, echo: Any = print) -> S
     echo("data: " + ", ".join(f"{r} {rows[r]:,}" for r in SPLITS) + " rows; "
          f"{len(pipe.categorical)} categorical, {len(pipe.numeric)} numeric features; "
          f"embedding rows {sum(s.cardinality for s in pipe.schema().sparse):,}")
+    echo(feature_table(manifest["features"], pipe.fitted_rows_))
     return Store.open(root)
+
+
+def feature_table(report: list[dict[str, Any]], rows: int) -> Table:
+    """The effective feature settings as a table (``FeaturePipeline.feature_report``)."""
+    t = Table(title=f"features fitted on {rows:,} train rows")
+    for col in ("feature", "kind", "transform", "ids", "OOV / missing"):
+        t.add_column(col, justify="right" if col in ("ids", "OOV / missing") else "left")
+    for f in report:
+        share = f.get("oov_share", f.get("missing_share"))
+        t.add_row(f["feature"], f["kind"], f["transform"],
+                  f"{f['ids']:,}" if "ids" in f else "-",
+                  "-" if share is None else f"{100 * share:.1f}%")
+    return t
 
 
 def _staged_chunks(path: Path, columns: list[str] | None) -> Iterator[tuple[int, pa.Table]]:

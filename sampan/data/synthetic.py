@@ -19,6 +19,7 @@ the same rows on every machine.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -204,3 +205,123 @@ def interaction_samples(users: int = 1000, items: int = 2000, categories: int = 
     return pa.table({"label": np.ones(n, np.int64), "user_id": tokens("u", user),
                      "item_id": tokens("i", item), "category_id": tokens("c", item_cat[item]),
                      "timestamp": np.tile(np.arange(per_user), users)})
+
+
+@dataclass(frozen=True)
+class World:
+    """A synthetic CTR world with a known labelling model, for measuring defaults on data
+    nobody tuned for. Every parameter changes the shape of the problem:
+
+    * ``categorical`` fields with vocabularies drawn log-uniformly in ``vocab`` and Zipf
+      (``zipf_a``) frequencies; ``informative`` of them have first-order effects of scale
+      ``first_order``; effects shrink with an id's rarity, as in real logs;
+    * ``pairs`` pairs of fields interact through rank-4 latent factors of scale
+      ``interaction`` (0: a purely additive world, where LR is the right model);
+    * ``numeric`` features (half counts, half signed reals) with linear effects of scale
+      ``numeric_effect`` and ``nonlinear`` (a sum of sin x tanh terms);
+    * the intercept is solved so that the mean click probability is ``base_rate``.
+
+    Columns: ``label``, ``oracle_p`` (the true probability), ``n1..`` and ``c1..``.
+
+    >>> t = next(iter_world(World("w", rows=10, categorical=3, vocab=(5, 50), numeric=2)))
+    >>> t.column_names
+    ['label', 'oracle_p', 'n1', 'n2', 'c1', 'c2', 'c3']
+    """
+
+    name: str
+    rows: int
+    categorical: int
+    vocab: tuple[int, int]
+    numeric: int = 0
+    zipf_a: float = 1.1
+    informative: float = 0.7
+    first_order: float = 0.6
+    pairs: int = 6
+    interaction: float = 0.5
+    numeric_effect: float = 0.3
+    nonlinear: float = 0.0
+    base_rate: float = 0.2
+    missing_rate: float = 0.05
+    seed: int = 0
+
+
+class _WorldTruth:
+    def __init__(self, w: World):
+        rng = np.random.default_rng([w.seed, 7])
+        lo, hi = np.log(w.vocab[0]), np.log(w.vocab[1])
+        self.vocab = np.round(np.exp(rng.uniform(lo, hi, w.categorical))).astype(np.int64)
+        self.vocab = np.maximum(self.vocab, 2)
+
+        def shrink(v: int) -> np.ndarray:
+            return 1.0 / np.sqrt(1.0 + np.arange(v) / 50.0)
+
+        informative = rng.random(w.categorical) < w.informative
+        self.w = [rng.normal(0, w.first_order if informative[f] else 0.0, v) * shrink(v)
+                  for f, v in enumerate(self.vocab)]
+        all_pairs = [(f, g) for f in range(w.categorical) for g in range(f + 1, w.categorical)]
+        pick = rng.permutation(len(all_pairs))[: w.pairs] if w.interaction > 0 else []
+        self.pairs = [all_pairs[i] for i in pick]
+        self.v = {f: rng.normal(0, w.interaction, (self.vocab[f], LATENT))
+                  * shrink(self.vocab[f])[:, None] for pair in self.pairs for f in pair}
+        self.beta = rng.normal(0, w.numeric_effect, w.numeric)
+        self.counts = np.arange(w.numeric) % 2 == 0  # even columns: counts, odd: reals
+        self.mu = rng.uniform(0.5, 3.0, w.numeric)
+        self.sigma = rng.uniform(0.5, 1.5, w.numeric)
+        n_nl = w.numeric // 2 if w.nonlinear > 0 else 0
+        self.nl = [(int(a), int(b)) for a, b in rng.integers(0, max(w.numeric, 1), (n_nl, 2))]
+        self.nl_scale = w.nonlinear / np.sqrt(max(n_nl, 1))
+        self.perm = [rng.permutation(v) for v in self.vocab]  # rank -> token id
+        self.bias = 0.0
+
+    def logit(self, ranks: np.ndarray, present: np.ndarray, z: np.ndarray) -> np.ndarray:
+        out = np.full(len(ranks), self.bias)
+        for f, w in enumerate(self.w):
+            out += np.where(present[:, f], w[ranks[:, f]], 0.0)
+        for f, g in self.pairs:
+            both = present[:, f] & present[:, g]
+            out += np.where(both, (self.v[f][ranks[:, f]] * self.v[g][ranks[:, g]]).sum(1), 0.)
+        if z.shape[1]:
+            out += z @ self.beta
+            for a, b in self.nl:
+                out += self.nl_scale * np.sin(2.0 * z[:, a]) * np.tanh(z[:, b] + 0.5)
+        return out
+
+
+def _world_chunk(w: World, truth: _WorldTruth, k: int, n: int
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng([w.seed, 8, k])
+    ranks = np.stack([_zipf_ranks(rng, n, int(v), w.zipf_a) for v in truth.vocab], axis=1) \
+        if w.categorical else np.zeros((n, 0), np.int64)
+    present = rng.random(ranks.shape) >= w.missing_rate
+    z = rng.normal(0.0, 1.0, (n, w.numeric))  # the latent standardised value
+    raw = np.where(truth.counts, np.floor(np.exp(truth.mu + truth.sigma * z)),
+                   truth.mu * 10 * z + truth.mu)
+    missing = rng.random(raw.shape) < w.missing_rate
+    return ranks, present, np.where(missing, 0.0, z), np.where(missing, np.nan, raw)
+
+
+def iter_world(w: World, chunk_rows: int = CHUNK_ROWS) -> Iterator[pa.Table]:
+    """The rows of ``w`` as tables of up to ``chunk_rows`` rows (a pure function of ``w``)."""
+    truth = _WorldTruth(w)
+    ranks, present, z, _ = _world_chunk(w, truth, 1 << 30, min(w.rows, 50_000) or 1)
+    lo, hi = -12.0, 6.0  # the intercept that gives the base rate, by bisection
+    for _ in range(40):
+        truth.bias = (lo + hi) / 2
+        p = 1.0 / (1.0 + np.exp(-truth.logit(ranks, present, z)))
+        lo, hi = (truth.bias, hi) if p.mean() < w.base_rate else (lo, truth.bias)
+    for k, start in enumerate(range(0, w.rows, chunk_rows)):
+        n = min(chunk_rows, w.rows - start)
+        ranks, present, z, raw = _world_chunk(w, truth, k, n)
+        p = 1.0 / (1.0 + np.exp(-truth.logit(ranks, present, z)))
+        rng = np.random.default_rng([w.seed, 9, k])
+        cols: dict[str, pa.Array] = {"label": pa.array((rng.random(n) < p).astype(np.int64)),
+                                     "oracle_p": pa.array(p)}
+        for j in range(w.numeric):
+            cols[f"n{j + 1}"] = pa.array(raw[:, j], mask=np.isnan(raw[:, j]))
+        for f in range(w.categorical):
+            ids = truth.perm[f][ranks[:, f]]
+            tokens = pc.binary_join_element_wise(f"v{f + 1}_", pc.cast(pa.array(ids),
+                                                                       pa.string()), "")
+            cols[f"c{f + 1}"] = pc.if_else(pa.array(present[:, f]), tokens,
+                                           pa.scalar(None, pa.string()))
+        yield pa.table(cols)

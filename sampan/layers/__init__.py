@@ -4,8 +4,7 @@ from sampan.layers.attention import TargetAttention
 from sampan.layers.embed import FeatureEmbedding, FieldInput, embed_fields, pool
 from sampan.layers.fm import fm_interaction
 from sampan.layers.linear import Linear
-from sampan.layers.mlp import MLP, Dice
+from sampan.layers.mlp import MLP, Dice, bias_terms
 
 __all__ = ["Dice", "FeatureEmbedding", "FieldInput", "Linear", "MLP", "TargetAttention",
-           "embed_fields",
-           "fm_interaction", "pool"]
+           "bias_terms", "embed_fields", "fm_interaction", "pool"]

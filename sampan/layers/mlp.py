@@ -8,6 +8,13 @@ from torch import nn
 from sampan.layers.linear import Linear
 
 
+def bias_terms(bias: nn.Parameter | None) -> list[tuple[nn.Parameter, int]]:
+    """``[(bias, t) for each output t]``: the model <-> task contract of ``output_bias()``,
+    through which a task starts every output at its base rate. A model declares
+    ``output_bias()`` when a parameter is added unchanged to each of its logits."""
+    return [] if bias is None else [(bias, t) for t in range(bias.numel())]
+
+
 class Dice(nn.Module):
     """Data-adaptive activation of DIN (Zhou et al., 2018): ``p * x + (1 - p) * alpha * x``
     with ``p = sigmoid(BN(x))``. Works on ``[..., H]`` inputs (statistics over all but H)."""
@@ -58,7 +65,14 @@ class MLP(nn.Module):
             layers.append(Linear(d, out))
             d = out
         self.out_dim = d
+        self.has_out = out is not None
         self.net = nn.Sequential(*layers)
+
+    def output_bias(self) -> list[tuple[nn.Parameter, int]]:
+        """``(parameter, index)`` per output whose value is added to that output (see
+        :func:`sampan.layers.bias_terms`); empty without an ``out`` layer."""
+        last = self.net[-1] if self.has_out else None
+        return bias_terms(last.bias) if last is not None and last.bias is not None else []
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)

@@ -11,7 +11,7 @@ from torch import nn
 
 from sampan.config import ModelConfig
 from sampan.data.loader import Batch
-from sampan.layers import MLP, FeatureEmbedding, Linear
+from sampan.layers import MLP, FeatureEmbedding, Linear, bias_terms
 from sampan.models.registry import register_model
 from sampan.schema import DataSchema
 
@@ -72,6 +72,10 @@ class AutoInt(nn.Module):
         self.out = Linear(f * width, schema.num_tasks)
         self.mlp = MLP(f * d, cfg.mlp, out=schema.num_tasks, dropout=cfg.dropout) \
             if cfg.mlp else None
+
+    def output_bias(self) -> list[tuple[nn.Parameter, int]]:
+        """The parameter added unchanged to each logit (the task starts it at the base rate)."""
+        return bias_terms(self.out.bias)
 
     def forward(self, batch: Batch) -> torch.Tensor:
         linear, x = self.features(batch)

@@ -57,6 +57,10 @@ class BST(nn.Module):
         self.input_norm = nn.BatchNorm1d(in_dim) if cfg.input_norm else nn.Identity()
         self.mlp = MLP(in_dim, cfg.mlp, out=schema.num_tasks, dropout=cfg.dropout)
 
+    def output_bias(self) -> list[tuple[nn.Parameter, int]]:
+        """The parameter added unchanged to each logit (the task starts it at the base rate)."""
+        return self.mlp.output_bias()
+
     def forward(self, batch: Batch) -> torch.Tensor:
         e, hist = embed_fields(self.embedding, batch, self.schema, attend=(self.history,))
         seq = torch.cat([hist[self.history], e[:, self.target_idx].unsqueeze(1)], dim=1)

@@ -10,7 +10,7 @@ from torch import nn
 
 from sampan.config import MLPModelConfig
 from sampan.data.loader import Batch
-from sampan.layers import MLP, FieldInput, Linear
+from sampan.layers import MLP, FieldInput, Linear, bias_terms
 from sampan.models.registry import register_model
 from sampan.schema import DataSchema
 
@@ -53,6 +53,10 @@ class DCN(nn.Module):
         self.cross = CrossNet(d, cfg.cross_layers)
         self.mlp = MLP(d, cfg.mlp, dropout=cfg.dropout, batch_norm=cfg.batch_norm)
         self.out = Linear(d + self.mlp.out_dim, schema.num_tasks)
+
+    def output_bias(self) -> list[tuple[nn.Parameter, int]]:
+        """The parameter added unchanged to each logit (the task starts it at the base rate)."""
+        return bias_terms(self.out.bias)
 
     def forward(self, batch: Batch) -> torch.Tensor:
         x0 = self.input(batch)

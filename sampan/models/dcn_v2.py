@@ -11,7 +11,7 @@ from torch import nn
 
 from sampan.config import MLPModelConfig
 from sampan.data.loader import Batch
-from sampan.layers import MLP, FieldInput, Linear
+from sampan.layers import MLP, FieldInput, Linear, bias_terms
 from sampan.models.registry import register_model
 from sampan.schema import DataSchema
 
@@ -66,6 +66,10 @@ class DCNv2(nn.Module):
         self.mlp = MLP(d, cfg.mlp, dropout=cfg.dropout, batch_norm=cfg.batch_norm)
         self.out = Linear(d + self.mlp.out_dim if self.parallel else self.mlp.out_dim,
                              schema.num_tasks)
+
+    def output_bias(self) -> list[tuple[nn.Parameter, int]]:
+        """The parameter added unchanged to each logit (the task starts it at the base rate)."""
+        return bias_terms(self.out.bias)
 
     def forward(self, batch: Batch) -> torch.Tensor:
         x0 = self.input(batch)

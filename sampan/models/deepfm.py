@@ -9,7 +9,7 @@ from torch import nn
 
 from sampan.config import MLPModelConfig
 from sampan.data.loader import Batch
-from sampan.layers import MLP, FeatureEmbedding, fm_interaction
+from sampan.layers import MLP, FeatureEmbedding, bias_terms, fm_interaction
 from sampan.models.registry import register_model
 from sampan.schema import DataSchema
 
@@ -41,6 +41,10 @@ class DeepFM(nn.Module):
         in_dim = schema.num_fields() * cfg.embedding_dim + schema.num_dense
         self.mlp = MLP(in_dim, cfg.mlp, out=1, dropout=cfg.dropout, batch_norm=cfg.batch_norm)
         self.num_fields = schema.num_fields()
+
+    def output_bias(self) -> list[tuple[nn.Parameter, int]]:
+        """The parameter added unchanged to each logit (the task starts it at the base rate)."""
+        return bias_terms(self.features.bias)
 
     def forward(self, batch: Batch) -> torch.Tensor:
         linear, v = self.features(batch)

@@ -89,6 +89,10 @@ class DIEN(nn.Module):
                        out=schema.num_tasks, dropout=cfg.dropout, act=cfg.activation)
         self.aux_loss: torch.Tensor | None = None
 
+    def output_bias(self) -> list[tuple[nn.Parameter, int]]:
+        """The parameter added unchanged to each logit (the task starts it at the base rate)."""
+        return self.mlp.output_bias()
+
     def forward(self, batch: Batch) -> torch.Tensor:
         e, hist = embed_fields(self.embedding, batch, self.schema, attend=(self.history,))
         lengths = batch.lengths(self.history)

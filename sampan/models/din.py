@@ -58,6 +58,10 @@ class DIN(nn.Module):
         self.mlp = MLP(d, cfg.mlp, out=schema.num_tasks, dropout=cfg.dropout,
                        batch_norm=cfg.batch_norm, act=cfg.activation)
 
+    def output_bias(self) -> list[tuple[nn.Parameter, int]]:
+        """The parameter added unchanged to each logit (the task starts it at the base rate)."""
+        return self.mlp.output_bias()
+
     def forward(self, batch: Batch) -> torch.Tensor:
         e, hist = embed_fields(self.embedding, batch, self.schema, attend=(self.history,))
         keys, mask = hist[self.history], batch.sequences[self.history] != 0

@@ -9,7 +9,7 @@ from torch import nn
 
 from sampan.config import ModelConfig
 from sampan.data.loader import Batch
-from sampan.layers import FeatureEmbedding, fm_interaction
+from sampan.layers import FeatureEmbedding, bias_terms, fm_interaction
 from sampan.models.registry import register_model
 from sampan.schema import DataSchema
 
@@ -29,6 +29,10 @@ class FM(nn.Module):
             raise ValueError(f"fm predicts one label; got {schema.num_tasks}: {schema.labels}")
         self.features = FeatureEmbedding(schema, cfg.embedding_dim, cfg.embedding_init_std,
                                          embed_dense=cfg.embed_dense)
+
+    def output_bias(self) -> list[tuple[nn.Parameter, int]]:
+        """The parameter added unchanged to each logit (the task starts it at the base rate)."""
+        return bias_terms(self.features.bias)
 
     def forward(self, batch: Batch) -> torch.Tensor:
         linear, v = self.features(batch)

@@ -9,7 +9,7 @@ from torch import nn
 
 from sampan.config import ModelConfig
 from sampan.data.loader import Batch
-from sampan.layers import FeatureEmbedding
+from sampan.layers import FeatureEmbedding, bias_terms
 from sampan.models.registry import register_model
 from sampan.schema import DataSchema
 
@@ -30,6 +30,10 @@ class LR(nn.Module):
     def __init__(self, schema: DataSchema, cfg: Config):
         super().__init__()
         self.features = FeatureEmbedding(schema, dim=0, init_std=cfg.embedding_init_std)
+
+    def output_bias(self) -> list[tuple[nn.Parameter, int]]:
+        """The parameter added unchanged to each logit (the task starts it at the base rate)."""
+        return bias_terms(self.features.bias)
 
     def forward(self, batch: Batch) -> torch.Tensor:
         return self.features(batch)[0]

@@ -44,6 +44,10 @@ class MMoE(nn.Module):
         self.towers = nn.ModuleList(MLP(cfg.expert_mlp[-1], cfg.tower_mlp, out=1,
                                         dropout=cfg.dropout) for _ in range(schema.num_tasks))
 
+    def output_bias(self) -> list[tuple[nn.Parameter, int]]:
+        """The parameter added unchanged to each logit (the task starts it at the base rate)."""
+        return [(p, 0) for tower in self.towers for p, _ in tower.output_bias()]
+
     def forward(self, batch: Batch) -> torch.Tensor:
         x = self.input(batch)
         experts = torch.stack([e(x) for e in self.experts], dim=1)  # [B, E, H]

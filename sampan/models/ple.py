@@ -85,6 +85,10 @@ class PLE(nn.Module):
         self.towers = nn.ModuleList(MLP(d, cfg.tower_mlp, out=1, dropout=cfg.dropout)
                                     for _ in range(self.tasks))
 
+    def output_bias(self) -> list[tuple[nn.Parameter, int]]:
+        """The parameter added unchanged to each logit (the task starts it at the base rate)."""
+        return [(p, 0) for tower in self.towers for p, _ in tower.output_bias()]
+
     def forward(self, batch: Batch) -> torch.Tensor:
         x = self.input(batch)
         xs = [x] * (self.tasks + 1)

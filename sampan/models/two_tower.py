@@ -25,7 +25,8 @@ class TwoTower(nn.Module):
     ``user_vectors`` / ``item_vectors`` give the towers' unit vectors ``[B, out_dim]``.
 
     ``item_features`` names the item tower's features (sparse columns, bags, sequences or
-    numeric); every other feature goes to the user tower. ``item_id`` / ``user_id`` name the
+    numeric, whose ``<name>_bucket`` twin comes along); every other feature goes to the user
+    tower. ``item_id`` / ``user_id`` name the
     id columns used for the corpus, logQ and evaluation (default: the first sparse feature
     of each tower).
     """
@@ -54,8 +55,10 @@ class TwoTower(nn.Module):
         if unknown:
             raise ValueError(f"two_tower: model.item_features {unknown} are not features of "
                              f"the data; known: {known}")
-        item = set(cfg.item_features)
-        self.item_feature_names = list(cfg.item_features)
+        # a numeric item feature's bucket twin (see NumericFeature.buckets) goes with it
+        item = set(cfg.item_features) | {f"{n}_bucket" for n in cfg.item_features
+                                          if f"{n}_bucket" in fields}
+        self.item_feature_names = [n for n in known if n in item]
         sparse = [f.name for f in schema.sparse]
         self.item_column = self._id_column("item_id", cfg.item_id,
                                            [n for n in sparse if n in item], sparse)

@@ -9,7 +9,7 @@ from torch import nn
 
 from sampan.config import MLPModelConfig
 from sampan.data.loader import Batch
-from sampan.layers import MLP, FeatureEmbedding
+from sampan.layers import MLP, FeatureEmbedding, bias_terms
 from sampan.models.registry import register_model
 from sampan.schema import DataSchema
 
@@ -35,6 +35,10 @@ class WideDeep(nn.Module):
         self.num_fields = schema.num_fields()
         self.mlp = MLP(self.num_fields * cfg.embedding_dim + schema.num_dense, cfg.mlp,
                        out=schema.num_tasks, dropout=cfg.dropout, batch_norm=cfg.batch_norm)
+
+    def output_bias(self) -> list[tuple[nn.Parameter, int]]:
+        """The parameter added unchanged to each logit (the task starts it at the base rate)."""
+        return bias_terms(self.features.bias)
 
     def forward(self, batch: Batch) -> torch.Tensor:
         wide, v = self.features(batch)

@@ -11,7 +11,7 @@ from torch import nn
 
 from sampan.config import MLPModelConfig
 from sampan.data.loader import Batch
-from sampan.layers import MLP, FeatureEmbedding, Linear
+from sampan.layers import MLP, FeatureEmbedding, Linear, bias_terms
 from sampan.models.registry import register_model
 from sampan.schema import DataSchema
 
@@ -65,6 +65,10 @@ class XDeepFM(nn.Module):
         self.cin_out = Linear(self.cin.out_dim, schema.num_tasks)
         self.mlp = MLP(f * cfg.embedding_dim + schema.num_dense, cfg.mlp, out=schema.num_tasks,
                        dropout=cfg.dropout, batch_norm=cfg.batch_norm)
+
+    def output_bias(self) -> list[tuple[nn.Parameter, int]]:
+        """The parameter added unchanged to each logit (the task starts it at the base rate)."""
+        return bias_terms(self.features.bias)
 
     def forward(self, batch: Batch) -> torch.Tensor:
         linear, v = self.features(batch)

@@ -17,6 +17,7 @@ figures for a popularity baseline (items ranked by their training positives), ``
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -65,6 +66,13 @@ class RetrievalTask:
     """
 
     name = "retrieval"
+
+    def reference_loss(self, train: SplitArrays, batch_size: int) -> float:
+        """The in-batch softmax loss of a model that knows nothing: ``ln(batch)``."""
+        return math.log(max(batch_size, 2))
+
+    def init_output_bias(self, model: nn.Module, train: SplitArrays, device: Any) -> str | None:
+        return None  # a softmax over items has no base rate
 
     def __init__(self, model: nn.Module, train: SplitArrays):
         self.k = int(model.k)

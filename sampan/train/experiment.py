@@ -30,7 +30,7 @@ from sampan.data.store import SplitArrays, Store, build_store, iter_transformed,
 from sampan.embedding.collection import sharded_build
 from sampan.models import build_model
 from sampan.train import checkpoint as ckpt
-from sampan.train.metrics import auc, auc_bootstrap
+from sampan.train.metrics import auc, auc_bootstrap, paired_auc_comparison
 from sampan.train.trainer import BEST, LAST, Trainer, headline_metrics, probabilities
 
 
@@ -78,10 +78,8 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path | None = None,
                 run.mkdir(parents=True, exist_ok=True)
                 (run / "config.yaml").write_text(dump_config(cfg))
                 console.print(f"[bold]run[/] {run}")
-                if dist.enabled:
-                    console.print(f"distributed: {dist.world} processes, global batch "
-                                  f"{cfg.train.batch_size} ({cfg.train.batch_size // dist.world}"
-                                  " per process)")
+                for notice in cfg.notices:
+                    console.print(f"[yellow]note[/]: {notice}")
                 build_store(cfg, run / "data", echo=console.print)
             except Exception as e:  # noqa: BLE001 - told to the other ranks, then re-raised
                 problem = e
@@ -110,6 +108,14 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path | None = None,
     console.print(f"model {cfg.model.name}: {n_params:,} parameters on "
                   f"{cfg.train.device if cfg.train.device != 'auto' else 'auto device'}")
     trainer = Trainer(model, cfg, run, train, valid, console=console)
+    if dist.enabled:
+        console.print(f"distributed: {dist.world} processes, global batch "
+                      f"{trainer.tc.batch_size} ({trainer.tc.batch_size // dist.world} per "
+                      "process)")
+    for line in trainer.describe_plan():
+        console.print(f"schedule: {line}")
+    if dist.is_main and not resume:
+        (run / "schedule.json").write_text(json.dumps(trainer.plan.to_json(), indent=1))
     t0 = time.perf_counter()
     state = trainer.fit(resume=resume)
     train_time = time.perf_counter() - t0
@@ -316,12 +322,9 @@ def compare_runs(a: RunArtifacts, b: RunArtifacts, split_or_files: str | list[st
                          f"{len(yb):,} rows, or different labels): a paired comparison needs "
                          "the same data and split (or give the same --data files)")
     y = torch.from_numpy(ya.astype(np.float32))
-    ba, bb = auc_bootstrap(za, y, resamples), auc_bootstrap(zb, y, resamples)
-    diff = (bb - ba)[~(ba.isnan() | bb.isnan())]
-    return {"a": {"run": str(a.run), "auc": auc(za, y)},
-            "b": {"run": str(b.run), "auc": auc(zb, y)},
-            "rows": len(ya), "resamples": resamples, "task": task,
-            "diff": auc(zb, y) - auc(za, y),
-            "diff_ci95": [float(torch.quantile(diff, 0.025)), float(torch.quantile(diff, 0.975))],
-            "p_b_better": float((diff > 0).double().mean())}
+    r = paired_auc_comparison(za, zb, y, resamples)
+    return {"a": {"run": str(a.run), "auc": r["auc_a"]},
+            "b": {"run": str(b.run), "auc": r["auc_b"]},
+            "rows": len(ya), "resamples": resamples, "task": task, "diff": r["diff"],
+            "diff_ci95": r["diff_ci95"], "p_b_better": r["p_b_better"]}
 

@@ -17,10 +17,10 @@ def lr_factor(step: int, total: int, warmup: int = 0, kind: str = "cosine",
     """
     if warmup and step < warmup:
         return (step + 1) / warmup
-    if kind == "constant":
+    if kind in ("constant", "plateau"):  # plateau: the Trainer halves the base on its own
         return 1.0
     if kind != "cosine":
-        raise ValueError(f"unknown schedule {kind!r}; expected 'constant' or 'cosine'")
+        raise ValueError(f"unknown schedule {kind!r}; expected constant, cosine or plateau")
     span = max(1, total - warmup)
     progress = min(1.0, (step - warmup) / span)
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))

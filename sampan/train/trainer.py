@@ -25,13 +25,17 @@ from sampan.config import ExperimentConfig, dump_config
 from sampan.data.loader import Batch, BatchLoader
 from sampan.data.store import SplitArrays
 from sampan.embedding import EmbeddingCollection, make_sparse_optimizer
+from sampan.errors import DivergenceError
 from sampan.tasks import make_task
 from sampan.train import checkpoint as ckpt
 from sampan.train.logging import MetricsLog, make_progress
+from sampan.train.plan import plan_training
 from sampan.train.schedules import lr_factor
 
 LAST = "last.pt"
 BEST = "best.pt"
+START = "start.pt"  # the state before the first step: what a divergence before last.pt
+#                     goes back to; removed when the first last.pt is written
 
 
 def resolve_device(name: str) -> torch.device:
@@ -59,6 +63,15 @@ class TrainState:
     bad_evals: int = 0
     stopped_early: bool = False
     history: list[dict[str, Any]] = field(default_factory=list)
+    lr_scale: float = 1.0  # halved by each recovery from a divergence
+    recoveries: int = 0
+
+
+MAX_RECOVERIES = 3
+
+
+class _Diverged(Exception):
+    """Raised inside the loop; :meth:`Trainer.fit` recovers or stops."""
 
 
 class Trainer:
@@ -86,6 +99,10 @@ class Trainer:
         train = self.task.training_rows(train)
         self.train_data, self.valid_data = train, valid
         self.dist = distributed.context()
+        self.plan = plan_training(
+            cfg.train, len(train), None if valid is None or valid.labels is None
+            else np.asarray(valid.labels), self.task.default_metric, self.dist.world)
+        self.tc = self.plan.train  # every `auto` resolved from the data
         if self.dist.enabled and self.tc.batch_size < 2 * self.dist.world:
             raise ValueError(f"train.batch_size {self.tc.batch_size} (the global batch) must "
                              f"give each of the {self.dist.world} processes two rows or more")
@@ -109,6 +126,14 @@ class Trainer:
         self.metric = self.tc.early_stopping.metric or self.task.default_metric
         self.maximize = self.metric != "logloss"
         self.best_model: dict[str, torch.Tensor] | None = None
+        # the divergence guard: a training loss above this is "exploding"
+        self.reference_loss = self.task.reference_loss(train, self.tc.batch_size) \
+            if len(train) else 1.0
+        self.explode_at = 3.0 * self.reference_loss + 1.0
+
+    def describe_plan(self) -> list[str]:
+        """What the run chose for the ``auto`` values, and why (one line each)."""
+        return [f"{k}: {why}" for k, why in self.plan.reasons.items()]
 
     def _write(self, name: str, obj: dict[str, Any]) -> Path:
         """Write ``checkpoints/<name>`` (collective: call on every rank). Rank 0 writes it;
@@ -152,6 +177,7 @@ class Trainer:
     def _set_lr(self) -> None:
         f = lr_factor(self.state.step, self.total_steps, self.tc.warmup_steps, self.tc.schedule,
                       self.tc.min_lr_ratio)
+        f *= self.state.lr_scale
         for opt, bases in zip(self._optimizers(), self.base_lrs, strict=True):
             for g, base in zip(opt.param_groups, bases, strict=True):
                 g["lr"] = base * f
@@ -177,66 +203,152 @@ class Trainer:
 
     # -------------------------------------------------------------------- fitting
     def fit(self, resume: bool = False) -> TrainState:
-        """Train until ``epochs`` / ``max_steps`` or early stop; restores the best weights."""
+        """Train until ``epochs`` / ``max_steps`` or early stop; restores the best weights.
+
+        A divergence (see ``train.on_divergence``) restores the last checkpoint and halves
+        the learning rates, at most 3 times; then, or with ``stop``, it raises
+        :class:`~sampan.errors.DivergenceError` and ``last.pt`` keeps the last good state.
+        """
         if resume:
             self._restore(self.run_dir / "checkpoints" / LAST)
         if not self.log_metrics:
             raise RuntimeError("this Trainer was built with log_metrics=False (evaluation only)")
-        st = self.state
+        if not resume:
+            if self.tc.init_output_bias:
+                done = self.task.init_output_bias(self.model, self.train_data, self.device)
+                if done:
+                    self.console.print(done)
+            if self.tc.on_divergence == "recover":
+                self.save_checkpoint(START)  # the first good state to come back to
         progress = make_progress(self.console, self.tc.progress and self.dist.is_main)
-        n_batches = len(self.loader)
         with progress:
-            task = progress.add_task("train", total=self.total_steps, completed=st.step,
-                                     loss="-", speed="-")
-            while st.epoch < self.tc.epochs and not self._done():
-                self.model.train()
-                self.loader.set_position(st.epoch, st.batch)
-                loss_sum = torch.zeros((), device=self.device)
-                loss_n, t0, seen = 0, time.perf_counter(), 0
-                for batch in self.loader:
-                    batch = batch.to(self.device, non_blocking=True)
-                    weight = 1.0 if not self.dist.enabled else \
-                        batch.size / self.loader.global_rows(st.batch)
-                    loss_sum += self._train_step(batch, weight)
-                    loss_n += 1
-                    seen += batch.size
-                    st.step += 1
-                    st.batch += 1
-                    if st.step % self.tc.log_every_steps == 0 or st.batch == n_batches:
-                        speed = seen * self.dist.world / max(time.perf_counter() - t0, 1e-9)
-                        if self.dist.enabled:  # the global-batch loss, summed over ranks
-                            torch.distributed.all_reduce(loss_sum)
-                        mean_loss = (loss_sum / loss_n).item()  # the only host sync, every N
-                        if self.metrics is not None:
-                            self.metrics.write({
-                                "step": st.step, "epoch": st.epoch, "split": "train",
-                                "loss": mean_loss, "samples_per_s": speed,
-                                "lr": self.base_lrs[-1][0] * lr_factor(
-                                    st.step - 1, self.total_steps, self.tc.warmup_steps,
-                                    self.tc.schedule, self.tc.min_lr_ratio)})
-                        progress.update(task, completed=st.step, loss=f"{mean_loss:.4f}",
-                                        speed=f"{speed:,.0f}")
-                        loss_sum.zero_()
-                        loss_n, t0, seen = 0, time.perf_counter(), 0
-                    if self.tc.eval_every_steps and st.step % self.tc.eval_every_steps == 0:
-                        self._evaluate_and_track()
-                        self.model.train()
-                    if self.tc.checkpoint_every_steps and \
-                            st.step % self.tc.checkpoint_every_steps == 0:
-                        self.save_checkpoint()
-                    if self._done():
-                        break
-                if st.batch >= n_batches:  # a full epoch, not a max_steps / early stop cut
-                    if not self.tc.eval_every_steps:
-                        self._evaluate_and_track()
-                    st.epoch += 1
-                    st.batch = 0
-                self.save_checkpoint()
+            bar = progress.add_task("train", total=self.total_steps, completed=self.state.step,
+                                    loss="-", speed="-")
+            while True:
+                try:
+                    self._run_epochs(progress, bar)
+                    break
+                except _Diverged as e:
+                    self._recover(str(e))
+                    progress.update(bar, completed=self.state.step)
         if self.metrics is not None:
             self.metrics.close()
         if self.best_model is not None:
             self.model.load_state_dict(self.best_model)
-        return st
+        return self.state
+
+    def _run_epochs(self, progress: Any, bar: Any) -> None:
+        st = self.state
+        n_batches = len(self.loader)
+        while st.epoch < self.tc.epochs and not self._done():
+            self.model.train()
+            self.loader.set_position(st.epoch, st.batch)
+            loss_sum = torch.zeros((), device=self.device)
+            loss_n, t0, seen = 0, time.perf_counter(), 0
+            for batch in self.loader:
+                batch = batch.to(self.device, non_blocking=True)
+                weight = 1.0 if not self.dist.enabled else \
+                    batch.size / self.loader.global_rows(st.batch)
+                loss_sum += self._train_step(batch, weight)
+                loss_n += 1
+                seen += batch.size
+                st.step += 1
+                st.batch += 1
+                if st.step % self.tc.log_every_steps == 0 or st.batch == n_batches:
+                    speed = seen * self.dist.world / max(time.perf_counter() - t0, 1e-9)
+                    if self.dist.enabled:  # the global-batch loss, summed over ranks
+                        torch.distributed.all_reduce(loss_sum)
+                    mean_loss = (loss_sum / loss_n).item()  # the only host sync, every N
+                    self._check_loss(mean_loss, loss_n)
+                    if self.metrics is not None:
+                        self.metrics.write({
+                            "step": st.step, "epoch": st.epoch, "split": "train",
+                            "loss": mean_loss, "samples_per_s": speed,
+                            "lr": self.base_lrs[-1][0] * st.lr_scale * lr_factor(
+                                st.step - 1, self.total_steps, self.tc.warmup_steps,
+                                self.tc.schedule, self.tc.min_lr_ratio)})
+                    progress.update(bar, completed=st.step, loss=f"{mean_loss:.4f}",
+                                    speed=f"{speed:,.0f}")
+                    loss_sum.zero_()
+                    loss_n, t0, seen = 0, time.perf_counter(), 0
+                if self.tc.eval_every_steps and st.step % self.tc.eval_every_steps == 0:
+                    self._evaluate_and_track()
+                    self.model.train()
+                if self.tc.checkpoint_every_steps and \
+                        st.step % self.tc.checkpoint_every_steps == 0:
+                    self.save_checkpoint()
+                if self._done():
+                    break
+            if st.batch >= n_batches:  # a full epoch, not a max_steps / early stop cut
+                if not self.tc.eval_every_steps:
+                    self._evaluate_and_track()
+                st.epoch += 1
+                st.batch = 0
+            self.save_checkpoint()
+
+    # ------------------------------------------------------------ divergence guard
+    def _check_loss(self, mean_loss: float, steps: int) -> None:
+        if not math.isfinite(mean_loss):
+            raise _Diverged(f"the training loss of the last {steps} steps is {mean_loss}")
+        if mean_loss > self.explode_at:
+            raise _Diverged(
+                f"the training loss of the last {steps} steps is {mean_loss:.4g}, above "
+                f"{self.explode_at:.3g} (3 x the base-rate loss {self.reference_loss:.3g} + 1)")
+
+    def _check_finite(self) -> None:
+        """Every parameter and buffer finite, on every process (before a checkpoint is
+        written, so a checkpoint never holds a diverged model)."""
+        bad = [k for k, v in self.model.state_dict().items()
+               if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+        flag = torch.tensor([float(bool(bad))])
+        if self.dist.enabled:
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        if flag.item():
+            raise _Diverged("non-finite values in " + (", ".join(bad[:3]) if bad
+                                                         else "another process's parameters"))
+
+    def _check_valid(self, m: dict[str, float]) -> None:
+        if "logloss" not in m or self.valid_data is None or self.valid_data.labels is None:
+            return
+        base = self.task.reference_loss(self.valid_data, self.tc.batch_size)
+        # far above: an overfitted, over-confident model can reach 3 x; 5 x is broken
+        if not math.isfinite(m["logloss"]) or m["logloss"] > 5.0 * base:
+            raise _Diverged(f"the validation LogLoss is {m['logloss']:.4g}, above 5 x the "
+                            f"base-rate LogLoss {base:.3g}")
+
+    def _recover(self, reason: str) -> None:
+        """Back to ``last.pt`` with the learning rates halved, or :class:`DivergenceError`."""
+        st = self.state
+        last = self.run_dir / "checkpoints" / LAST
+        if not last.exists():
+            last = self.run_dir / "checkpoints" / START
+        lr_now = self.tc.lr * st.lr_scale
+        if self.tc.on_divergence == "stop" or st.recoveries >= MAX_RECOVERIES \
+                or not last.exists():
+            why = ("train.on_divergence is 'stop'" if self.tc.on_divergence == "stop" else
+                   f"{st.recoveries} recoveries with halved learning rates did not help")
+            kept = f"; the last good state is kept in {last}" if last.exists() else ""
+            if self.metrics is not None:
+                self.metrics.write({"step": st.step, "epoch": st.epoch, "split": "divergence",
+                                    "reason": reason, "action": "stop"})
+                self.metrics.close()
+            raise DivergenceError(
+                f"training diverged at step {st.step}: {reason} ({why}){kept}. Try a lower "
+                f"train.lr (now {lr_now:.3g}), train.clip_grad_norm, or standardized numeric "
+                "features.")
+        keep = (st.best, st.best_step, st.recoveries + 1, st.lr_scale * 0.5, st.step)
+        self._restore(last, quiet=True)
+        st = self.state
+        st.best, st.best_step, st.recoveries, st.lr_scale, at = keep
+        st.bad_evals, st.stopped_early = 0, False
+        msg = (f"[yellow]diverged at step {at}[/]: {reason}; back to step {st.step} with the "
+               f"learning rates halved (train.lr now {self.tc.lr * st.lr_scale:.3g}; recovery "
+               f"{st.recoveries} of {MAX_RECOVERIES})")
+        self.console.print(msg)
+        if self.metrics is not None:
+            self.metrics.write({"step": st.step, "epoch": st.epoch, "split": "divergence",
+                                "at_step": at, "reason": reason, "action": "recover",
+                                "lr_scale": st.lr_scale})
 
     def _done(self) -> bool:
         st = self.state
@@ -253,6 +365,7 @@ class Trainer:
             raise ValueError(
                 f"train.early_stopping.metric {self.metric!r} is not computed for this model "
                 f"and data; available: {sorted(k for k in m if k not in ('rows', 'queries'))}")
+        self._check_valid(m)
         value = m.get(self.metric, math.nan)
         improved = st.best is None or (
             value > st.best + es.min_delta if self.maximize else value < st.best - es.min_delta)
@@ -267,6 +380,8 @@ class Trainer:
             st.bad_evals += 1
             if es.enabled and st.bad_evals >= es.patience:
                 st.stopped_early = True
+            elif self.tc.schedule == "plateau":
+                st.lr_scale *= 0.5
         record = {"step": st.step, "epoch": st.epoch, "split": "valid", **m,
                   "best": st.best, "best_step": st.best_step}
         st.history.append(record)
@@ -327,17 +442,24 @@ class Trainer:
         return self.task.evaluate(self.model, data, self.infer)
 
     # ---------------------------------------------------------------- checkpoints
-    def save_checkpoint(self) -> Path:
-        """``last.pt``: everything a resumed run needs (see :meth:`_write`)."""
+    def save_checkpoint(self, name: str = LAST) -> Path:
+        """``last.pt``: everything a resumed run needs (see :meth:`_write`). Nothing
+        non-finite is ever written: that is a divergence."""
         st = self.state
         distributed.broadcast_buffers(self.model)
-        return self._write(LAST, {
+        self._check_finite()
+        start = self.run_dir / "checkpoints" / START
+        if name == LAST and self.dist.is_main and start.exists():
+            ckpt.remove_parts(start)  # last.pt is the state to come back to from now on
+            start.unlink()
+        return self._write(name, {
             "model": self.model.state_dict(),
             "sparse_opt": self.sparse_opt.state_dict() if self.sparse_opt else None,
             "dense_opt": self.dense_opt.state_dict() if self.dense_opt else None,
             "state": {"step": st.step, "epoch": st.epoch, "batch": st.batch, "best": st.best,
                       "best_step": st.best_step, "bad_evals": st.bad_evals,
-                      "stopped_early": st.stopped_early, "history": st.history},
+                      "stopped_early": st.stopped_early, "history": st.history,
+                      "lr_scale": st.lr_scale, "recoveries": st.recoveries},
             "rng": ckpt.rng_state(),
             # every rank's own (dropout masks differ between ranks), for a resume on as many
             "rng_ranks": distributed.gather_objects(ckpt.rng_state()),
@@ -345,7 +467,7 @@ class Trainer:
             "world_size": self.dist.world,
         })
 
-    def _restore(self, path: Path) -> None:
+    def _restore(self, path: Path, quiet: bool = False) -> None:
         # to the CPU first, only this rank's rows of a row-sharded table (a checkpoint that
         # holds the whole table is cut to them before it moves)
         c = self._read(path.name)
@@ -359,7 +481,8 @@ class Trainer:
         self.state = TrainState(step=s["step"], epoch=s["epoch"], batch=s["batch"],
                                 best=s["best"], best_step=s["best_step"],
                                 bad_evals=s["bad_evals"], stopped_early=s["stopped_early"],
-                                history=list(s["history"]))
+                                history=list(s["history"]), lr_scale=s.get("lr_scale", 1.0),
+                                recoveries=s.get("recoveries", 0))
         if (self.run_dir / "checkpoints" / BEST).exists():
             self.best_model = self._read(BEST)["model"]
         ranks = c.get("rng_ranks")
@@ -367,8 +490,9 @@ class Trainer:
                            else c["rng"])
         if self.metrics is not None:
             self.metrics.truncate_after(self.state.step)
-        self.console.print(f"resumed from {path} at step {self.state.step} "
-                           f"(epoch {self.state.epoch}, batch {self.state.batch})")
+        if not quiet:
+            self.console.print(f"resumed from {path} at step {self.state.step} "
+                               f"(epoch {self.state.epoch}, batch {self.state.batch})")
 
 
 def compile_dense(model: nn.Module) -> None:

@@ -101,4 +101,5 @@ def test_config_checks_found_in_review(tmp_path):
                          "features": {"numeric_defaults": {"fil": 1}, "numeric": ["a"],
                                       "categorical": ["b"]}})
     with pytest.raises(ConfigError, match="at least one categorical"):
-        load_config(raw={"data": {"format": "synthetic"}, "features": {"numeric": ["a"]}})
+        load_config(raw={"data": {"format": "synthetic"}, "features": {
+            "numeric": ["a"], "numeric_defaults": {"buckets": 0}}})  # no bucket twin either

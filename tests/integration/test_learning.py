@@ -80,7 +80,10 @@ def _sequence(tmp_path, data, name):
         "features": {"categorical": ["item_id", "category_id"], "lists": lists},
         # a larger init than the default lets 30 categories tell each other apart quickly
         "model": {"name": name, "embedding_dim": 16, "embedding_init_std": 0.1, **attend},
-        "train": {**TRAIN, "epochs": 3, "batch_size": 256, "lr": 0.003}})["test"]
+        # the L2 and warmup its margins were measured with (the auto ones: BST 0.649 vs
+        # DeepFM 0.632 on this seed, too close for a 0.02 margin)
+        "train": {**TRAIN, "epochs": 3, "batch_size": 256, "lr": 0.003, "embedding_l2": 1e-4,
+                  "warmup_steps": 0}})["test"]
 
 
 @pytest.fixture(scope="module")

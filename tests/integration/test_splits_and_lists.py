@@ -61,7 +61,9 @@ def base_config(tmp_path: Path, train: Path, split: dict, model: dict | None = N
     return {
         "output_dir": str(tmp_path / "runs"),
         "data": {"train": str(train), "split": split, **data},
-        "features": {"numeric": ["x"], "categorical": ["item"]},
+        # raw numbers (no transform, no bucket twin): the tests read splits back from them
+        "features": {"numeric": ["x"], "categorical": ["item"],
+                     "numeric_defaults": {"log1p": False, "standardize": False, "buckets": 0}},
         "model": model or {"name": "lr"},
         "train": {"epochs": 1, "batch_size": 128, "progress": False, "tensorboard": False,
                   "prefetch": 1},

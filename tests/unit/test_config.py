@@ -105,7 +105,7 @@ def test_file_source_required_unless_synthetic(tmp_path):
 def test_shorthand_defaults_and_their_validation(tmp_path):
     data = {"data": {"format": "synthetic"},
             "features": {"categorical_defaults": {"min_count": 4}, "categorical": ["a", "b"],
-                         "numeric_defaults": {"log1p": True}, "numeric": ["x"]}}
+                         "numeric_defaults": {"log1p": True, "buckets": 0}, "numeric": ["x"]}}
     cfg = load_config(write(tmp_path, data))
     assert [f.min_count for f in cfg.features.categorical] == [4, 4]
     assert cfg.features.numeric[0].log1p is True

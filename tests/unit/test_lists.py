@@ -192,8 +192,13 @@ def test_list_encoder_shared_vocabulary_counts_list_values() -> None:
     assert got.tolist() == [[0, 4, 3], [0, 0, 0], [4, 5, 3]]
 
 
+# the package's feature defaults switched off: these tests check the encoding itself
+NEUTRAL = {"categorical_defaults": {"min_count": 1},
+           "numeric_defaults": {"log1p": False, "standardize": False, "buckets": 0}}
+
+
 def _list_features() -> FeaturesConfig:
-    return FeaturesConfig(categorical=["item", "user"], lists=[
+    return FeaturesConfig(**NEUTRAL, categorical=["item", "user"], lists=[
         {"name": "hist", "column": "hist_item", "share": "item", "max_len": 3},
         {"name": "genres", "kind": "bag", "delimiter": "|", "max_len": 2, "pooling": "sum"},
         {"name": "title", "kind": "text", "max_len": 4}])

@@ -351,6 +351,9 @@ def test_numeric_state_round_trip(tmp_path) -> None:
 # --------------------------------------------------------------------------- FeaturePipeline
 def _features() -> FeaturesConfig:
     return FeaturesConfig(
+        # the package's feature defaults switched off: this checks the encoding itself
+        categorical_defaults={"min_count": 1},
+        numeric_defaults={"log1p": False, "standardize": False, "buckets": 0},
         label="label", group="user",
         categorical=["c", {"name": "d", "hash_buckets": 4, "min_count": 2}],
         numeric=["x", {"name": "y", "log1p": True, "standardize": True}],

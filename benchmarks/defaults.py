@@ -1,0 +1,543 @@
+"""Defaults benchmark: Sampan with no options beyond the data description, against a tuned
+scikit-learn logistic regression on the same rows, on every CTR-shaped dataset in
+``../shared/data`` and on synthetic worlds of different shapes with a known oracle.
+
+Nothing here is tuned per dataset: each config names the files, the label and which columns
+are categorical / numeric / sequences, and the model name. Everything else (batch size,
+epochs, warmup, evaluation cadence, embedding L2, early-stopping metric, output bias, feature
+encoding) is the package default.
+
+The baseline is ``sklearn.linear_model.LogisticRegression`` on one-hot categoricals (every
+training value; unseen values get no column), multi-hot histories, and signed-log1p,
+standardised numerics with missing indicators, its ``C`` picked on the validation rows. Each
+model's test AUC is compared with it by the paired bootstrap of ``sampan compare``
+(:func:`sampan.train.metrics.paired_auc_comparison`, 1,000 resamples of the test rows).
+Lift efficiency is ``(AUC - 0.5) / (oracle AUC - 0.5)`` where the true probabilities are known.
+
+Usage (from the repository root)::
+
+    python benchmarks/defaults.py                     # everything -> RESULTS.md section
+    python benchmarks/defaults.py --only world_small_mixed criteo_10k --models fm
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data"
+sys.path.insert(0, str(ROOT))
+
+from sampan.data.synthetic import World, iter_world  # noqa: E402
+
+CTR_MODELS = ["lr", "fm", "deepfm", "dcn_v2"]
+RESAMPLES = 1000
+
+# Worlds of different shapes; none of them was used to choose a default. Rows are before the
+# 80/10/10 split.
+WORLDS = [
+    World("world_small_mixed", rows=12_000, categorical=10, vocab=(5, 500), numeric=4,
+          pairs=6, interaction=0.7, seed=11),
+    World("world_catonly_strong", rows=80_000, categorical=16, vocab=(20, 5_000), numeric=0,
+          pairs=12, interaction=0.8, first_order=0.4, base_rate=0.1, seed=12),
+    World("world_numeric_heavy", rows=150_000, categorical=3, vocab=(10, 100), numeric=16,
+          pairs=2, interaction=0.3, numeric_effect=0.4, nonlinear=1.0, base_rate=0.3,
+          seed=13),
+    World("world_additive", rows=100_000, categorical=12, vocab=(10, 20_000), numeric=4,
+          interaction=0.0, pairs=0, seed=14),
+    World("world_criteo_like", rows=400_000, categorical=26, vocab=(3, 50_000), numeric=13,
+          pairs=8, interaction=0.5, zipf_a=1.2, missing_rate=0.1, base_rate=0.2, seed=15),
+    World("world_wide_huge_vocab", rows=1_000_000, categorical=40, vocab=(10, 2_000_000),
+          numeric=2, pairs=10, interaction=0.4, first_order=0.5, zipf_a=1.05,
+          base_rate=0.05, seed=16),
+]
+
+
+@dataclass
+class Dataset:
+    name: str
+    about: str
+    files: dict[str, str]
+    categorical: list[str]
+    numeric: list[str] = field(default_factory=list)
+    lists: list[dict[str, Any]] = field(default_factory=list)
+    oracle: str | None = None
+    models: list[str] = field(default_factory=lambda: list(CTR_MODELS))
+    interactions: bool | None = None  # known for worlds: FM/DeepFM should beat LR
+
+
+# ------------------------------------------------------------------------ preparing data
+def write_splits(table: pa.Table, out: Path, how: str, seed: int = 0,
+                 order_by: str | None = None) -> dict[str, str]:
+    """80/10/10 by file order (``sequential``), by ``order_by`` (time) or seeded ``random``."""
+    out.mkdir(parents=True, exist_ok=True)
+    n = table.num_rows
+    if order_by:
+        table = table.take(pc.sort_indices(table, [(order_by, "ascending")]))
+    if how == "random":
+        role = np.random.default_rng(seed).choice(3, n, p=[0.8, 0.1, 0.1])
+    else:
+        role = np.zeros(n, np.int64)
+        role[int(0.8 * n):] = 1
+        role[int(0.9 * n):] = 2
+    files = {}
+    for k, name in enumerate(("train", "valid", "test")):
+        path = out / f"{name}.parquet"
+        pq.write_table(table.filter(pa.array(role == k)), path)
+        files[name] = str(path)
+    return files
+
+
+def prep_world(w: World, out: Path) -> Dataset:
+    if not (out / "test.parquet").exists():
+        files = write_splits(pa.concat_tables(iter_world(w)), out, "sequential")
+    else:
+        files = {s: str(out / f"{s}.parquet") for s in ("train", "valid", "test")}
+    about = (f"{w.rows:,} rows, {w.categorical} categorical (vocab {w.vocab[0]:,}-"
+             f"{w.vocab[1]:,}), {w.numeric} numeric, {w.pairs if w.interaction else 0} "
+             f"interacting pairs (scale {w.interaction}), base rate {w.base_rate}")
+    return Dataset(w.name, about, files, [f"c{i + 1}" for i in range(w.categorical)],
+                   [f"n{i + 1}" for i in range(w.numeric)], oracle="oracle_p",
+                   interactions=w.interaction > 0 and w.pairs > 0)
+
+
+def _criteo_columns() -> tuple[list[str], list[str]]:
+    return [f"I{i}" for i in range(1, 14)], [f"C{i}" for i in range(1, 27)]
+
+
+def prep_criteo_10k(out: Path) -> Dataset:
+    ints, cats = _criteo_columns()
+    if not (out / "test.parquet").exists():
+        rows = [line.rstrip("\n").split("\t") for line in
+                gzip.open(DATA / "criteo/criteo_kaggle_train_sample_10k.txt.gz", "rt")]
+        cols = {"label": pa.array([int(r[0]) for r in rows])}
+        for j, c in enumerate(ints):
+            cols[c] = pa.array([float(r[1 + j]) if r[1 + j] else None for r in rows])
+        for j, c in enumerate(cats):
+            cols[c] = pa.array([r[14 + j] or None for r in rows])
+        write_splits(pa.table(cols), out, "sequential")
+    return Dataset("criteo_10k", "Criteo Kaggle 10k-line sample, file order 80/10/10",
+                   _files(out), cats, ints)
+
+
+def prep_criteo_4584(out: Path) -> Dataset:
+    import pyarrow.csv as pacsv
+
+    ints, cats = _criteo_columns()
+    if not (out / "test.parquet").exists():
+        t = pacsv.read_csv(DATA / "criteo/criteo_kaggle_train_random_sample_4584.csv.gz",
+                           convert_options=pacsv.ConvertOptions(
+                               column_types={c: pa.string() for c in cats}))
+        t = t.drop(["Id"]).rename_columns(["label" if c == "Label" else c
+                                           for c in t.drop(["Id"]).column_names])
+        write_splits(t, out, "random", seed=1)
+    return Dataset("criteo_4584", "Criteo random 4,584-row sample (CSV with header), random "
+                   "80/10/10", _files(out), cats, ints)
+
+
+def prep_frappe(out: Path) -> Dataset:
+    names = ["user", "item", "daytime", "weekday", "isweekend", "homework", "cost", "weather",
+             "country", "city"]
+    if not (out / "test.parquet").exists():
+        rows = []
+        for f in ("frappe.validation.libfm.gz", "frappe.test.libfm.gz"):
+            rows += [line.split() for line in gzip.open(DATA / "frappe" / f, "rt")]
+        cols = {"label": pa.array([int(float(r[0]) > 0) for r in rows])}
+        for j, c in enumerate(names):
+            cols[c] = pa.array([r[1 + j].split(":")[0] for r in rows])
+        write_splits(pa.table(cols), out, "random", seed=2)
+    return Dataset("frappe", "Frappe app usage (its published validation + test splits, "
+                   "86k rows, 10 fields), random 80/10/10", _files(out), names)
+
+
+def prep_movielens_100k(out: Path) -> Dataset:
+    if not (out / "test.parquet").exists():
+        base = DATA / "movielens/ml-100k"
+        r = np.loadtxt(base / "u.data", dtype=np.int64)
+        users = {int(x[0]): x for x in (line.split("|") for line in
+                                        open(base / "u.user", encoding="latin-1"))}
+        items = {int(x[0]): x for x in (line.rstrip("\n").split("|") for line in
+                                        open(base / "u.item", encoding="latin-1"))}
+        genre = [next((g for g, f in enumerate(items[i][5:24]) if f == "1"), 0)
+                 for i in r[:, 1]]
+        t = pa.table({"label": (r[:, 2] >= 4).astype(np.int64),
+                      "user_id": pa.array(r[:, 0].astype(str)),
+                      "item_id": pa.array(r[:, 1].astype(str)),
+                      "age": pa.array([float(users[u][1]) for u in r[:, 0]]),
+                      "gender": pa.array([users[u][2] for u in r[:, 0]]),
+                      "occupation": pa.array([users[u][3] for u in r[:, 0]]),
+                      "genre": pa.array([str(g) for g in genre]),
+                      "timestamp": r[:, 3]})
+        write_splits(t, out, "time", order_by="timestamp")
+    return Dataset("movielens_100k", "MovieLens-100k, rating >= 4 as click, user and item "
+                   "side features, time order 80/10/10", _files(out),
+                   ["user_id", "item_id", "gender", "occupation", "genre"], ["age"])
+
+
+def prep_movielens_1m(out: Path) -> Dataset:
+    if not (out / "test.parquet").exists():
+        base = DATA / "movielens/ml-1m-partial"
+        r = np.array([line.split("::") for line in
+                      gzip.open(base / "ratings.partial_users1-2999.dat.gz", "rt")],
+                     dtype=np.int64)
+        users = {int(x[0]): x for x in (line.strip().split("::") for line in
+                                        open(base / "users.dat", encoding="latin-1"))}
+        movies = {int(x[0]): x for x in (line.strip().split("::") for line in
+                                         open(base / "movies.dat", encoding="latin-1"))}
+        t = pa.table({"label": (r[:, 2] >= 4).astype(np.int64),
+                      "user_id": pa.array(r[:, 0].astype(str)),
+                      "movie_id": pa.array(r[:, 1].astype(str)),
+                      "gender": pa.array([users[u][1] for u in r[:, 0]]),
+                      "age": pa.array([users[u][2] for u in r[:, 0]]),
+                      "occupation": pa.array([users[u][3] for u in r[:, 0]]),
+                      "genre": pa.array([movies[m][2].split("|")[0] for m in r[:, 1]]),
+                      "timestamp": r[:, 3]})
+        write_splits(t, out, "time", order_by="timestamp")
+    return Dataset("movielens_1m_partial", "MovieLens-1M ratings of users 1-2999 (488k), "
+                   "rating >= 4 as click, user and movie side features, time order 80/10/10",
+                   _files(out), ["user_id", "movie_id", "gender", "age", "occupation", "genre"])
+
+
+def prep_taobao(out: Path) -> Dataset:
+    import pyarrow.csv as pacsv
+
+    if not (out / "test.parquet").exists():
+        t = pacsv.read_csv(DATA / "taobao_userbehavior/UserBehavior_sample_96168.csv.gz",
+                           read_options=pacsv.ReadOptions(column_names=[
+                               "user_id", "item_id", "category_id", "behavior", "ts"]),
+                           convert_options=pacsv.ConvertOptions(column_types={
+                               "user_id": pa.string(), "item_id": pa.string(),
+                               "category_id": pa.string()}))
+        label = pc.cast(pc.not_equal(t.column("behavior"), "pv"), pa.int64())
+        minute = pc.cast(pc.divide(pc.subtract(t.column("ts"), 1511658000), 600), pa.string())
+        t = pa.table({"label": label, "user_id": t.column("user_id"),
+                      "item_id": t.column("item_id"), "category_id": t.column("category_id"),
+                      "slot": minute, "ts": t.column("ts")})
+        write_splits(t, out, "time", order_by="ts")
+    return Dataset("taobao_ctr", "Taobao UserBehavior sample (96k events, 2 hours): cart / "
+                   "fav / buy as click against page views, time order 80/10/10", _files(out),
+                   ["user_id", "item_id", "category_id", "slot"])
+
+
+def prep_amazon(out: Path) -> Dataset:
+    from sampan.data.behaviour import BuildOptions, build_sequences
+
+    if not (out / "test.parquet").exists():
+        samples = out / "samples.parquet"
+        out.mkdir(parents=True, exist_ok=True)
+        build_sequences(str(DATA / "amazon_s3rec/Beauty.txt.gz"), samples,
+                        BuildOptions(format="sequence_lines", category=None, action=None,
+                                     max_len=20, negatives=1))
+        write_splits(pq.read_table(samples), out, "random", seed=3)
+    return Dataset("amazon_beauty_ctr", "Amazon Beauty (S3-Rec): every event with its last "
+                   "20 items plus one sampled negative (397k samples), random 80/10/10",
+                   _files(out), ["user_id", "item_id"],
+                   lists=[{"name": "hist_item_id", "share": "item_id", "kind": "sequence",
+                           "max_len": 20}], models=[*CTR_MODELS, "din"])
+
+
+def _files(out: Path) -> dict[str, str]:
+    return {s: str(out / f"{s}.parquet") for s in ("train", "valid", "test")}
+
+
+REAL = {"criteo_10k": prep_criteo_10k, "criteo_4584": prep_criteo_4584,
+        "frappe": prep_frappe, "movielens_100k": prep_movielens_100k,
+        "movielens_1m_partial": prep_movielens_1m, "taobao_ctr": prep_taobao,
+        "amazon_beauty_ctr": prep_amazon}
+
+
+# ----------------------------------------------------------------------- the LR baseline
+def lr_features(ds: Dataset, tables: dict[str, pa.Table]) -> dict[str, Any]:
+    """One-hot / multi-hot / standardised numeric design matrices (scipy CSR) per split."""
+    import scipy.sparse as sp
+
+    train = tables["train"]
+    blocks: dict[str, list[Any]] = {s: [] for s in tables}
+    for c in ds.categorical:
+        vocab = pc.unique(pc.fill_null(train.column(c).cast(pa.string()), "\x00")
+                          .combine_chunks())
+        for s, t in tables.items():
+            v = pc.fill_null(t.column(c).cast(pa.string()), "\x00")
+            idx = pc.fill_null(pc.index_in(v, value_set=vocab), -1).to_numpy()
+            ok = idx >= 0
+            rows = np.arange(t.num_rows)[ok]
+            blocks[s].append(sp.csr_matrix((np.ones(ok.sum()), (rows, idx[ok])),
+                                           shape=(t.num_rows, len(vocab))))
+    for spec in ds.lists:
+        col = spec.get("column", spec["name"])
+        vocab = pc.unique(pc.list_flatten(train.column(col).combine_chunks()).cast(pa.string()))
+        for s, t in tables.items():
+            lists = t.column(col).combine_chunks()
+            lengths = pc.fill_null(pc.list_value_length(lists), 0).to_numpy()
+            ids = pc.index_in(pc.list_flatten(lists).cast(pa.string()), value_set=vocab)
+            ids = pc.fill_null(ids, -1).to_numpy()
+            rows = np.repeat(np.arange(t.num_rows), lengths)
+            keep = ids >= 0
+            w = 1.0 / np.maximum(lengths[rows[keep]], 1)
+            blocks[s].append(sp.csr_matrix((w, (rows[keep], ids[keep])),
+                                           shape=(t.num_rows, len(vocab))))
+    for c in ds.numeric:
+        x = pc.cast(train.column(c), pa.float64()).to_numpy(zero_copy_only=False)
+        lx = np.sign(x) * np.log1p(np.abs(x))
+        mu, sd = np.nanmean(lx), np.nanstd(lx) or 1.0
+        for s, t in tables.items():
+            v = pc.cast(t.column(c), pa.float64()).to_numpy(zero_copy_only=False)
+            miss = np.isnan(v)
+            z = np.where(miss, 0.0, (np.sign(v) * np.log1p(np.abs(v)) - mu) / sd)
+            blocks[s].append(sp.csr_matrix(np.stack([z, miss.astype(float)], axis=1)))
+    return {s: sp.hstack(b, format="csr") for s, b in blocks.items()}
+
+
+def tuned_lr(ds: Dataset, tables: dict[str, pa.Table]) -> dict[str, Any]:
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.metrics import roc_auc_score
+
+    t0 = time.perf_counter()
+    x = lr_features(ds, tables)
+    y = {s: t.column("label").to_numpy().astype(np.int64) for s, t in tables.items()}
+    results = {}
+    grid = [0.01, 0.03, 0.1, 0.3, 1.0, 3.0]
+    k = 0
+    while k < len(grid):
+        c = grid[k]
+        m = LogisticRegression(C=c, max_iter=400, tol=1e-4)
+        m.fit(x["train"], y["train"])
+        results[c] = (roc_auc_score(y["valid"], m.decision_function(x["valid"])), m)
+        best = max(results, key=lambda key: results[key][0])
+        if k == len(grid) - 1 and best == grid[-1] and len(grid) < 9:
+            grid.append(grid[-1] * 3)  # the best C is at the edge: look one step further
+        k += 1
+    best = max(results, key=lambda key: results[key][0])
+    z = results[best][1].decision_function(x["test"])
+    return {"C": best, "valid_auc": results[best][0], "test_logits": z,
+            "features": x["train"].shape[1], "seconds": time.perf_counter() - t0}
+
+
+# ----------------------------------------------------------------------- Sampan runs
+def config_for(ds: Dataset, model: str, run_root: Path) -> dict[str, Any]:
+    """The whole config: the data description and the model name, nothing else (progress
+    and tensorboard only change what is displayed)."""
+    return {"name": f"{ds.name}-{model}", "output_dir": str(run_root), "seed": 1,
+            "data": {**ds.files, "format": "parquet", "oracle_column": ds.oracle},
+            "features": {"label": "label", "categorical": ds.categorical,
+                         "numeric": ds.numeric, "lists": ds.lists},
+            "model": {"name": model},
+            "train": {"progress": False, "tensorboard": False}}
+
+
+def run_sampan(ds: Dataset, model: str, run_root: Path) -> dict[str, Any]:
+    import shutil
+
+    import torch
+    from rich.console import Console
+
+    from sampan.config import load_config
+    from sampan.train.experiment import RunArtifacts, run_experiment
+
+    cfg = load_config(raw=config_for(ds, model, run_root))
+    run_dir = run_root / ds.name / model
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    t0 = time.perf_counter()
+    res = run_experiment(cfg, run_dir=run_dir, console=Console(quiet=True))
+    art = RunArtifacts(run_dir)
+    test = art.store.split("test")
+    logits = art.trainer.predict_logits(test)[:, 0]
+    plan = json.loads((run_dir / "schedule.json").read_text())
+    diverged = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()
+                if '"divergence"' in x]
+    return {"test": res["test"], "steps": res["steps"], "best_step": res["best_step"],
+            "seconds": time.perf_counter() - t0, "plan": plan["chosen"],
+            "metric": plan["early_stopping_metric"], "divergences": len(diverged),
+            "logits": torch.as_tensor(logits, dtype=torch.float64),
+            "labels": np.asarray(test.labels[:, 0])}
+
+
+def evaluate_dataset(ds: Dataset, run_root: Path, models: list[str] | None) -> dict[str, Any]:
+    import torch
+
+    from sampan.train.metrics import auc, paired_auc_comparison
+
+    tables = {s: pq.read_table(p) for s, p in ds.files.items()}
+    print(f"== {ds.name}: {ds.about}", flush=True)
+    base = tuned_lr(ds, tables)
+    y_test = tables["test"].column("label").to_numpy().astype(np.float32)
+    yt = torch.from_numpy(y_test)
+    lr_auc = auc(torch.from_numpy(base["test_logits"]), yt)
+    out: dict[str, Any] = {"about": ds.about, "rows": {s: t.num_rows for s, t in tables.items()},
+                           "sklearn_lr": {"auc": lr_auc, "C": base["C"],
+                                          "features": base["features"],
+                                          "seconds": round(base["seconds"], 1)},
+                           "interactions": ds.interactions, "models": {}}
+    print(f"   sklearn LR (C={base['C']}, {base['features']:,} columns): test AUC "
+          f"{lr_auc:.4f} ({base['seconds']:.0f} s)", flush=True)
+    if ds.oracle:
+        out["oracle_auc"] = auc(torch.from_numpy(
+            tables["test"].column(ds.oracle).to_numpy()), yt)
+    for model in ds.models:
+        if models and model not in models:
+            continue
+        r = run_sampan(ds, model, run_root)
+        if len(r["labels"]) != len(y_test) or not np.array_equal(r["labels"], y_test):
+            raise SystemExit(f"{ds.name}/{model}: the run's test rows differ from the file's "
+                             "(rejected rows?); a paired comparison needs the same rows")
+        cmp = paired_auc_comparison(torch.from_numpy(base["test_logits"]), r["logits"], yt,
+                                    RESAMPLES)
+        entry = {"auc": cmp["auc_b"], "logloss": r["test"]["logloss"], "vs_lr": cmp["diff"],
+                 "vs_lr_ci95": cmp["diff_ci95"], "p_better": cmp["p_b_better"],
+                 "steps": r["steps"], "best_step": r["best_step"],
+                 "seconds": round(r["seconds"], 1), "plan": r["plan"], "metric": r["metric"],
+                 "divergences": r["divergences"]}
+        if ds.oracle:
+            entry["lift_efficiency"] = (cmp["auc_b"] - 0.5) / (out["oracle_auc"] - 0.5)
+        out["models"][model] = entry
+        print(f"   {model:<8} test AUC {cmp['auc_b']:.4f}  vs LR {cmp['diff']:+.4f} "
+              f"[{cmp['diff_ci95'][0]:+.4f}, {cmp['diff_ci95'][1]:+.4f}]"
+              + (f"  lift eff {entry['lift_efficiency']:.3f}" if ds.oracle else "")
+              + f"  batch {r['plan']['batch_size']} steps {r['steps']} (best "
+              f"{r['best_step']}) {r['seconds']:.0f} s"
+              + (f"  DIVERGED x{r['divergences']}" if r["divergences"] else ""), flush=True)
+    return out
+
+
+# ---------------------------------------------------------------------------- report
+def verdicts(name: str, d: dict[str, Any]) -> list[str]:
+    """The issue's bars, checked row by row."""
+    notes = []
+    for m in ("fm", "deepfm"):
+        e = d["models"].get(m)
+        if e is None:
+            continue
+        if e["vs_lr_ci95"][1] < 0:
+            notes.append(f"{m} below LR")
+        if d.get("interactions") and e["vs_lr_ci95"][0] <= 0:
+            notes.append(f"{m} not clearly above LR")
+    e = d["models"].get("deepfm")
+    if e and "lift_efficiency" in e and d["rows"]["train"] >= 300_000 \
+            and e["lift_efficiency"] < 0.80:
+        notes.append("deepfm lift efficiency < 0.80")
+    if any(e["divergences"] for e in d["models"].values()):
+        notes.append("a run diverged")
+    return notes
+
+
+def markdown(report: dict[str, Any]) -> str:
+    m = report["machine"]
+    lines = ["## defaults", "",
+             f"Generated by `{report['command']}` on {report['date']} ({m['cpu']}, "
+             f"{m['cores']} cores, torch {m['torch']}); see the script's docstring. Every "
+             "Sampan run uses the package defaults: the config names the files, the label, "
+             "the feature columns and the model. Baseline: scikit-learn LogisticRegression, "
+             "C tuned on the validation rows. Δ = Sampan - LR test AUC, paired bootstrap "
+             "95 % interval (1,000 resamples, as `sampan compare`). Lift = (AUC - 0.5) / "
+             "(oracle - 0.5) where the true probabilities are known.", "",
+             "| dataset | train rows | oracle | sklearn LR | model | test AUC | Δ vs LR [95 %] "
+             "| lift | batch | steps (best) | s |", "|" + "---|" * 11]
+    for name, d in report["datasets"].items():
+        first = True
+        for model, e in d["models"].items():
+            head = [name, f"{d['rows']['train']:,}",
+                    f"{d['oracle_auc']:.4f}" if "oracle_auc" in d else "-",
+                    f"{d['sklearn_lr']['auc']:.4f}"] if first else ["", "", "", ""]
+            first = False
+            lines.append("| " + " | ".join(head + [
+                model, f"{e['auc']:.4f}",
+                f"{e['vs_lr']:+.4f} [{e['vs_lr_ci95'][0]:+.4f}, {e['vs_lr_ci95'][1]:+.4f}]",
+                f"{e['lift_efficiency']:.3f}" if "lift_efficiency" in e else "-",
+                str(e["plan"]["batch_size"]), f"{e['steps']:,} ({e['best_step']:,})",
+                f"{e['seconds']:.0f}"]) + " |")
+    lines += ["", "Datasets:", ""]
+    lines += [f"- `{n}`: {d['about']}" for n, d in report["datasets"].items()]
+    misses = {n: v for n, d in report["datasets"].items() if (v := verdicts(n, d))}
+    lines += ["", "Bars (FM and DeepFM at least LR or within the interval; above LR beyond "
+              "the interval on worlds with interactions; DeepFM lift >= 0.80 on worlds with "
+              "300k+ training rows; no divergence): "
+              + ("all met." if not misses else "missed: " + "; ".join(
+                  f"{n}: {', '.join(v)}" for n, v in misses.items()) + "."), ""]
+    return "\n".join(lines)
+
+
+def write_section(path: Path, text: str) -> None:
+    """Replace (or append) the ``<!-- defaults -->`` block of ``path``."""
+    begin, end = "<!-- defaults -->", "<!-- /defaults -->"
+    block = f"{begin}\n{text}\n{end}"
+    old = path.read_text() if path.exists() else ""
+    if begin in old and end in old:
+        new = old[: old.index(begin)] + block + old[old.index(end) + len(end):]
+    else:
+        new = old.rstrip("\n") + "\n\n" + block + "\n"
+    path.write_text(new)
+
+
+def machine() -> dict[str, Any]:
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path(
+            "/proc/cpuinfo").exists() else []:
+        if line.startswith("model name"):
+            cpu = line.split(":", 1)[1].strip()
+            break
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__}
+
+
+def main() -> None:
+    names = [w.name for w in WORLDS] + list(REAL)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--only", nargs="*", choices=names, default=None)
+    ap.add_argument("--models", nargs="*", default=None)
+    ap.add_argument("--runs", default=str(ROOT / "runs/bench_defaults"))
+    ap.add_argument("--json", default=str(ROOT / "benchmarks/results/defaults.json"))
+    ap.add_argument("--out", default=str(ROOT / "RESULTS.md"))
+    ap.add_argument("--merge", action="store_true", help="keep the other datasets of --json")
+    args = ap.parse_args()
+    run_root = Path(args.runs).resolve()
+    report: dict[str, Any] = {"command": " ".join(["python benchmarks/defaults.py",
+                                                   *sys.argv[1:]]),
+                              "date": time.strftime("%Y-%m-%d"), "machine": machine(),
+                              "worlds": {w.name: asdict(w) for w in WORLDS}, "datasets": {}}
+    if args.merge and Path(args.json).exists():
+        old = json.loads(Path(args.json).read_text())
+        report["datasets"] = old["datasets"]
+        report["command"] = old["command"] + "; then " + report["command"]
+    todo = args.only or names
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:  # after every dataset: a crash later loses nothing
+        Path(args.json).write_text(json.dumps(report, indent=1))
+        write_section(Path(args.out), markdown(report))
+
+    for w in WORLDS:
+        if w.name in todo:
+            ds = prep_world(w, run_root / "data" / w.name)
+            report["datasets"][w.name] = evaluate_dataset(ds, run_root, args.models)
+            save()
+    for name, prep in REAL.items():
+        if name in todo:
+            if not DATA.exists():
+                print(f"skipping {name}: {DATA} is not present")
+                continue
+            ds = prep(run_root / "data" / name)
+            report["datasets"][name] = evaluate_dataset(ds, run_root, args.models)
+            save()
+    bad = {n: v for n, d in report["datasets"].items() if (v := verdicts(n, d))}
+    print("bars: all met" if not bad else f"bars missed: {bad}")
+    print(f"wrote {args.json} and the defaults section of {args.out}")
+
+
+if __name__ == "__main__":
+    main()
