@@ -424,10 +424,11 @@ class TrainConfig(_Strict):
                                    "sqrt(train rows), 64 to 4096")
     eval_batch_size: int = Field(16384, gt=0)
     optimizer: Literal["adam", "adamw", "sgd"] = "adam"
-    lr: float = Field(1e-3, gt=0)
+    lr: float = Field(1e-3, gt=0, allow_inf_nan=False)
     weight_decay: float = Field(0.0, ge=0.0)
     sparse_optimizer: Literal["adam", "adagrad", "rowwise_adagrad"] = "adam"
-    sparse_lr: float | None = Field(None, gt=0, description="defaults to lr")
+    sparse_lr: float | None = Field(None, gt=0, allow_inf_nan=False,
+                                    description="defaults to lr")
     embedding_l2: NonNegFloat | Auto = Field(
         "auto", description="L2 on embedding rows used in a batch; auto: 0.1 / batch_size, "
         "the same regularisation per example at every batch size")

@@ -143,12 +143,12 @@ class FeaturePipeline:
             if sp.cross:
                 how = f"cross of {'+'.join(sp.cross)}, hashed into {sp.hash_buckets:,}"
             elif sp.bucketize != "none":
-                how = f"bucketize {sp.bucketize}" + (
-                    f" ({sp.buckets})" if sp.bucketize == "quantile" else "")
+                how = f"{sp.buckets} quantile buckets" if sp.bucketize == "quantile" \
+                    else f"bucketize {sp.bucketize}"
             elif not sp.vocab:
                 how = f"hashed into {sp.hash_buckets:,}"
             else:
-                how = f"vocabulary, min_count {sp.min_count}" + (
+                how = f"vocab, min_count {sp.min_count}" + (
                     f", max_size {sp.max_size:,}" if sp.max_size else "") + (
                     f", OOV hashed into {sp.hash_buckets:,}" if sp.hash_buckets else "")
             vocab = sp.vocab and sp.bucketize == "none" and not sp.cross
@@ -157,10 +157,12 @@ class FeaturePipeline:
                         "oov_share": round(e.oov_count_ / rows, 4) if vocab else None})
         for e in self.numeric:
             sp = e.spec
-            steps = [f"fill {sp.fill}"] + ([f"clip {list(sp.clip)}"] if sp.clip else []) \
-                + (["signed log1p"] if sp.log1p else []) \
-                + (["standardize"] if sp.standardize else [])
-            out.append({"feature": sp.name, "kind": "numeric", "transform": " -> ".join(steps),
+            clip = "" if not sp.clip else "clip [" + ", ".join(
+                "" if b is None else f"{b:g}" for b in sp.clip) + "]"
+            steps = [f"fill {sp.fill:g}" if sp.fill != "mean" else "fill mean", clip] \
+                + (["log1p"] if sp.log1p else []) + (["standardize"] if sp.standardize else [])
+            out.append({"feature": sp.name, "kind": "numeric",
+                        "transform": ", ".join(x for x in steps if x),
                         "mean": e.mean_, "std": e.std_,
                         "missing_share": round(e.missing_rate_, 4)})
         for le in self.lists:

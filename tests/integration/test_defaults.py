@@ -71,8 +71,8 @@ def test_readme_defaults_are_what_a_run_without_preset_saves(tmp_path):
     table = {f["feature"]: f for f in manifest["features"]}
     assert table["a"]["kind"] == "categorical" and table["a"]["min_count"] == 3
     assert 0.0 <= table["a"]["oov_share"] <= 1.0
-    assert table["x"]["transform"] == "fill 0.0 -> signed log1p -> standardize"
-    assert table["x_bucket"]["transform"] == "bucketize quantile (16)"
+    assert table["x"]["transform"] == "fill 0, log1p, standardize"
+    assert table["x_bucket"]["transform"] == "16 quantile buckets"
 
 
 def test_user_defaults_add_to_the_package_defaults():

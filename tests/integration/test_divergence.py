@@ -81,3 +81,11 @@ def test_cli_exits_non_zero_with_one_line(tmp_path):
     assert p.returncode == 2
     assert "error: training diverged at step" in " ".join(p.stderr.split())
     assert "Traceback" not in p.stderr
+
+
+def test_a_learning_rate_that_is_not_a_number_is_refused_at_load_time():
+    from sampan.config import ConfigError
+
+    for value in (".inf", ".nan"):
+        with pytest.raises(ConfigError, match="train.lr: Input should be a finite number"):
+            load_config(None, overrides=[f"train.lr={value}"])
