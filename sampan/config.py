@@ -28,6 +28,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PositiveInt,
     PrivateAttr,
     SerializeAsAny,
     ValidationError,
@@ -376,7 +377,7 @@ class ModelConfig(_Strict):
 class MLPModelConfig(ModelConfig):
     """Options of models with an MLP over the fields."""
 
-    mlp: list[int] = Field(default_factory=lambda: [256, 128])
+    mlp: list[PositiveInt] = Field(default_factory=lambda: [256, 128])
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
     batch_norm: bool = False
 
@@ -455,7 +456,8 @@ class TrainConfig(_Strict):
     amp: Literal["none", "bf16"] = "none"
     compile: bool = Field(False, description="torch.compile the dense layers (not the "
                           "embedding lookup); pays off on long runs")
-    device: str = "auto"
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$",
+                        description="auto | cpu | cuda | cuda:N")
     embedding_placement: Literal["auto", "replicated", "row_sharded"] = Field(
         "auto", description="distributed runs: replicate every fused table, shard each one's "
         "rows over the processes, or shard those of shard_min_bytes or more (auto)")
@@ -474,8 +476,10 @@ class TrainConfig(_Strict):
 class ExperimentConfig(_Strict):
     """One experiment: data -> features -> model -> training."""
 
-    name: str = "experiment"
-    seed: int = 42
+    name: str = Field("experiment", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+                      description="the run folder's name under output_dir: letters, digits, "
+                      ". _ - (no path)")
+    seed: int = Field(42, ge=0, lt=2**32, description="0 to 2**32 - 1")
     output_dir: str = "runs"
     preset: Literal["criteo"] | None = None
     data: DataConfig = DataConfig(format="synthetic")

@@ -25,7 +25,7 @@ from sampan.config import ExperimentConfig, dump_config
 from sampan.data.loader import Batch, BatchLoader
 from sampan.data.store import SplitArrays
 from sampan.embedding import EmbeddingCollection, make_sparse_optimizer
-from sampan.errors import DivergenceError
+from sampan.errors import DivergenceError, SampanError
 from sampan.tasks import make_task
 from sampan.train import checkpoint as ckpt
 from sampan.train.logging import MetricsLog, make_progress
@@ -45,7 +45,12 @@ def resolve_device(name: str) -> torch.device:
         name = "cuda" if torch.cuda.is_available() else "cpu"
     dev = torch.device(name)
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(f"train.device={name!r} but CUDA is not available on this machine")
+        raise SampanError(f"train.device={name!r} but CUDA is not available on this machine; "
+                          "use train.device=cpu or auto")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise SampanError(f"train.device={name!r} but this machine has "
+                          f"{torch.cuda.device_count()} CUDA device(s): cuda:0 to "
+                          f"cuda:{torch.cuda.device_count() - 1}")
     if dev.type == "cuda" and dev.index is None and distributed.context().enabled:
         dev = torch.device("cuda", distributed.context().local_rank)
     return dev

@@ -187,3 +187,29 @@ def test_compare_two_runs_paired_bootstrap(tmp_path):
     assert same["diff"] == 0 and same["diff_ci95"] == [0.0, 0.0] and same["p_b_better"] == 0
     r = sampan("compare", str(runs["lr"]), str(runs["other"]), check=False)
     assert r.returncode == 2 and "do not hold the same rows" in r.stderr
+
+
+@pytest.mark.parametrize("override,message", [
+    ("name=../../x", "name: String should match pattern"),
+    ("seed=-1", "seed: Input should be greater than or equal to 0"),
+    (f"seed={2 ** 70}", "seed: Input should be less than 4294967296"),
+    ("model.mlp=[0]", "model.mlp[0]: Input should be greater than 0"),
+    ("train.device=gpu", "train.device: String should match pattern"),
+])
+def test_bad_values_are_one_line_errors_at_load_time(tmp_path, override, message):
+    r = sampan("train", "--set", override, "--set", f"output_dir={tmp_path / 'runs'}",
+               check=False, timeout=60)
+    assert r.returncode == 2 and message in " ".join(r.stderr.split()), r.stderr
+    assert "Traceback" not in r.stderr
+    assert not any(tmp_path.parent.glob("x")) and not (tmp_path / "runs").exists()
+
+
+def test_a_cuda_device_this_machine_lacks_is_a_one_line_error(tmp_path):
+    import torch
+
+    n = torch.cuda.device_count()
+    r = sampan("train", "--set", f"train.device=cuda:{n + 7}", "--set",
+               f"output_dir={tmp_path}", "--set", "data.synthetic.rows=500", check=False)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    want = "CUDA is not available" if n == 0 else f"has {n} CUDA device(s)"
+    assert want in " ".join(r.stderr.split())
