@@ -618,7 +618,7 @@ def load_config(
         apply_override(probe, item)
     preset = probe.get("preset")
     if preset is not None:
-        if preset not in PRESETS:
+        if not isinstance(preset, str) or preset not in PRESETS:
             raise ConfigError(f"unknown preset {preset!r}; known presets: {', '.join(PRESETS)}")
         raw = deep_merge(PRESETS[preset](), raw)
     file_model = raw.get("model") if isinstance(raw.get("model"), dict) else {}
@@ -678,7 +678,11 @@ def format_validation_error(
     merged: dict[tuple[Any, ...], dict[str, Any]] = {}
     for e in err.errors():
         # union members appear in the location as tags ("literal['auto']", "constrained-int")
-        loc = tuple(x for x in e["loc"] if not (isinstance(x, str) and ("[" in x or "-" in x)))
+        raw_loc = tuple(e["loc"])
+        keep_last = e["type"] == "extra_forbidden"  # the last part is the user's own key
+        loc = tuple(x for i, x in enumerate(raw_loc) if not (
+            isinstance(x, str) and ("[" in x or x.startswith("constrained-"))
+            and not (keep_last and i == len(raw_loc) - 1)))
         if loc in merged and e["type"] not in ("extra_forbidden", "missing"):
             merged[loc]["msg"] += f", or {e['msg'][0].lower()}{e['msg'][1:]}"
             continue
