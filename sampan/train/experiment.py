@@ -116,9 +116,8 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path | None = None,
         console.print(f"schedule: {line}")
     if dist.is_main and not resume:
         (run / "schedule.json").write_text(json.dumps(trainer.plan.to_json(), indent=1))
-    t0 = time.perf_counter()
     state = trainer.fit(resume=resume)
-    train_time = time.perf_counter() - t0
+    train_time = state.seconds  # across resumes
 
     results: dict[str, Any] = {"model": cfg.model.name, "steps": state.step,
                                "best_step": state.best_step, "stopped_early": state.stopped_early,

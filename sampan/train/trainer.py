@@ -70,6 +70,8 @@ class TrainState:
     history: list[dict[str, Any]] = field(default_factory=list)
     lr_scale: float = 1.0  # halved by each recovery from a divergence
     recoveries: int = 0
+    seconds: float = 0.0  # training time so far, across resumes
+    window: tuple[float, int] = (0.0, 0)  # loss sum and steps since the last log record
 
 
 MAX_RECOVERIES = 3
@@ -216,6 +218,7 @@ class Trainer:
         """
         if resume:
             self._restore(self.run_dir / "checkpoints" / LAST)
+        self._fit_t0 = time.perf_counter()  # state.seconds holds the earlier runs' time
         if not self.log_metrics:
             raise RuntimeError("this Trainer was built with log_metrics=False (evaluation only)")
         if not resume:
@@ -232,10 +235,14 @@ class Trainer:
             while True:
                 try:
                     self._run_epochs(progress, bar)
+                    if self.state.best is None and self.state.step and \
+                            self.valid_data is not None:
+                        self._evaluate_and_track()  # max_steps ended before any evaluation
                     break
                 except _Diverged as e:
                     self._recover(str(e))
                     progress.update(bar, completed=self.state.step)
+            self.state.seconds += time.perf_counter() - self._fit_t0
         if self.metrics is not None:
             self.metrics.close()
         if self.best_model is not None:
@@ -248,14 +255,18 @@ class Trainer:
         while st.epoch < self.tc.epochs and not self._done():
             self.model.train()
             self.loader.set_position(st.epoch, st.batch)
-            loss_sum = torch.zeros((), device=self.device)
-            loss_n, t0, seen = 0, time.perf_counter(), 0
+            # a resumed run continues the log window its checkpoint was written in
+            loss_sum = torch.full((), st.window[0], device=self.device)
+            loss_n, t0, seen = st.window[1], time.perf_counter(), 0
+            st.window = (0.0, 0)  # used once: later epochs start with an empty window
+            self._window = (loss_sum, loss_n)
             for batch in self.loader:
                 batch = batch.to(self.device, non_blocking=True)
                 weight = 1.0 if not self.dist.enabled else \
                     batch.size / self.loader.global_rows(st.batch)
                 loss_sum += self._train_step(batch, weight)
                 loss_n += 1
+                self._window = (loss_sum, loss_n)
                 seen += batch.size
                 st.step += 1
                 st.batch += 1
@@ -276,6 +287,7 @@ class Trainer:
                                     speed=f"{speed:,.0f}")
                     loss_sum.zero_()
                     loss_n, t0, seen = 0, time.perf_counter(), 0
+                    self._window = (loss_sum, loss_n)
                 if self.tc.eval_every_steps and st.step % self.tc.eval_every_steps == 0:
                     self._evaluate_and_track()
                     self.model.train()
@@ -341,10 +353,11 @@ class Trainer:
                 f"training diverged at step {st.step}: {reason} ({why}){kept}. Try a lower "
                 f"train.lr (now {lr_now:.3g}), train.clip_grad_norm, or standardized numeric "
                 "features.")
-        keep = (st.best, st.best_step, st.recoveries + 1, st.lr_scale * 0.5, st.step)
+        keep = (st.best, st.best_step, st.recoveries + 1, st.lr_scale * 0.5, st.step,
+                st.seconds)
         self._restore(last, quiet=True)
         st = self.state
-        st.best, st.best_step, st.recoveries, st.lr_scale, at = keep
+        st.best, st.best_step, st.recoveries, st.lr_scale, at, st.seconds = keep
         st.bad_evals, st.stopped_early = 0, False
         msg = (f"[yellow]diverged at step {at}[/]: {reason}; back to step {st.step} with the "
                f"learning rates halved (train.lr now {self.tc.lr * st.lr_scale:.3g}; recovery "
@@ -447,6 +460,16 @@ class Trainer:
         return self.task.evaluate(self.model, data, self.infer)
 
     # ---------------------------------------------------------------- checkpoints
+    def _window_now(self) -> tuple[float, int]:
+        loss_sum, n = getattr(self, "_window", (None, 0))
+        if not n or loss_sum is None:
+            return (0.0, 0)
+        total = loss_sum.clone()
+        if self.dist.enabled:  # what the next log record would sum over ranks
+            torch.distributed.all_reduce(total)
+            total /= self.dist.world  # restored on every rank, summed again at logging
+        return (float(total), int(n))
+
     def save_checkpoint(self, name: str = LAST) -> Path:
         """``last.pt``: everything a resumed run needs (see :meth:`_write`). Nothing
         non-finite is ever written: that is a divergence."""
@@ -464,7 +487,9 @@ class Trainer:
             "state": {"step": st.step, "epoch": st.epoch, "batch": st.batch, "best": st.best,
                       "best_step": st.best_step, "bad_evals": st.bad_evals,
                       "stopped_early": st.stopped_early, "history": st.history,
-                      "lr_scale": st.lr_scale, "recoveries": st.recoveries},
+                      "lr_scale": st.lr_scale, "recoveries": st.recoveries,
+                      "seconds": st.seconds + time.perf_counter() - self._fit_t0,
+                      "window": self._window_now()},
             "rng": ckpt.rng_state(),
             # every rank's own (dropout masks differ between ranks), for a resume on as many
             "rng_ranks": distributed.gather_objects(ckpt.rng_state()),
@@ -487,7 +512,9 @@ class Trainer:
                                 best=s["best"], best_step=s["best_step"],
                                 bad_evals=s["bad_evals"], stopped_early=s["stopped_early"],
                                 history=list(s["history"]), lr_scale=s.get("lr_scale", 1.0),
-                                recoveries=s.get("recoveries", 0))
+                                recoveries=s.get("recoveries", 0),
+                                seconds=s.get("seconds", 0.0),
+                                window=tuple(s.get("window", (0.0, 0))))
         if (self.run_dir / "checkpoints" / BEST).exists():
             self.best_model = self._read(BEST)["model"]
         ranks = c.get("rng_ranks")

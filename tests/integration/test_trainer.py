@@ -94,3 +94,34 @@ def test_early_stopping_on_a_metric_the_task_does_not_compute(tmp_path):
                   "early_stopping": {"metric": "auc"}}})
     with pytest.raises(ValueError, match=r"'auc' is not computed.*recall@5"):
         run_experiment(cfg, run_dir=tmp_path / "run")
+
+
+def test_a_run_that_ends_before_its_first_evaluation_is_evaluated_once(tmp_path):
+    # 1,600 train rows / 256 = 7 steps an epoch: max_steps 3 ends before the epoch-end eval
+    results, records = run(tmp_path, max_steps=3, log_every_steps=1)
+    assert [r["step"] for r in records if r["split"] == "valid"] == [3]
+    assert results["best_step"] == 3
+    assert (tmp_path / "run" / "checkpoints" / "best.pt").exists()
+
+
+def test_a_resumed_run_continues_its_loss_window_and_its_training_time(tmp_path):
+    def cfg(max_steps):
+        return load_config(raw=tiny_config(
+            tmp_path, rows=2000, max_steps=max_steps, epochs=3, log_every_steps=4,
+            schedule="constant",
+            warmup_steps=0, early_stopping={"enabled": False}))
+
+    straight = run_experiment(cfg(20), run_dir=tmp_path / "straight")
+    first = run_experiment(cfg(10), run_dir=tmp_path / "resumed")
+    again = run_experiment(cfg(20), run_dir=tmp_path / "resumed", resume=True)
+
+    def losses(name):
+        lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+        return {r["step"]: r["loss"] for r in map(json.loads, lines) if r["split"] == "train"}
+
+    want, got = losses("straight"), losses("resumed")
+    assert sorted(got) == sorted(want) and 12 in got  # 12 averages steps 9-12
+    for step in want:
+        assert got[step] == pytest.approx(want[step], rel=1e-5), step
+    assert again["steps"] == straight["steps"] == 20
+    assert again["train_seconds"] > first["train_seconds"] > 0
