@@ -383,13 +383,21 @@ class MLPModelConfig(ModelConfig):
 
 
 # ---------------------------------------------------------------------------------- train
+Auto = Literal["auto"]
+PosInt = Annotated[int, Field(gt=0)]
+NonNegInt = Annotated[int, Field(ge=0)]
+NonNegFloat = Annotated[float, Field(ge=0.0)]
+
+
 class EarlyStoppingConfig(_Strict):
     metric: str | None = Field(
         None, description="validation metric to track: auc, logloss, gauc, or for retrieval "
         "recall@K, ndcg@K, hitrate@K, mrr (K = the model's k); default: auc (logloss when the "
         "validation split holds under 100 positives or negatives, where AUC is too noisy to "
         "steer by), or recall@K for retrieval models")
-    patience: int = Field(2, ge=1, description="evaluations without improvement before stop")
+    patience: PosInt | Literal["auto"] = Field(
+        "auto", description="evaluations without improvement before stop; auto: two epochs' "
+        "worth (2 with one evaluation per epoch, 8 with four)")
 
     @field_validator("metric")
     @classmethod
@@ -401,12 +409,6 @@ class EarlyStoppingConfig(_Strict):
                          "recall@K / ndcg@K / hitrate@K")
     min_delta: float = Field(1e-4, ge=0.0)
     enabled: bool = True
-
-
-Auto = Literal["auto"]
-PosInt = Annotated[int, Field(gt=0)]
-NonNegInt = Annotated[int, Field(ge=0)]
-NonNegFloat = Annotated[float, Field(ge=0.0)]
 
 
 class TrainConfig(_Strict):

@@ -14,6 +14,7 @@ The rules, each a pure function of the training rows (so a resumed run plans the
   when an epoch is longer than 400 steps: CTR models with large tables often peak inside the
   first epoch.
 * ``warmup_steps``: a tenth of an epoch, 10 to 200 steps.
+* ``early_stopping.patience``: two epochs' worth of evaluations without improvement.
 * ``early_stopping.metric``: AUC, or LogLoss when the validation split has under 100
   positives or negatives: there AUC's sampling error (about 0.04) is larger than the changes
   early stopping has to see.
@@ -112,6 +113,13 @@ def plan_training(tc: TrainConfig, n_train: int, valid_labels: np.ndarray | None
         reasons["warmup_steps"] = f"{warm}: a tenth of an epoch, 10 to 200"
 
     es = tc.early_stopping
+    if es.patience == "auto":
+        every = upd.get("eval_every_steps", tc.eval_every_steps)
+        per_epoch = 1 if every is None else max(1, round(steps / every))
+        es = es.model_copy(update={"patience": 2 * per_epoch})
+        reasons["early_stopping.patience"] = (
+            f"{2 * per_epoch}: two epochs of evaluations without improvement (a signal that "
+            "only interactions carry can take more than an epoch to show)")
     if es.metric is None and has_valid and default_metric == "auc":
         y = np.asarray(valid_labels, dtype=np.float64)
         pos = int(y[:, 0].sum()) if y.ndim == 2 else int(y.sum())

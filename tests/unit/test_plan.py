@@ -30,12 +30,14 @@ def test_budget_follows_the_data():
     assert small.train.eval_every_steps is None  # once per epoch
     assert small.train.warmup_steps == 12
     assert small.train.embedding_l2 == pytest.approx(0.1 / 64)
+    assert small.train.early_stopping.patience == 2  # two epochs, one evaluation each
     big = plan_training(TrainConfig(), 10_000_000, half)
     per_epoch = -(-10_000_000 // 4096)  # 2,442
     assert big.train.epochs == 13  # ceil(30,000 / 2,442)
     assert big.train.eval_every_steps == -(-per_epoch // 4)
     assert big.train.warmup_steps == 200
     assert big.train.embedding_l2 == pytest.approx(0.1 / 4096)
+    assert big.train.early_stopping.patience == 8  # two epochs of four evaluations
     assert set(big.reasons) >= {"batch_size", "epochs", "eval_every_steps", "warmup_steps",
                                 "embedding_l2"}
 
@@ -47,11 +49,13 @@ def test_without_validation_there_is_nothing_to_stop_on():
 
 def test_explicit_values_win():
     tc = TrainConfig(batch_size=100, epochs=2, warmup_steps=0, eval_every_steps=7,
-                     embedding_l2=0.0, early_stopping=EarlyStoppingConfig(metric="auc"))
+                     embedding_l2=0.0, early_stopping=EarlyStoppingConfig(metric="auc",
+                                                                          patience=3))
     p = plan_training(tc, 10_000_000, np.zeros((50, 1)))
     assert (p.train.batch_size, p.train.epochs, p.train.warmup_steps,
             p.train.eval_every_steps, p.train.embedding_l2) == (100, 2, 0, 7, 0.0)
     assert p.train.early_stopping.metric == "auc" and p.reasons == {}
+    assert p.train.early_stopping.patience == 3
 
 
 def test_few_validation_positives_steer_by_logloss():
