@@ -215,7 +215,17 @@ def machine() -> dict:
                 break
     except OSError:
         pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "threads": torch.get_num_threads(),
+    flags: set[str] = set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    except OSError:
+        pass
+    isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if f in flags]
+    return {"cpu": cpu, "isa": isa, "cores": os.cpu_count(),
+            "threads": torch.get_num_threads(),
             "python": platform.python_version(), "torch": torch.__version__,
             "sampan": getattr(sampan, "__version__", "?"),
             "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
@@ -282,10 +292,11 @@ def markdown(report: dict) -> str:
 
 
 def kept_sections(path: Path) -> str:
-    """The blocks other benchmarks write into the same file (``<!-- defaults -->``, by
-    benchmarks/defaults.py), carried over when this table is regenerated."""
+    """The blocks other benchmarks write into the same file (``perf:defaults``, by
+    benchmarks/defaults.py through ``_readme.update_block``), carried over when this table
+    is regenerated."""
     old = path.read_text() if path.exists() else ""
-    begin, end = "<!-- defaults -->", "<!-- /defaults -->"
+    begin, end = "<!-- perf:defaults -->", "<!-- /perf:defaults -->"
     if begin in old and end in old:
         return "\n" + old[old.index(begin): old.index(end) + len(end)] + "\n"
     return ""

@@ -137,6 +137,8 @@ class Trainer:
         self.reference_loss = self.task.reference_loss(train, self.tc.batch_size) \
             if len(train) else 1.0
         self.explode_at = 3.0 * self.reference_loss + 1.0
+        self._window: tuple[torch.Tensor | None, int] = (None, 0)  # the loop's log window
+        self._fit_t0 = time.perf_counter()  # reset by fit()
 
     def describe_plan(self) -> list[str]:
         """What the run chose for the ``auto`` values, and why (one line each)."""
@@ -461,7 +463,7 @@ class Trainer:
 
     # ---------------------------------------------------------------- checkpoints
     def _window_now(self) -> tuple[float, int]:
-        loss_sum, n = getattr(self, "_window", (None, 0))
+        loss_sum, n = self._window
         if not n or loss_sum is None:
             return (0.0, 0)
         total = loss_sum.clone()
