@@ -386,6 +386,10 @@ def _parse_jsonl(text: pa.Array, lines: np.ndarray, roles: ColumnRoles, path: st
             log.read += 1
             log.reject(path, int(lines[i]), "bad_json", None, line)
             continue
+        if not _encodes(list(rec.values())) or not _encodes(list(rec)):
+            log.read += 1  # a \ud800 escape: valid JSON, but no text a table can hold
+            log.reject(path, int(lines[i]), "bad_unicode", None, line)
+            continue
         good[i] = True
         rows.append(rec)
 
@@ -412,18 +416,58 @@ def _json_cell(v: Any, as_list: bool) -> Any:
     return _json_text(v)
 
 
-def records_table(records: list[dict[str, Any]], roles: ColumnRoles) -> pa.Table:
+class CellError(ValueError):
+    """A value of record ``record`` for ``column`` that a table cannot hold; ``problem``
+    says what is wrong with it ("is a JSON object; expected ...")."""
+
+    def __init__(self, problem: str, column: str, record: int):
+        super().__init__(f"record {record}: feature {column!r} {problem}")
+        self.problem, self.column, self.record = problem, column, record
+
+
+def records_table(records: list[dict[str, Any]], roles: ColumnRoles,
+                  scalars: bool = False) -> pa.Table:
     """Records (JSON objects) -> a table of text columns that :func:`validate_table` types
     exactly as it types CSV text. Absent keys are nulls. A list feature given as delimited
     strings stays text (the pipeline splits it, as for CSV); given as JSON arrays (or mixed)
-    it becomes a list column."""
+    it becomes a list column.
+
+    Raises :class:`CellError` for a string that is not valid Unicode (a lone surrogate,
+    which JSON's ``\\ud800`` escape can carry) and, with ``scalars``, for an array or object
+    where a single value is expected (a request's categorical feature), instead of turning
+    it into text that no vocabulary holds."""
     cols = {}
     for c in roles.all:
         values = [r.get(c) for r in records]
         as_list = c in roles.lists and any(isinstance(v, list) for v in values)
-        cols[c] = pa.array([_json_cell(v, as_list) for v in values],
-                           pa.list_(pa.string()) if as_list else pa.string())
+        if scalars:
+            for i, v in enumerate(values):
+                if isinstance(v, dict) or (isinstance(v, list) and not as_list) or (
+                        as_list and isinstance(v, list) and any(
+                            isinstance(x, (dict, list)) for x in v)):
+                    raise CellError(f"is a JSON "
+                                    f"{'object' if isinstance(v, dict) else 'array'}; "
+                                    f"expected a string, number or null"
+                                    + (" (or an array of them)" if c in roles.lists else ""),
+                                    c, i)
+        try:
+            cols[c] = pa.array([_json_cell(v, as_list) for v in values],
+                               pa.list_(pa.string()) if as_list else pa.string())
+        except UnicodeEncodeError:
+            i = next(i for i, v in enumerate(values) if not _encodes(v))
+            raise CellError("holds a string that is not valid Unicode (a lone surrogate "
+                            "such as \\ud800)", c, i) from None
     return pa.table(cols)
+
+
+def _encodes(v: Any) -> bool:
+    """Whether ``v`` (a JSON value) encodes as UTF-8."""
+    try:
+        _json_text(v).encode("utf-8") if not isinstance(v, list) else [
+            _json_text(x).encode("utf-8") for x in v]
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _with_columns(table: pa.Table, roles: ColumnRoles) -> pa.Table:

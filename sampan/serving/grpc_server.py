@@ -3,18 +3,25 @@
 
 The message classes are generated from the ``.proto`` when first needed
 (``grpc.protos_and_services``, from grpcio-tools), so no generated code lives in the
-repository.
+repository. Requests are parsed inside the handlers, so that bytes that are not a valid
+message are an ``INVALID_ARGUMENT`` like any other bad request; an unexpected exception is
+``INTERNAL`` with its type in the message (the traceback goes to the server's stderr). Every
+call is counted in ``/metrics`` as route ``grpc/Predict`` or ``grpc/Rank`` with the status
+code's name.
 """
 
 from __future__ import annotations
 
 import functools
 import sys
+import time
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 PROTO = "sampan_scoring.proto"
+SERVICE = "sampan.v1.Scoring"
 
 
 @functools.cache
@@ -28,45 +35,100 @@ def stubs() -> tuple[Any, Any]:
     return grpc.protos_and_services(PROTO)
 
 
+def value(v: Any) -> Any:
+    """A ``google.protobuf.Value`` as the JSON value REST would receive (numbers as
+    float, NaN included: the feature's validation then refuses it by name)."""
+    kind = v.WhichOneof("kind")
+    if kind == "number_value":
+        return v.number_value
+    if kind == "string_value":
+        return v.string_value
+    if kind == "bool_value":
+        return v.bool_value
+    if kind == "struct_value":
+        return struct(v.struct_value)
+    if kind == "list_value":
+        return [value(x) for x in v.list_value.values]
+    return None  # null_value, or unset
+
+
+def struct(s: Any) -> dict[str, Any]:
+    """A ``google.protobuf.Struct`` as a dict (``MessageToDict`` refuses NaN and infinity
+    with a ValueError instead of letting the feature's validation name them)."""
+    return {k: value(v) for k, v in s.fields.items()}
+
+
 def start_grpc(state: Any, host: str, port: int, threads: int = 16):  # type: ignore
     """Start serving on ``host:port`` (0 picks a free port: see ``server.port``)."""
     import grpc
-    from google.protobuf.json_format import MessageToDict
+    from google.protobuf.message import DecodeError
 
     from sampan.serving.predictor import RequestError, top_k
 
-    pb, svc = stubs()
+    pb, _ = stubs()
 
-    class Scoring(svc.ScoringServicer):
-        def Predict(self, request, context):  # noqa: N802 - gRPC method name
-            try:
-                records = [MessageToDict(r) for r in request.records]
-                predictor, fut = state.predict_future(records)
-                scores = fut.result()
-            except RequestError as e:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, _text(e))
-            return pb.PredictResponse(
-                probabilities=[pb.Scores(values=row) for row in scores.tolist()],
-                labels=predictor.labels, model_version=predictor.version)
+    def parse(message_class: Any, data: bytes) -> Any:
+        try:
+            return message_class.FromString(data)
+        except DecodeError as e:
+            raise RequestError(f"the request is not a valid {message_class.__name__} "
+                               f"message: {e}", "request") from None
 
-        def Rank(self, request, context):  # noqa: N802
+    def predict(data: bytes) -> Any:
+        request = parse(pb.PredictRequest, data)
+        records = [struct(r) for r in request.records]
+        predictor, fut = state.predict_future(records)
+        scores = fut.result()
+        return pb.PredictResponse(
+            probabilities=[pb.Scores(values=row) for row in scores.tolist()],
+            labels=predictor.labels, model_version=predictor.version)
+
+    def rank(data: bytes) -> Any:
+        request = parse(pb.RankRequest, data)
+        if request.k < 0:
+            raise RequestError(f"k must be at least 1 (0 means 10), got {request.k}", "k")
+        if request.task < 0:
+            raise RequestError(f"task must be 0 or more, got {request.task}", "task")
+        candidates = list(request.candidates)
+        predictor, fut = state.rank_future(struct(request.context), candidates)
+        scores = fut.result()
+        if request.task >= scores.shape[1]:
+            raise RequestError(f"task {request.task} does not exist; the model has "
+                               f"{scores.shape[1]} label(s)", "task")
+        items = top_k(candidates, scores[:, request.task], request.k or 10)
+        return pb.RankResponse(items=[pb.RankedItem(item=str(i), score=s)
+                                      for i, s in items],
+                               model_version=predictor.version)
+
+    def handler(name: str, fn: Any, response_class: Any) -> Any:
+        route = f"grpc/{name}"
+
+        def call(data: bytes, context: Any) -> Any:
+            t0 = time.perf_counter()
+            code = grpc.StatusCode.OK
             try:
-                ctx = MessageToDict(request.context)
-                candidates = list(request.candidates)
-                predictor, fut = state.rank_future(ctx, candidates)
-                scores = fut.result()
-                if not 0 <= request.task < scores.shape[1]:
-                    raise RequestError(f"task {request.task} does not exist; the model has "
-                                       f"{scores.shape[1]} label(s)", "task")
+                return fn(data)
             except RequestError as e:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, _text(e))
-            items = top_k(candidates, scores[:, request.task], request.k or 10)
-            return pb.RankResponse(items=[pb.RankedItem(item=str(i), score=s)
-                                          for i, s in items],
-                                   model_version=predictor.version)
+                code = grpc.StatusCode.INVALID_ARGUMENT
+                context.abort(code, _text(e))
+            except Exception as e:  # noqa: BLE001 - INTERNAL with a message, never UNKNOWN
+                code = grpc.StatusCode.INTERNAL
+                print(f"sampan serve: unexpected error in gRPC {name}:\n"
+                      f"{traceback.format_exc()}", file=sys.stderr, flush=True)
+                context.abort(code, f"internal error ({type(e).__name__}); the server log "
+                                    "has the traceback")
+            finally:
+                state.requests.labels(route, code.name).inc()
+                state.latency.labels(route).observe(time.perf_counter() - t0)
+
+        return grpc.unary_unary_rpc_method_handler(
+            call, request_deserializer=None,  # raw bytes: parsed in the handler
+            response_serializer=response_class.SerializeToString)
 
     server = grpc.server(ThreadPoolExecutor(max_workers=threads))
-    svc.add_ScoringServicer_to_server(Scoring(), server)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {
+        "Predict": handler("Predict", predict, pb.PredictResponse),
+        "Rank": handler("Rank", rank, pb.RankResponse)}),))
     bound = server.add_insecure_port(f"{host}:{port}")
     server.start()
     server.port = bound

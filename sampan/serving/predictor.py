@@ -16,7 +16,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sampan.data.sources import ColumnRoles, RejectLog, records_table, validate_table
+from sampan.data.sources import (
+    CellError,
+    ColumnRoles,
+    RejectLog,
+    records_table,
+    validate_table,
+)
 from sampan.export.bundle import Bundle
 
 
@@ -84,8 +90,8 @@ class Predictor:
                                    f"(differs in {diff}); send every feature in every "
                                    "record, null for a missing value", diff[0], i)
         given = [c for c in known if c in keys]
-        t = records_table(records, ColumnRoles(categorical=given, lists=[
-            c for c in given if c in self.roles.lists]))
+        t = _records_table(records, ColumnRoles(categorical=given, lists=[
+            c for c in given if c in self.roles.lists]), "records")
         cols = {c: t.column(c).combine_chunks() for c in given}
         return self._validated(self._complete(cols, store))
 
@@ -93,8 +99,9 @@ class Predictor:
                    absent: set[str]) -> pa.Table:
         """One validated row from ``context`` (+ the feature store), with the columns in
         ``absent`` (e.g. item features for a user tower) as missing values."""
-        t = records_table([context], ColumnRoles(
-            categorical=list(context), lists=[c for c in context if c in self.roles.lists]))
+        t = _records_table([context], ColumnRoles(
+            categorical=list(context), lists=[c for c in context if c in self.roles.lists]),
+            "context")
         cols = {c: t.column(c).combine_chunks() for c in context}
         return self._validated(self._complete(cols, store, absent))
 
@@ -171,16 +178,33 @@ class Predictor:
             raise RequestError(f"{item_key!r} comes from candidates, not from context",
                                item_key)
         n = len(candidates)
-        cols: dict[str, pa.Array] = {item_key: records_table(
-            [{item_key: c} for c in candidates],
-            ColumnRoles(categorical=[item_key])).column(item_key).combine_chunks()}
+        cols: dict[str, pa.Array] = {item_key: _records_table(
+            [{item_key: c} for c in candidates], ColumnRoles(categorical=[item_key]),
+            "candidates").column(item_key).combine_chunks()}
         if context:
-            one = records_table([context], ColumnRoles(
-                categorical=list(context), lists=[c for c in context if c in self.roles.lists]))
+            one = _records_table([context], ColumnRoles(
+                categorical=list(context), lists=[c for c in context if c in self.roles.lists]),
+                "context")
             zeros = pa.array(np.zeros(n, np.int64))
             for c in context:
                 cols[c] = pc.take(one.column(c).combine_chunks(), zeros)
         return self._validated(self._complete(cols, store))
+
+
+def _records_table(records: list[dict[str, Any]], roles: ColumnRoles, where: str
+                   ) -> pa.Table:
+    """:func:`records_table` of request values: an array or object where one value is
+    expected, or a string that is not valid Unicode, is a :class:`RequestError` naming the
+    feature (``where`` says which part of the request: records, context, candidates)."""
+    try:
+        return records_table(records, roles, scalars=True)
+    except CellError as e:
+        if where == "records":
+            raise RequestError(str(e), e.column, e.record) from None
+        if where == "candidates":
+            raise RequestError(f"candidate {e.record} {e.problem}", "candidates",
+                               e.record) from None
+        raise RequestError(f"context feature {e.column!r} {e.problem}", e.column) from None
 
 
 def top_k(candidates: list[Any], scores: np.ndarray, k: int) -> list[tuple[Any, float]]:

@@ -2,7 +2,10 @@
 
 Routes: ``POST /v1/predict``, ``POST /v1/rank``, ``GET /healthz``, ``GET /readyz``,
 ``GET /metrics`` (Prometheus text), ``POST /v1/admin/reload`` (bearer token). Errors are JSON
-``{"error": ..., "field": ..., "record": ...}`` with a 4xx status.
+``{"error": ..., "field": ..., "record": ...}`` with a 4xx status; an unexpected exception is
+a JSON 500 (its traceback goes to the server's log), counted in ``/metrics`` like any other
+status, and the connection stays open. :class:`Guard` is the outermost layer that does this
+and limits request bodies as they stream in.
 """
 
 from __future__ import annotations
@@ -15,11 +18,13 @@ import secrets
 import sys
 import threading
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
 from fastapi import Request
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi.responses import JSONResponse, PlainTextResponse
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sampan.config import ServeConfig
 from sampan.serving.predictor import Predictor, RequestError, top_k
@@ -66,6 +71,104 @@ class ReloadRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     bundle: str | None = None
     retrieval_bundle: str | None = None
+
+    @field_validator("bundle", "retrieval_bundle")
+    @classmethod
+    def _plain_path(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        bad = next((c for c in v if ord(c) < 32 or ord(c) == 127 or
+                    0xD800 <= ord(c) <= 0xDFFF), None)
+        if bad is not None:
+            raise ValueError(f"the path holds the character U+{ord(bad):04X} (a control "
+                             "character or a lone surrogate); give a plain path")
+        return v
+
+
+class ErrorResponse(JSONResponse):
+    """A JSON error body that renders whatever the message echoes: non-ASCII (a lone
+    surrogate included) is escaped, so rendering an error can never fail."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode()
+
+
+def error(status: int, message: str, field: str | None = None,
+          record: int | None = None) -> JSONResponse:
+    """The error reply of every route: ``{"error", "field", "record"}``."""
+    return ErrorResponse({"error": message, "field": field, "record": record},
+                         status_code=status)
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+class Guard:
+    """The outermost ASGI layer of the HTTP server.
+
+    - Request bodies are limited to ``max_body_bytes`` as they arrive: a ``Content-Length``
+      above it is refused before anything is read, and a chunked body is cut off (413) as
+      soon as the bytes received pass it, so a client without a token cannot make the
+      server buffer more than the limit.
+    - Every request is counted in ``sampan_requests{route,status}`` and timed, whatever
+      happened inside, unexpected exceptions included.
+    - An unexpected exception becomes a JSON 500 naming the exception type (the traceback
+      goes to the server's stderr); it does not reach uvicorn, which would drop the
+      connection.
+    """
+
+    def __init__(self, app: Any, state: ServerState):
+        self.app, self.state = app, state
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        t0 = time.perf_counter()
+        limit = self.state.cfg.max_body_bytes
+        status, seen, over = [0], [0], [False]
+
+        async def send_out(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        async def send_app(message: dict) -> None:
+            if not over[0]:  # the app's reply to a cut-off body is replaced by the 413
+                await send_out(message)
+
+        async def receive_limited() -> dict:
+            message = await receive()
+            if message["type"] == "http.request":
+                seen[0] += len(message.get("body", b""))
+                if seen[0] > limit:
+                    over[0] = True
+                    raise _BodyTooLarge
+            return message
+
+        size = dict(scope.get("headers") or ()).get(b"content-length", b"")
+        if size.isdigit() and int(size) > limit:
+            over[0] = True
+        else:
+            try:
+                await self.app(scope, receive_limited, send_app)
+            except Exception as e:  # noqa: BLE001 - every failure gets a JSON reply
+                if not over[0]:
+                    print(f"sampan serve: unexpected error in {scope.get('method')} "
+                          f"{scope.get('path')}:\n{traceback.format_exc()}",
+                          file=sys.stderr, flush=True)
+                    if not status[0]:  # nothing sent yet: the client gets a JSON reply
+                        await error(500, f"internal error ({type(e).__name__}); the server "
+                                         "log has the traceback")(scope, receive, send_out)
+        if over[0] and not status[0]:
+            given = f"of {int(size)} bytes " if size.isdigit() else ""
+            await error(413, f"request body {given}exceeds the limit of {limit} bytes",
+                        "body")(scope, receive, send_out)
+        route = scope.get("path", "")
+        route = route if route in ROUTES else "other"
+        self.state.requests.labels(route, str(status[0] or 500)).inc()
+        self.state.latency.labels(route).observe(time.perf_counter() - t0)
 
 
 ROUTES = ("/v1/predict", "/v1/rank", "/v1/recommend", "/v1/admin/reload", "/healthz",
@@ -201,8 +304,10 @@ class ServerState:
     def check_token(self, header: str | None) -> bool:
         if not self.token:
             return False  # reload is disabled without a configured token
-        given = (header or "").removeprefix("Bearer ").strip()
-        return secrets.compare_digest(given, self.token)
+        scheme, _, given = (header or "").strip().partition(" ")
+        if scheme.lower() != "bearer":  # RFC 6750: "Authorization: Bearer <token>"
+            return False
+        return secrets.compare_digest(given.strip().encode(), self.token.encode())
 
     def close(self) -> None:
         if self.sync is not None:
@@ -310,36 +415,23 @@ def create_app(state: ServerState):  # type: ignore[no-untyped-def]
     from fastapi import FastAPI
     from fastapi.concurrency import run_in_threadpool
     from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse, PlainTextResponse
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
     app = FastAPI(title="Sampan", version="1", docs_url="/docs", redoc_url=None)
     app.state.sampan = state
-
-    def error(status: int, message: str, field: str | None = None,
-              record: int | None = None) -> JSONResponse:
-        return JSONResponse({"error": message, "field": field, "record": record},
-                            status_code=status)
-
-    @app.middleware("http")
-    async def observe(request: Request, call_next):  # type: ignore[no-untyped-def]
-        t0 = time.perf_counter()
-        size = request.headers.get("content-length")
-        if size is not None and size.isdigit() and int(size) > state.cfg.max_body_bytes:
-            response = error(413, f"request body of {size} bytes exceeds the limit of "
-                                  f"{state.cfg.max_body_bytes}", "body")
-        else:
-            response = await call_next(request)
-        route = request.url.path if request.url.path in ROUTES else "other"
-        state.requests.labels(route, str(response.status_code)).inc()
-        state.latency.labels(route).observe(time.perf_counter() - t0)
-        return response
+    app.add_middleware(Guard, state=state)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError):  # type: ignore
         first = exc.errors()[0]
+        if first["type"] == "json_invalid":  # loc is ("body", character offset)
+            where = first["loc"][-1]
+            return error(422, f"the request body is not valid JSON: "
+                              f"{first.get('ctx', {}).get('error', first['msg'])} at "
+                              f"character {where} (counting from 0)", "body")
         loc = [str(x) for x in first["loc"] if x != "body"]
-        return error(422, f"{'.'.join(loc) or 'body'}: {first['msg']}",
+        return error(422, f"{'.'.join(loc) or 'body'}: "
+                          f"{first['msg'].removeprefix('Value error, ')}",
                      ".".join(loc) or "body")
 
     @app.exception_handler(RequestError)
@@ -358,8 +450,8 @@ def create_app(state: ServerState):  # type: ignore[no-untyped-def]
         return {"status": "ready", "model": p.bundle.manifest.get("model"),
                 "version": p.version, "labels": p.labels, "worker": os.getpid()}
 
-    @app.get("/metrics")
-    async def metrics() -> PlainTextResponse:
+    @app.get("/metrics", response_class=PlainTextResponse)
+    async def metrics():  # type: ignore[no-untyped-def]
         registry = state.registry
         if state.multiprocess:  # every worker's metrics, whichever worker answers
             from prometheus_client import CollectorRegistry
@@ -411,7 +503,8 @@ def create_app(state: ServerState):  # type: ignore[no-untyped-def]
             return error(403, "reload is disabled: set admin_token in the serve config or "
                               "SAMPAN_ADMIN_TOKEN", "authorization")
         if not state.check_token(request.headers.get("authorization")):
-            return error(401, "missing or wrong bearer token", "authorization")
+            return error(401, "missing or wrong token: send the header "
+                              "'Authorization: Bearer <token>'", "authorization")
         if req.bundle is None and req.retrieval_bundle is None:
             return error(422, "give bundle (the ranking model) and/or retrieval_bundle",
                          "bundle")

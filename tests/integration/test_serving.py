@@ -450,3 +450,150 @@ def test_reload_reaches_every_worker(bundles):
     finally:
         proc.terminate()
         proc.wait(timeout=20)
+
+
+def test_hostile_http_requests(server):
+    """Issue 13: each of these crashed the server (plain-text 500, dropped connection) or
+    was accepted before. Every reply is now JSON, the connection stays open, and /metrics
+    counts them."""
+    url, _ = server
+    raw = {"content-type": "application/json"}
+    with httpx.Client() as c:
+        def post(path, body, **headers):
+            return c.post(f"{url}{path}", content=body, headers={**raw, **headers})
+
+        # a chunked body (no Content-Length) is cut off at max_body_bytes (200000 here)
+        def chunks():
+            for _ in range(100):  # 1 MB in all
+                yield b" " * 10_000
+        r = c.post(f"{url}/v1/predict", content=chunks(), headers=raw)
+        assert r.status_code == 413 and r.json()["field"] == "body", r.text
+        # a lone surrogate anywhere a string goes: value, key, rank candidate and context
+        r = post("/v1/predict", b'{"records": [{"user_id": "\\ud800", "item_id": "i1"}]}')
+        assert r.status_code == 400 and r.json()["field"] == "user_id", r.text
+        assert "not valid Unicode" in r.json()["error"]
+        r = post("/v1/predict", b'{"records": [{"\\udfff": "u1", "item_id": "i1"}]}')
+        assert r.status_code == 400 and r.json()["field"] == "\udfff", r.text
+        r = post("/v1/rank", b'{"context": {"user_id": "u1"}, "candidates": ["i1", "\\ud800"]}')
+        assert r.status_code == 400 and r.json() == {
+            "error": r.json()["error"], "field": "candidates", "record": 1}, r.text
+        r = post("/v1/rank", b'{"context": {"user_id": "\\ud800x"}, "candidates": ["i1"]}')
+        assert r.status_code == 400 and r.json()["field"] == "user_id", r.text
+        auth = {"authorization": f"Bearer {TOKEN}"}
+        for path in (b'"/tmp/\\ud800"', b'"/tmp/a\\u0000b"'):
+            r = post("/v1/admin/reload", b'{"bundle": ' + path + b"}", **auth)
+            assert r.status_code == 422 and r.json()["field"] == "bundle", r.text
+        # a categorical given as an array or an object is refused, not turned into OOV
+        for v in ('["u1"]', '{"id": "u1"}'):
+            r = post("/v1/predict", b'{"records": [{"user_id": ' + v.encode() +
+                     b', "item_id": "i1"}]}')
+            assert r.status_code == 400 and r.json()["field"] == "user_id", r.text
+            assert "expected a string, number or null" in r.json()["error"]
+        # NaN is no number a feature takes
+        r = post("/v1/predict", b'{"records": [{"user_id": "u1", "item_id": "i1", '
+                                b'"age": NaN}]}')
+        assert r.status_code == 400 and r.json()["field"] == "age", r.text
+        # malformed JSON says what and where
+        r = post("/v1/predict", b'{"records": [{"user_id": ')
+        assert r.status_code == 422 and r.json()["field"] == "body"
+        assert r.json()["error"] == ("the request body is not valid JSON: Expecting value "
+                                     "at character 25 (counting from 0)")
+        # the admin token needs its scheme
+        r = post("/v1/admin/reload", b'{"bundle": "/nowhere"}', authorization=TOKEN)
+        assert r.status_code == 401 and "Bearer" in r.json()["error"]
+        # the API description works (it was a 500: a forward reference in a route)
+        assert c.get(f"{url}/openapi.json").status_code == 200
+        assert c.get(f"{url}/docs").status_code == 200
+        assert c.get(f"{url}/healthz").json() == {"status": "ok"}
+    text = httpx.get(f"{url}/metrics").text
+    assert 'sampan_requests_total{route="/v1/predict",status="413"}' in text
+    assert 'sampan_requests_total{route="/v1/rank",status="400"} ' in text
+
+
+def test_hostile_grpc_requests(server):
+    """NaN, garbage bytes, an object where a value goes and k=-1: INVALID_ARGUMENT naming
+    the field (they were UNKNOWN, INTERNAL and OK before), counted in /metrics."""
+    import grpc
+    from google.protobuf.struct_pb2 import Struct
+
+    from sampan.serving.grpc_server import stubs
+
+    url, gport = server
+    pb, svc = stubs()
+
+    def refused(call):
+        with pytest.raises(grpc.RpcError) as e:
+            call()
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value.details()
+        return e.value.details()
+
+    with grpc.insecure_channel(f"127.0.0.1:{gport}") as ch:
+        stub = svc.ScoringStub(ch)
+        rec = Struct()
+        rec.update({"user_id": "u1", "item_id": "i2", "age": float("nan")})
+        assert "age" in refused(lambda: stub.Predict(pb.PredictRequest(records=[rec])))
+        rec = Struct()
+        rec.update({"user_id": {"id": "u1"}, "item_id": "i2"})
+        assert "user_id" in refused(lambda: stub.Predict(pb.PredictRequest(records=[rec])))
+        garbage = ch.unary_unary("/sampan.v1.Scoring/Predict")
+        assert "not a valid PredictRequest" in refused(lambda: garbage(b"\xff\xff\xff\x0f!"))
+        ctx = Struct()
+        ctx.update({"user_id": "u3"})
+        assert "k must be at least 1" in refused(
+            lambda: stub.Rank(pb.RankRequest(context=ctx, candidates=["i1"], k=-1)))
+        assert len(stub.Rank(pb.RankRequest(context=ctx, candidates=["i1"])).items) == 1
+    text = httpx.get(f"{url}/metrics").text
+    assert 'sampan_requests_total{route="grpc/Predict",status="INVALID_ARGUMENT"} 3.0' in text
+    assert 'sampan_requests_total{route="grpc/Rank",status="OK"}' in text
+
+
+def test_unexpected_error_is_a_counted_json_500(bundles, capfd):
+    """A bug inside a route (injected here) is a JSON 500 on a connection that stays open,
+    counted in /metrics, with its traceback in the server's log; gRPC says INTERNAL."""
+    import asyncio
+
+    import grpc
+    import uvicorn
+    from google.protobuf.struct_pb2 import Struct
+
+    from sampan.config import load_serve_config
+    from sampan.serving.grpc_server import start_grpc, stubs
+    from sampan.serving.rest import ServerState, create_app
+
+    state = ServerState(load_serve_config(raw={"bundle": str(bundles[0])}))
+
+    def broken(records):
+        raise KeyError("injected fault")
+
+    state.predict_future = broken
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(state), host="127.0.0.1", port=port,
+                                           log_level="warning"))
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
+    thread.start()
+    gserver = start_grpc(state, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(100):
+            if server.started:
+                break
+            time.sleep(0.05)
+        with httpx.Client() as c:
+            r = c.post(f"{url}/v1/predict", json={"records": [{"user_id": "u1"}]})
+            assert r.status_code == 500 and "KeyError" in r.json()["error"], r.text
+            assert c.get(f"{url}/healthz").status_code == 200  # the same connection
+            assert 'route="/v1/predict",status="500"} 1.0' in c.get(f"{url}/metrics").text
+        pb, svc = stubs()
+        with grpc.insecure_channel(f"127.0.0.1:{gserver.port}") as ch:
+            rec = Struct()
+            rec.update({"user_id": "u1"})
+            with pytest.raises(grpc.RpcError) as e:
+                svc.ScoringStub(ch).Predict(pb.PredictRequest(records=[rec]))
+            assert e.value.code() == grpc.StatusCode.INTERNAL
+            assert "KeyError" in e.value.details()
+        assert "injected fault" in capfd.readouterr().err  # the traceback is logged
+    finally:
+        gserver.stop(grace=0)
+        server.should_exit = True
+        thread.join(timeout=10)
+        state.close()
