@@ -11,6 +11,8 @@ import numpy as np
 import typer
 from rich.console import Console
 
+from sampan.errors import SampanError
+
 app = typer.Typer(
     help="Sampan: train, evaluate and use recommender models from one YAML file.\n\n"
          "Start with `sampan train` (DeepFM on the built-in synthetic data), then try "
@@ -73,7 +75,6 @@ def train(
 
     from sampan import distributed
     from sampan.config import load_config
-    from sampan.errors import SampanError
     from sampan.train.experiment import run_experiment
 
     if (nproc_per_node > 1 or nnodes > 1) and "WORLD_SIZE" not in os.environ:
@@ -138,14 +139,12 @@ def eval_(
                     "AUCs that differ by less than this are not told apart.")] = 0,
 ) -> None:
     """Evaluate a trained run's best model: AUC, LogLoss (and GAUC when groups are set)."""
-    from sampan.config import ConfigError
-    from sampan.data.sources import DataError
     from sampan.train.experiment import RunArtifacts
 
     try:
         art = RunArtifacts(run_dir)
         metrics = art.evaluate(data if data else split, bootstrap=bootstrap)
-    except (ConfigError, DataError, FileNotFoundError, ValueError) as e:
+    except (SampanError, FileNotFoundError, ValueError) as e:
         _fail(str(e))
     if data:
         log = art.last_log
@@ -174,14 +173,12 @@ def compare(
     `diff_ci95` and `p_b_better` (the share of resamples where B wins). An interval that
     holds 0 means this data cannot tell the two apart.
     """
-    from sampan.config import ConfigError
-    from sampan.data.sources import DataError
     from sampan.train.experiment import RunArtifacts, compare_runs
 
     try:
         result = compare_runs(RunArtifacts(run_a), RunArtifacts(run_b),
                               data if data else split, resamples, task)
-    except (ConfigError, DataError, FileNotFoundError, ValueError) as e:
+    except (SampanError, FileNotFoundError, ValueError) as e:
         _fail(str(e))
     console.print_json(json.dumps(result))
 
@@ -195,7 +192,6 @@ def predict(
     out: Annotated[Path, typer.Option("--out", "-o", help="CSV to write: line,probability.")],
 ) -> None:
     """Score raw rows through the run's saved feature pipeline and best model."""
-    from sampan.config import ConfigError
     from sampan.data.sources import DataError
     from sampan.train.experiment import RunArtifacts
 
@@ -215,7 +211,7 @@ def predict(
         if not rows:
             raise DataError("no rows left to use after reading the input")
         tmp.replace(out)
-    except (ConfigError, DataError, FileNotFoundError, ValueError) as e:
+    except (SampanError, FileNotFoundError, ValueError) as e:
         tmp.unlink(missing_ok=True)
         _fail(str(e))
     log = art.last_log
@@ -239,13 +235,11 @@ def export(
     signature, metrics, versions, sha256 of every file). The export is checked against
     PyTorch on rows of the run's test split before it is written.
     """
-    from sampan.config import ConfigError
-    from sampan.data.sources import DataError
     from sampan.export import export_run
 
     try:
         path = export_run(run_dir, out, fmt=format, overwrite=overwrite)
-    except (ConfigError, DataError, FileNotFoundError, FileExistsError, ValueError,
+    except (SampanError, FileNotFoundError, FileExistsError, ValueError,
             RuntimeError) as e:
         _fail(str(e))
     manifest = json.loads((path / "manifest.json").read_text())
@@ -389,15 +383,14 @@ def data_prepare(
     """Read, validate, split, fit the feature pipeline on train and write model-ready arrays,
     without training. Reports rows kept and rejected by reason, and every feature."""
 
-    from sampan.config import ConfigError, load_config
-    from sampan.data.sources import DataError
+    from sampan.config import load_config
     from sampan.data.store import build_store
 
     try:
         cfg = load_config(config, overrides=set_ or [])
         root = out or Path(cfg.output_dir) / cfg.name / "data"
         build_store(cfg, root, echo=console.print)
-    except (ConfigError, DataError, FileNotFoundError) as e:
+    except (SampanError, FileNotFoundError) as e:
         _fail(str(e))
     console.print(f"processed data: {root}")
 

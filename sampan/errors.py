@@ -14,3 +14,13 @@ class SampanError(Exception):
 class DivergenceError(SampanError):
     """Training diverged (non-finite or exploding loss, or a validation LogLoss far above
     the base rate's) and could not be recovered; the last good checkpoint is kept."""
+
+
+class CheckpointError(SampanError):
+    """A checkpoint that cannot be used: missing, truncated, corrupt (its checksum does not
+    match), foreign, or not writable; the message names the file."""
+
+
+class BundleError(SampanError, ValueError):
+    """An exported bundle that cannot be opened: not a bundle, an unsupported format, or a
+    file that is missing, changed since export, not listed, or outside the bundle."""

@@ -30,10 +30,10 @@ class Retriever:
             raise ValueError(f"{bundle} is not a retrieval bundle (export a two_tower run)")
         self.info = info
         self.predictor = Predictor(self.bundle, max_records=max_records)
-        self.session = ort.InferenceSession(str(self.bundle.path / info["user_tower"]),
+        self.session = ort.InferenceSession(str(self.bundle.file(info["user_tower"])),
                                             providers=["CPUExecutionProvider"])
-        self.index = faiss.read_index(str(self.bundle.path / info["index"]))
-        self.items = pq.read_table(self.bundle.path / info["items"]).column("item").to_pylist()
+        self.index = faiss.read_index(str(self.bundle.file(info["index"])))
+        self.items = pq.read_table(self.bundle.file(info["items"])).column("item").to_pylist()
         # raw columns the user tower does not read: sent as missing values
         feats = self.predictor.pipeline.features
         raw = {f.name: f.cross or [f.column or f.name] for f in feats.categorical}

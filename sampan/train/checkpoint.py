@@ -1,13 +1,21 @@
-"""Checkpoints written atomically (temporary file + rename), loaded without pickle code paths.
+"""Checkpoints written atomically (temporary file + rename), checksummed, and loaded
+without pickle code paths.
 
 A checkpoint holds everything a resumed run needs to continue exactly: model, both
 optimizers, the step / loader position, early-stopping state, every RNG state and the
 resolved config. ``torch.load(weights_only=True)`` reads it, so loading never executes
 arbitrary code.
+
+Every file ends with a trailer holding the sha256 of the bytes before it
+(``\\nsampan-sha256:<64 hex>\\n``; ``torch.load`` ignores bytes after the archive). Loading
+checks it first, so a flipped bit, a truncated or empty file, or a file that is no Sampan
+checkpoint is a :class:`~sampan.errors.CheckpointError` naming the file, never silently
+different weights or a raw unpickling traceback.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 from pathlib import Path
@@ -16,17 +24,81 @@ from typing import Any
 import numpy as np
 import torch
 
+from sampan.errors import CheckpointError
+
+_MARK = b"\nsampan-sha256:"
+_TRAILER = len(_MARK) + 64 + 1
+
+
+def _digest(f: Any, size: int) -> str:
+    """sha256 of the first ``size`` bytes of the open file ``f``."""
+    h = hashlib.sha256()
+    f.seek(0)
+    left = size
+    while left:
+        block = f.read(min(left, 8 << 20))
+        if not block:
+            break
+        h.update(block)
+        left -= len(block)
+    return h.hexdigest()
+
 
 def save_atomic(obj: dict[str, Any], path: str | Path) -> None:
-    """Write ``obj`` with ``torch.save`` to ``path`` so readers never see a partial file."""
+    """Write ``obj`` with ``torch.save`` to ``path``, with its checksum trailer, so that
+    readers never see a partial file. On failure (a full disk) the temporary file is
+    removed and a :class:`CheckpointError` says where it could not be written."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w+b") as f:
+            torch.save(obj, f)
+            f.flush()
+            size = f.tell()
+            digest = _digest(f, size)
+            f.seek(size)
+            f.write(_MARK + digest.encode() + b"\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise CheckpointError(f"cannot write checkpoint {str(path)!r}: {e.strerror or e}"
+                                  " (the previous checkpoint there is kept)") from e
+        raise
+
+
+def verify(path: str | Path) -> None:
+    """Check ``path`` against the sha256 in its trailer (:class:`CheckpointError` if not)."""
+    path = Path(path)
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size < _TRAILER:
+            raise CheckpointError(
+                f"checkpoint {str(path)!r} is {'empty' if not size else f'{size} bytes'}: "
+                "not a complete Sampan checkpoint (truncated, or written by something else)")
+        f.seek(size - _TRAILER)
+        trailer = f.read(_TRAILER)
+        if not trailer.startswith(_MARK) or not trailer.endswith(b"\n"):
+            raise CheckpointError(
+                f"checkpoint {str(path)!r} has no Sampan checksum at its end: it is "
+                "truncated or was not written by Sampan; resume from another checkpoint "
+                "or train again")
+        if _digest(f, size - _TRAILER) != trailer[len(_MARK):-1].decode("ascii", "replace"):
+            raise CheckpointError(
+                f"checkpoint {str(path)!r} is corrupt: its bytes no longer match the sha256 "
+                "written with it (a disk error or an edit); it was not used")
+
+
+def _torch_load(path: Path, device: Any, mmap: bool = False) -> Any:
+    verify(path)
+    try:
+        return torch.load(path, map_location=device, weights_only=True, mmap=mmap)
+    except Exception as e:  # noqa: BLE001 - checksummed but unreadable: say which file
+        raise CheckpointError(f"checkpoint {str(path)!r} cannot be read: "
+                              f"{type(e).__name__}: {str(e).splitlines()[0][:300]}") from e
 
 
 # ----------------------------------------------------------------- row-sharded parts
@@ -92,14 +164,16 @@ def load(path: str | Path, device: str | torch.device = "cpu",
     if not path.exists():
         raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
     for attempt in (0, 1):
-        obj = torch.load(path, map_location=device, weights_only=True)
-        parts = obj.pop("parts", None) if isinstance(obj, dict) else None
+        obj = _torch_load(path, device)
+        if not isinstance(obj, dict):
+            raise CheckpointError(f"checkpoint {str(path)!r} holds a {type(obj).__name__}, "
+                                  "not a Sampan checkpoint")
+        parts = obj.pop("parts", None)
         if parts is None:
             return obj
         files = [path.with_name(f) for f in parts["files"]]
         try:  # opened (mapped) at once: a newer save may remove them from the directory
-            opened = [torch.load(f, map_location=device, weights_only=True,
-                                 mmap=True)["rows"] for f in files]
+            opened = [_torch_load(f, device, mmap=True)["rows"] for f in files]
             break
         except FileNotFoundError:
             if attempt:  # not a save replacing them in between: they are gone

@@ -213,3 +213,24 @@ def test_a_cuda_device_this_machine_lacks_is_a_one_line_error(tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     want = "CUDA is not available" if n == 0 else f"has {n} CUDA device(s)"
     assert want in " ".join(r.stderr.split())
+
+
+def test_corrupt_truncated_or_empty_checkpoints_are_one_line_errors(tmp_path):
+    """Issue 13: 16 flipped bytes in best.pt made `sampan eval` report another AUC with no
+    warning; an empty last.pt printed "Aborted."; a truncated one a 50-line traceback."""
+    path = write_cfg(tmp_path, tiny_config(tmp_path, rows=1500, epochs=1))
+    run = tmp_path / "run"
+    sampan("train", str(path), "--run-dir", str(run))
+    best, last = run / "checkpoints" / "best.pt", run / "checkpoints" / "last.pt"
+    data = bytearray(best.read_bytes())
+    for i in range(len(data) // 2, len(data) // 2 + 16):
+        data[i] ^= 0x55
+    best.write_bytes(bytes(data))
+    r = sampan("eval", str(run), check=False)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "is corrupt" in " ".join(r.stderr.split()) and "best.pt" in r.stderr
+    for content, message in ((b"", "is empty"), (last.read_bytes()[:5000], "no Sampan checksum")):
+        last.write_bytes(content)
+        r = sampan("train", "--resume", str(run), check=False)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        assert message in " ".join(r.stderr.split()) and "Aborted" not in r.stderr

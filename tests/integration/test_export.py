@@ -114,3 +114,59 @@ def test_bundle_checks_and_request_errors(tmp_path, raw):
     (bundle / "pipeline" / "pipeline.json").write_text("{}")
     with pytest.raises(ValueError, match="sha256"):
         Bundle(bundle)
+
+
+def test_tampered_bundles_are_refused(tmp_path, raw):
+    """Issue 13: a manifest naming a file outside the bundle, an edited file whose entry was
+    removed, an added file, an edited manifest and an old format are all refused by name."""
+    import shutil
+
+    from sampan.errors import BundleError
+
+    run = train_run(tmp_path, raw, "deepfm")
+    good = export_run(run, tmp_path / "good")
+    Bundle(good)
+
+    def copy(name):
+        out = tmp_path / name
+        shutil.copytree(good, out)
+        return out, json.loads((out / "manifest.json").read_text())
+
+    def write(b, m, digest=True):
+        from sampan.export.bundle import manifest_digest
+
+        if digest:  # as an attacker who knows the format would
+            m["manifest_sha256"] = manifest_digest(m)
+        (b / "manifest.json").write_text(json.dumps(m))
+
+    b, m = copy("outside")
+    (tmp_path / "secret").write_text("x")
+    m["files"]["../secret"] = m["files"].pop("pipeline/pipeline.json")
+    write(b, m)
+    with pytest.raises(BundleError, match="outside the bundle"):
+        Bundle(b)
+    b, m = copy("unlisted")  # pipeline.json edited and its entry removed
+    (b / "pipeline" / "pipeline.json").write_text(
+        (b / "pipeline" / "pipeline.json").read_text().replace('"min_count"', '"min_count" '))
+    del m["files"]["pipeline/pipeline.json"]
+    write(b, m)
+    with pytest.raises(BundleError, match="not listed"):
+        Bundle(b)
+    b, m = copy("added")
+    (b / "pipeline" / "extra.npy").write_bytes(b"\x93NUMPY")
+    with pytest.raises(BundleError, match=r"\['pipeline/extra.npy'\] are not listed"):
+        Bundle(b)
+    b, m = copy("manifest-edited")  # the schema changed, the checksum not recomputed
+    m["model"] = "lr"
+    write(b, m, digest=False)
+    with pytest.raises(BundleError, match="does not match its own sha256"):
+        Bundle(b)
+    b, m = copy("old-format")
+    m["format_version"] = 1
+    write(b, m)
+    with pytest.raises(BundleError, match="format_version 1 is not supported"):
+        Bundle(b)
+    b, _ = copy("not-json")
+    (b / "manifest.json").write_text("{")
+    with pytest.raises(BundleError, match="not valid JSON"):
+        Bundle(b)
