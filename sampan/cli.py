@@ -148,8 +148,7 @@ def eval_(
         _fail(str(e))
     if data:
         log = art.last_log
-        err.print(f"read {log.read:,} rows, kept {log.kept:,}, rejected {log.rejected:,}"
-                  + (f" {dict(log.reasons)} -> {log.path}" if log.rejected else ""))
+        err.print(log.describe())
     console.print_json(json.dumps(metrics))
 
 

@@ -128,7 +128,9 @@ class DataConfig(_Strict):
     header: bool = True
     columns: list[str] | None = None
     encoding: str = "utf-8"
-    block_size: int = Field(16 << 20, gt=0, description="bytes parsed per chunk")
+    block_size: int = Field(16 << 20, gt=0, le=1 << 30,
+                            description="bytes parsed per chunk; also the longest line "
+                            "read (a longer one is rejected as line_too_long)")
     split: SplitConfig = SplitConfig()
     max_bad_fraction: float = Field(0.01, ge=0.0, le=1.0)
     synthetic: SyntheticConfig = SyntheticConfig()

@@ -105,7 +105,7 @@ def _sequence_lines(files: str | list[str], opt: BuildOptions) -> tuple[pa.Table
 
     users, items, times = [], [], []
     for path in expand_paths(files):
-        for raw, _ in _iter_lines(path, 4 << 20):
+        for raw, _, _ in _iter_lines(path, 4 << 20):
             flat, rows = _tokens(raw.cast(pa.string()))
             first = np.concatenate([[True], rows[1:] != rows[:-1]]) if len(rows) else \
                 np.array([], bool)

@@ -4,10 +4,14 @@ Every source yields tables holding only the columns the experiment needs, typed 
 ``float64`` for labels and numeric features, ``string`` for categorical ones. A row that
 cannot be read (wrong field count, unparsable number, bad encoding, missing label) is
 written to the rejects file with its file name, line number and reason; the
-:class:`RejectLog` keeps the counts so that ``rows read = rows kept + rows rejected``.
+:class:`RejectLog` keeps the counts so that ``rows read = rows kept + rows rejected`` and,
+for line formats, ``lines = header + rows read + blank lines``: every line is accounted for.
 
-Line numbers are physical, 1-based lines of the (decompressed) file, header included,
-assuming one record per line. Parquet rows are numbered from 1.
+Records are one per line. Line numbers are physical, 1-based lines of the (decompressed)
+file, header included. A quoted CSV field cannot span lines: a line that leaves a quote
+open is rejected on its own (``unbalanced_quote``), and the lines after it are read as
+usual. A line longer than ``data.block_size`` is rejected as one ``line_too_long`` row
+without being held in memory. Parquet rows are numbered from 1.
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ class RejectLog:
         self.path = path
         self.read = 0
         self.kept = 0
+        self.blank = 0  # blank lines: no record, not counted in read
         self.reasons: Counter[str] = Counter()
         self.examples: list[dict[str, Any]] = []  # the first few rejects, also without a file
         self._fh: IO[str] | None = None
@@ -115,9 +120,15 @@ class RejectLog:
                 f"data.format, data.delimiter, data.header and data.columns"
                 + (f"; see {self.path}" if self.path else ""))
 
+    def describe(self) -> str:
+        """``read N rows, kept K, rejected R {reasons} -> rejects file[, B blank lines]``."""
+        return (f"read {self.read:,} rows, kept {self.kept:,}, rejected {self.rejected:,}"
+                + (f" {dict(self.reasons)} -> {self.path}" if self.rejected else "")
+                + (f"; {self.blank:,} blank lines skipped" if self.blank else ""))
+
     def summary(self) -> dict[str, Any]:
         return {"read": self.read, "kept": self.kept, "rejected": self.rejected,
-                "reasons": dict(self.reasons)}
+                "reasons": dict(self.reasons), "blank_lines": self.blank}
 
 
 def expand_paths(spec: str | list[str]) -> list[Path]:
@@ -292,13 +303,18 @@ def _file_columns(cfg: DataConfig, path: Path) -> list[str]:
 
 
 # ------------------------------------------------------- line formats: jsonl, libsvm, slot
-def _iter_lines(path: Path, block_size: int) -> Iterator[tuple[pa.Array, int]]:
-    """Blocks of whole lines as a binary array, with the 1-based number of the first line.
-    Splitting runs in Arrow (no per-line Python)."""
+def _iter_lines(path: Path, block_size: int
+                ) -> Iterator[tuple[pa.Array, int, bytes | None]]:
+    """Blocks of whole lines as a binary array, with the 1-based number of the first line,
+    and ``None``; or an empty array, the line's number and the first bytes of a line
+    longer than ``block_size`` (see :func:`_raw_blocks`). Splitting runs in Arrow (no
+    per-line Python)."""
     line_no = 1
-    for block, n_lines in _raw_blocks(path, block_size):
-        lines = _lines_of(block[:-1] if block.endswith(b"\n") else block)
-        yield lines, line_no
+    for block, n_lines, too_long in _raw_blocks(path, block_size):
+        if too_long is not None:
+            yield pa.array([], pa.binary()), line_no, too_long
+        else:
+            yield _lines_of(block[:-1] if block.endswith(b"\n") else block), line_no, None
         line_no += n_lines
 
 
@@ -317,12 +333,19 @@ def _iter_line_format(cfg: DataConfig, path: Path, fmt: str, roles: ColumnRoles,
 
 def _line_format_blocks(cfg: DataConfig, path: Path, fmt: str, roles: ColumnRoles,
                         log: RejectLog, seen: set[str]) -> Iterator[pa.Table]:
-    for raw, first in _iter_lines(path, cfg.block_size):
+    for raw, first, too_long in _iter_lines(path, cfg.block_size):
+        if too_long is not None:
+            log.read += 1
+            log.reject(str(path), first, "line_too_long", None,
+                       f"the line is longer than data.block_size={cfg.block_size:,} bytes: "
+                       + too_long.decode("utf-8", "backslashreplace"))
+            continue
         lines = np.arange(first, first + len(raw))
         text, ok = _decode(raw)
         # blank (or whitespace-only) lines carry no record
         keep = pc.not_equal(pc.binary_length(pc.utf8_trim_whitespace(text)), 0).to_numpy(
             zero_copy_only=False) | ~ok
+        log.blank += int((~keep).sum())
         for r in np.nonzero(~ok & keep)[0].tolist():  # error path: undecodable lines
             log.read += 1
             log.reject(str(path), int(lines[r]), "bad_encoding", None,
@@ -593,65 +616,158 @@ def _iter_text(cfg: DataConfig, path: Path, fmt: str, roles: ColumnRoles,
         null_values=[""], strings_can_be_null=True, quoted_strings_can_be_null=True,
     )
 
-    def parse(block: bytes, skip: int, threads: bool,
-              bad: list[tuple[int, str, str]]) -> pa.Table:
+    misread: list[tuple[int, str, str]] = []  # the rows seen when a file is clearly misread
+
+    def parse(block: bytes, threads: bool, bad: list[tuple[int, str, str]],
+              arrow_block: int = 1 << 20) -> pa.Table:
         def on_invalid(row: Any) -> str:
             bad.append((row.number, row.text,
                         f"expected {row.expected_columns} fields, got {row.actual_columns}"))
             # a file that is clearly misread stops here instead of filling the rejects file
-            return "error" if len(bad) >= 1000 and log.kept == 0 else "skip"
+            if len(bad) >= 1000 and log.kept == 0:
+                misread[:] = bad
+                return "error"
+            return "skip"
 
-        return pacsv.read_csv(
-            pa.BufferReader(block),
-            read_options=pacsv.ReadOptions(column_names=names, skip_rows=skip,
-                                           use_threads=threads, encoding=encoding),
-            parse_options=pacsv.ParseOptions(
-                delimiter=delimiter, quote_char=False if fmt == "tsv" else '"',
-                ignore_empty_lines=False, invalid_row_handler=on_invalid),
-            convert_options=conv_opts)
+        try:
+            return pacsv.read_csv(
+                pa.BufferReader(block),
+                read_options=pacsv.ReadOptions(column_names=names, use_threads=threads,
+                                               encoding=encoding, block_size=arrow_block),
+                parse_options=pacsv.ParseOptions(
+                    delimiter=delimiter, quote_char=False if fmt == "tsv" else '"',
+                    ignore_empty_lines=True, invalid_row_handler=on_invalid),
+                convert_options=conv_opts)
+        except pa.ArrowInvalid as e:
+            if "straddl" not in str(e) or arrow_block > len(block):
+                raise
+            # a line longer than Arrow's parallel chunk: the whole block as one chunk
+            bad.clear()
+            return parse(block, threads, bad, len(block) + 1)
 
-    def blocks() -> Iterator[tuple[pa.Table, int, list[tuple[int, str, str]]]]:
+    def parse_lines(block: bytes, first: int, n_lines: int
+                    ) -> tuple[list[pa.Table], list[np.ndarray], list[Bad], int]:
+        """``block`` (whole lines; its first is physical line ``first``) -> tables, the
+        physical line of each of their rows, the rejected lines and the blank-line count.
+        Every line is accounted for: rows + rejected + blank = lines."""
+        bad: list[tuple[int, str, str]] = []
+        table = parse(block, True, bad)
+        if bad:  # row numbers need the serial parser: re-parse this block
+            bad.clear()
+            table = parse(block, False, bad)
+        nonblank = None
+        # a quote left open on the last line takes its newline into the value (elsewhere
+        # it takes lines, and the counts differ)
+        open_end = table.num_rows > 0 and _newline_in_row(table, table.num_rows - 1)
+        if table.num_rows + len(bad) != n_lines or open_end:  # blank lines, or quotes
+            nonblank = first + np.flatnonzero(~_blank_lines(block, n_lines))
+            swallowed = open_end or table.num_rows + len(bad) != len(nonblank) or any(
+                b[0] is None or "\n" in b[1] for b in bad)
+            if swallowed and n_lines > 1:  # halve until each part reads line by line
+                cut = _line_offset(block, n_lines // 2)
+                a = parse_lines(block[:cut], first, n_lines // 2)
+                z = parse_lines(block[cut:], first + n_lines // 2, n_lines - n_lines // 2)
+                return a[0] + z[0], a[1] + z[1], a[2] + z[2], a[3] + z[3]
+        if nonblank is None:  # every line is a record: Arrow's numbers are lines
+            rejected = [(first + b[0] - 1, b[1], b[2], _bad_reason(b[1])) for b in bad]
+            s = np.asarray([b[0] for b in bad], dtype=np.int64) - 1
+            lines = np.delete(np.arange(first, first + n_lines), s)
+            return [table], [lines], rejected, 0
+        # Arrow numbers the non-blank lines; a line it still could not split (an unclosed
+        # quote at the end of a one-line part) is rejected whole
+        if table.num_rows + len(bad) != len(nonblank) or open_end:
+            text = block.decode("utf-8", "backslashreplace").rstrip("\r\n")
+            return [], [], [(first, text, "a quoted field is not closed on its line",
+                             "unbalanced_quote")], 0
+        rejected = [(int(nonblank[b[0] - 1]), b[1], b[2], _bad_reason(b[1])) for b in bad]
+        lines = np.delete(nonblank, np.asarray([b[0] - 1 for b in bad], dtype=np.int64))
+        return [table], [lines], rejected, n_lines - len(nonblank)
+
+    def blocks() -> Iterator[tuple[list[pa.Table], list[np.ndarray], list[Bad], int]]:
         line = 1
-        for k, (block, n_lines) in enumerate(_raw_blocks(path, cfg.block_size)):
-            skip = 1 if (k == 0 and cfg.header) else 0
-            first = line + skip  # physical line of the block's first record
-            bad: list[tuple[int, str, str]] = []
+        for k, (block, n_lines, too_long) in enumerate(_raw_blocks(path, cfg.block_size)):
+            if too_long is not None:
+                yield [], [], [(line, too_long.decode("utf-8", "backslashreplace"),
+                                f"the line is longer than data.block_size="
+                                f"{cfg.block_size:,} bytes", "line_too_long")], 0
+                line += 1
+                continue
+            if k == 0 and cfg.header:  # the header line is no record
+                cut = block.find(b"\n") + 1 or len(block)
+                block, line, n_lines = block[cut:], line + 1, n_lines - 1
+            if not n_lines:
+                continue
             try:
-                table = parse(block, skip, True, bad)
-                if bad:  # row numbers need the serial parser: re-parse this block
-                    bad.clear()
-                    table = parse(block, skip, False, bad)
+                got = parse_lines(block, line, n_lines)
             except pa.ArrowInvalid as e:
-                if len(bad) >= 1000:
-                    yield pa.table({}), first, bad  # report what was seen, then stop
+                if misread:  # report what was seen; check_early then stops the run
+                    yield [], [], [(line + b[0] - 1 if b[0] else line, b[1], b[2],
+                                    _bad_reason(b[1])) for b in misread], 0
                     return
-                raise DataError(f"{path}: cannot read as {fmt.upper()} near line {first}: "
+                raise DataError(f"{path}: cannot read as {fmt.upper()} near line {line}: "
                                 f"{e}") from None
-            # the parser numbers lines from the block's start (a skipped header included)
-            yield table, first, [(line + b[0] - 1, b[1], b[2]) for b in bad if b[0]]
+            yield got
             line += n_lines
 
-    for table, first, bad in prefetch(blocks(), name="sampan-read"):
-        for line, text, why in bad:
+    for tables, lines_of, bad, blank in prefetch(blocks(), name="sampan-read"):
+        log.blank += blank
+        for line, text, why, reason in bad:
             log.read += 1
-            log.reject(str(path), line, "wrong_field_count", None, f"{why}: {text}")
+            log.reject(str(path), line, reason, None, f"{why}: {text}"[:10_000])
         log.check_early()
-        n = table.num_rows
-        if n == 0:
-            continue
-        # physical line of each delivered row: skip over the rejected lines before it
-        s = np.sort(np.asarray([b[0] for b in bad], dtype=np.int64))
-        before = s - first - np.arange(len(s))
-        idx = np.arange(n)
-        lines = first + idx + np.searchsorted(before, idx, side="right")
-        out = validate_table(table, roles, lines, str(path), log, delimiter)
-        log.check_early()
-        if out.num_rows:
-            yield out
+        for table, lines in zip(tables, lines_of, strict=True):
+            if table.num_rows == 0:
+                continue
+            out = validate_table(table, roles, lines, str(path), log, delimiter)
+            log.check_early()
+            if out.num_rows:
+                yield out
 
 
-def _raw_blocks(path: Path, block_size: int) -> Iterator[tuple[bytes, int]]:
-    """Newline-aligned blocks of a (decompressed) file and the number of lines in each."""
+Bad = tuple[int, str, str, str]  # physical line, its text, what is wrong, reason
+
+
+def _bad_reason(text: str) -> str:
+    """A line Arrow rejected: an odd number of quotes means a quoted field left open."""
+    return "unbalanced_quote" if text.count('"') % 2 else "wrong_field_count"
+
+
+def _newline_in_row(table: pa.Table, row: int) -> bool:
+    """Whether a value of row ``row`` holds a newline (a quoted field left open)."""
+    one = table.slice(row, 1)
+    return any(v is not None and b"\n" in v for c in one.columns for v in c.to_pylist()
+               if isinstance(v, bytes))
+
+
+def _newlines(block: bytes) -> np.ndarray:
+    return np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == 10)
+
+
+def _blank_lines(block: bytes, n_lines: int) -> np.ndarray:
+    """Which of the block's lines are empty (or only a carriage return)."""
+    ends = _newlines(block)
+    if len(ends) < n_lines:  # the last line has no newline
+        ends = np.append(ends, len(block))
+    starts = np.concatenate([[0], ends[:-1] + 1])
+    length = ends - starts
+    arr = np.frombuffer(block, dtype=np.uint8)
+    cr = np.zeros(len(ends), dtype=bool)
+    one = np.flatnonzero(length == 1)
+    cr[one] = arr[starts[one]] == 13
+    return (length == 0) | cr
+
+
+def _line_offset(block: bytes, k: int) -> int:
+    """Byte offset where line ``k`` (0-based) of the block starts."""
+    return int(_newlines(block)[k - 1]) + 1
+
+
+def _raw_blocks(path: Path, block_size: int
+                ) -> Iterator[tuple[bytes, int, bytes | None]]:
+    """Newline-aligned blocks of a (decompressed) file, the number of lines in each, and
+    ``None``; or, for a line longer than ``block_size``, ``(b"", 1, its first 200
+    bytes)``: the line is skipped (never held whole in memory) and reported as one bad
+    line."""
     rest = b""
     with open_input(path) as f:
         while True:
@@ -659,14 +775,24 @@ def _raw_blocks(path: Path, block_size: int) -> Iterator[tuple[bytes, int]]:
             data = rest + chunk
             if not chunk:
                 if data:
-                    yield data, data.count(b"\n") + (not data.endswith(b"\n"))
+                    yield data, data.count(b"\n") + (not data.endswith(b"\n")), None
                 return
             cut = data.rfind(b"\n")
-            if cut < 0:
+            if cut >= 0:
+                block, rest = data[: cut + 1], data[cut + 1:]
+                yield block, block.count(b"\n"), None
+                continue
+            if len(data) <= block_size:
                 rest = data
                 continue
-            block, rest = data[: cut + 1], data[cut + 1:]
-            yield block, block.count(b"\n")
+            head, rest = data[:200], b""
+            while True:  # drop the rest of the line
+                chunk = f.read(block_size)
+                nl = chunk.find(b"\n")
+                if nl >= 0 or not chunk:
+                    rest = chunk[nl + 1:] if nl >= 0 else b""
+                    break
+            yield b"", 1, head
 
 
 def _read_header(path: Path, delimiter: str, encoding: str) -> list[str]:

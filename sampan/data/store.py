@@ -246,8 +246,7 @@ def build_store(cfg: ExperimentConfig, root: str | Path, echo: Any = None) -> St
         "oracle": bool(cfg.data.oracle_column or cfg.data.format == "synthetic"),
     }
     (root / "manifest.json").write_text(json.dumps(manifest, indent=1))
-    echo(f"data: read {log.read:,} rows, kept {log.kept:,}, rejected {log.rejected:,}"
-         + (f" {dict(log.reasons)} -> {log.path}" if log.rejected else ""))
+    echo(f"data: {log.describe()}")
     echo("data: " + ", ".join(f"{r} {rows[r]:,}" for r in SPLITS) + " rows; "
          f"{len(pipe.categorical)} categorical, {len(pipe.numeric)} numeric features; "
          f"embedding rows {sum(s.cardinality for s in pipe.schema().sparse):,}")

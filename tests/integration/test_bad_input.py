@@ -47,7 +47,8 @@ def test_out_of_range_and_spaced_numbers_and_bad_labels(tmp_path):
     run_experiment(load_config(raw=raw), run_dir=tmp_path / "r")
     manifest = json.loads((tmp_path / "r" / "data" / "manifest.json").read_text())
     assert manifest["rejects"] == {"read": 203, "kept": 201, "rejected": 2,
-                                   "reasons": {"unparsable_number": 1, "label_out_of_range": 1}}
+                                   "reasons": {"unparsable_number": 1, "label_out_of_range": 1},
+                                   "blank_lines": 0}
     rejects = [json.loads(x) for x in
                (tmp_path / "r" / "data" / "rejects.jsonl").read_text().splitlines()]
     assert [(r["line"], r["reason"], r["column"]) for r in rejects] == [

@@ -27,7 +27,8 @@ def test_criteo_deepfm_config_reaches_auc_074(shared_data, tmp_path):
     positives = sum(line.split("\t")[0] == "1" for line in lines[-n_test:])
     assert results["test"]["ctr"] == pytest.approx(positives / n_test)
     manifest = json.loads((tmp_path / "run" / "data" / "manifest.json").read_text())
-    assert manifest["rejects"] == {"read": 10000, "kept": 10000, "rejected": 0, "reasons": {}}
+    assert manifest["rejects"] == {"read": 10000, "kept": 10000, "rejected": 0, "reasons": {},
+                                   "blank_lines": 0}
     # A tuned scikit-learn logistic regression on hashed features reaches 0.744 here.
     assert results["test"]["auc"] >= 0.74
     assert results["best_step"] > results["steps"] / 6  # best epoch is not the first

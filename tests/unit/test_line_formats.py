@@ -72,7 +72,7 @@ def test_jsonl_typed_fields_and_lists(tmp_path, name) -> None:
     table, log = _read(DataConfig(train=str(p)), p, JSON_ROLES)
     _check_json_good(table)
     assert _lines(table) == [1, 2, 3, 4]
-    assert log.summary() == {"read": 4, "kept": 4, "rejected": 0, "reasons": {}}
+    assert log.summary() == {"read": 4, "kept": 4, "rejected": 0, "reasons": {}, "blank_lines": 0}
 
 
 def test_jsonl_explicit_format_any_extension(tmp_path) -> None:
@@ -96,7 +96,8 @@ def test_jsonl_bad_lines_rejected_with_line_numbers(tmp_path) -> None:
     assert _lines(table) == [1, 3, 6]
     assert table.column("c").to_pylist() == ["a", "b", "日本"]
     assert table.column("x").to_pylist() == [0.5, None, -2.25]
-    assert log.summary() == {"read": 5, "kept": 3, "rejected": 2, "reasons": {"bad_json": 2}}
+    assert log.summary() == {"read": 5, "kept": 3, "rejected": 2, "reasons": {"bad_json": 2},
+                             "blank_lines": 1}
     recs = _rejects(rej)
     assert [(r["line"], r["reason"], r["text"]) for r in recs] == [
         (2, "bad_json", "not json"), (4, "bad_json", "[1, 2]")]
@@ -161,7 +162,7 @@ def test_jsonl_crlf_and_empty_lines(tmp_path) -> None:
     table, log = _read(DataConfig(train=str(p)), p, JSON_ROLES)
     _check_json_good(table)
     assert _lines(table) == [1, 2, 4, 6]
-    assert log.summary() == {"read": 4, "kept": 4, "rejected": 0, "reasons": {}}
+    assert log.summary() == {"read": 4, "kept": 4, "rejected": 0, "reasons": {}, "blank_lines": 2}
 
 
 def test_jsonl_whitespace_only_line(tmp_path) -> None:
@@ -193,7 +194,8 @@ def test_jsonl_small_blocks_keep_line_numbers(tmp_path) -> None:
     kept = [i for i in range(300) if i not in (57, 200)]
     assert _lines(table) == [i + 1 for i in kept]
     assert table.column("x").to_pylist() == [float(i) for i in kept]
-    assert log.summary() == {"read": 299, "kept": 298, "rejected": 1, "reasons": {"bad_json": 1}}
+    assert log.summary() == {"read": 299, "kept": 298, "rejected": 1, "reasons": {"bad_json": 1},
+                             "blank_lines": 1}
     assert [r["line"] for r in _rejects(rej)] == [58]
 
 
@@ -217,7 +219,7 @@ def test_libsvm_labels_pairs_and_positional_columns(tmp_path) -> None:
     assert table.column("user").to_pylist() == ["3", "2", "5", "1"]
     assert table.column("item").to_pylist() == ["7", "9", None, "4"]
     assert _lines(table) == [1, 2, 3, 4]
-    assert log.summary() == {"read": 4, "kept": 4, "rejected": 0, "reasons": {}}
+    assert log.summary() == {"read": 4, "kept": 4, "rejected": 0, "reasons": {}, "blank_lines": 0}
 
 
 def test_libsvm_default_label_column_and_label_only_line(tmp_path) -> None:
@@ -252,7 +254,7 @@ def test_libsvm_crlf_empty_lines_and_extra_spaces(tmp_path) -> None:
     assert table.column("values").to_pylist() == [["1", "2"], ["1"], ["1"]]
     assert table.column("item").to_pylist() == ["8", None, None]
     assert _lines(table) == [1, 3, 5]
-    assert log.summary() == {"read": 3, "kept": 3, "rejected": 0, "reasons": {}}
+    assert log.summary() == {"read": 3, "kept": 3, "rejected": 0, "reasons": {}, "blank_lines": 2}
 
 
 @pytest.mark.parametrize("suffix,compression", [(".gz", "gzip"), (".zst", "zstd")])
@@ -286,7 +288,7 @@ def test_slot_scalars_positional_and_missing(tmp_path) -> None:
     assert table.column("2").to_pylist() == ["9", None]  # missing slot -> null
     assert table.column("3").to_pylist() == [None, None]  # slot never present -> null
     assert _lines(table) == [1, 2]
-    assert log.summary() == {"read": 2, "kept": 2, "rejected": 0, "reasons": {}}
+    assert log.summary() == {"read": 2, "kept": 2, "rejected": 0, "reasons": {}, "blank_lines": 0}
 
 
 def test_slot_scalar_is_first_value(tmp_path) -> None:
@@ -320,7 +322,8 @@ def test_slot_crlf_empty_lines_and_bad_rows(tmp_path) -> None:
     assert table.column("1").to_pylist() == ["5", "8"]
     assert _lines(table) == [1, 5]
     assert log.summary() == {"read": 4, "kept": 2, "rejected": 2,
-                             "reasons": {"missing_value": 1, "unparsable_number": 1}}
+                             "reasons": {"missing_value": 1, "unparsable_number": 1},
+                             "blank_lines": 2}
     assert [(r["line"], r["reason"], r["column"]) for r in _rejects(rej)] == [
         (3, "missing_value", "click"), (4, "unparsable_number", "click")]
 

@@ -56,7 +56,7 @@ def test_csv_with_header(tmp_path) -> None:
     p.write_text(_text(GOOD_ROWS, ",", True), encoding="utf-8")
     table, log, _ = _read(DataConfig(train=str(p)), p)
     _check_good(table, first_line=2)
-    assert log.summary() == {"read": 4, "kept": 4, "rejected": 0, "reasons": {}}
+    assert log.summary() == {"read": 4, "kept": 4, "rejected": 0, "reasons": {}, "blank_lines": 0}
 
 
 def test_gzip_csv(tmp_path) -> None:
@@ -105,7 +105,7 @@ def test_parquet(tmp_path) -> None:
     assert table.to_pydict() == {"label": [1.0, 0.0, 1.0, 0.0], "x": [1.5, None, 4.0, 1e-7],
                                  "c": ["3", "4", None, "7"], LINE_COLUMN: [1, 2, 4, 5]}
     assert log.summary() == {"read": 5, "kept": 4, "rejected": 1,
-                             "reasons": {"missing_value": 1}}
+                             "reasons": {"missing_value": 1}, "blank_lines": 0}
     (r,) = _rejects(rej)
     assert (r["line"], r["reason"], r["column"]) == (3, "missing_value", "label")
 
@@ -259,7 +259,61 @@ def test_parquet_typed_numbers_nan_is_missing_and_ints_are_read(tmp_path) -> Non
     log = RejectLog(None)
     roles = ColumnRoles(numeric=["label", "x"], categorical=["c"], required=["label"])
     t = pa.concat_tables(iter_source(DataConfig(train=str(path)), [path], roles, log))
-    assert log.summary() == {"read": 3, "kept": 3, "rejected": 0, "reasons": {}}
+    assert log.summary() == {"read": 3, "kept": 3, "rejected": 0, "reasons": {}, "blank_lines": 0}
     assert t.column("label").to_pylist() == [1.0, 0.0, 1.0]
     assert t.column("x").to_pylist() == [1.5, None, None]
     assert t.column("c").to_pylist() == ["7", "8", "7"]
+
+
+# ---------------------------------------------------- every line accounted for (issue 13)
+def _accounting_file(p: Path, n: int = 2013) -> list[str]:
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    rows = [f"{rng.integers(0, 2)},{rng.random():.3f},c{rng.integers(0, 40)}" for _ in range(n)]
+    rows[100] = '1,"0.5,c3'  # an unbalanced quote: it used to swallow the lines after it
+    rows[300] = '0,0.25,"c, quoted"'  # a quoted comma: one valid field
+    rows[500] = rows[501] = ""  # blank lines
+    rows[900] = '1,0.1,a"b"c'  # quotes inside an unquoted field are text
+    rows[1200] = '1,0.7,"x""y"'  # an escaped quote
+    rows[1500] = '0,0.2,"c5'  # another, with no closing quote anywhere after it
+    p.write_text("label,x,c\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    return rows
+
+
+@pytest.mark.parametrize("block_size", [16 << 20, 4096])
+def test_csv_every_line_is_accounted_for(tmp_path, block_size) -> None:
+    p = tmp_path / "d.csv"
+    rows = _accounting_file(p)
+    rej = tmp_path / "rejects.jsonl"
+    table, log, _ = _read(DataConfig(train=str(p), block_size=block_size), p, rejects=rej)
+    assert log.read + log.blank == len(rows)  # the header aside, every line is counted
+    assert log.summary() == {"read": 2011, "kept": 2009, "rejected": 2, "blank_lines": 2,
+                             "reasons": {"unbalanced_quote": 2}}
+    assert [(r["line"], r["reason"]) for r in _rejects(rej)] == [
+        (102, "unbalanced_quote"), (1502, "unbalanced_quote")]
+    lines = table.column(LINE_COLUMN).to_pylist()
+    want = [i + 2 for i, r in enumerate(rows) if r and i not in (100, 1500)]
+    assert lines == want  # each kept row carries its own physical line
+    c = dict(zip(lines, table.column("c").to_pylist(), strict=True))
+    assert (c[302], c[902], c[1202]) == ("c, quoted", 'a"b"c', 'x"y')
+
+
+def test_a_line_longer_than_arrow_chunks_is_read_and_one_longer_than_the_block_rejected(
+        tmp_path) -> None:
+    p = tmp_path / "d.csv"
+    p.write_text("label,x,c\n1,2,a\n0,3," + "y" * (5 << 20) + "\n1,4,b\n", encoding="utf-8")
+    table, log, _ = _read(DataConfig(train=str(p)), p)  # 5 MB line, 16 MB blocks: read
+    assert log.summary()["kept"] == 3 and len(table.column("c")[1].as_py()) == 5 << 20
+    rej = tmp_path / "rejects.jsonl"
+    table, log, _ = _read(DataConfig(train=str(p), block_size=1 << 20), p, rejects=rej)
+    assert log.summary() == {"read": 3, "kept": 2, "rejected": 1, "blank_lines": 0,
+                             "reasons": {"line_too_long": 1}}
+    assert table.column(LINE_COLUMN).to_pylist() == [2, 4]
+    bad = _rejects(rej)[0]
+    assert bad["line"] == 3 and len(bad["text"]) < 1000 and "data.block_size" in bad["text"]
+    p.write_text("".join(json.dumps({"label": i % 2, "x": i, "c": "y" * (
+        (2 << 20) if i == 1 else 1)}) + "\n" for i in range(3)), encoding="utf-8")
+    table, log, _ = _read(DataConfig(train=str(p), format="jsonl", block_size=1 << 20), p)
+    assert log.summary()["reasons"] == {"line_too_long": 1}
+    assert table.column(LINE_COLUMN).to_pylist() == [1, 3]
