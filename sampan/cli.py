@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import sys
 from pathlib import Path
@@ -92,6 +93,11 @@ def train(
             run_experiment(cfg, run_dir=run_dir, console=console)
     except (SampanError, FileNotFoundError, FileExistsError) as e:
         _fail(str(e))
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        _fail(f"no space left on the device ({e.filename or e}); free some space, then "
+              "resume the run with --resume RUN_DIR (its last checkpoint is intact)")
     finally:
         distributed.shutdown()
 
@@ -452,12 +458,28 @@ def data_build_sequences(
 
 @app.command()
 def models() -> None:
-    """List the registered model names (the values `model.name` accepts)."""
+    """List the registered models (the values `model.name` accepts), what each is, and
+    the options each takes with their defaults."""
+    from rich.markup import escape
+
+    from sampan.config import ModelConfig
     from sampan.models import get_model_class, model_names
 
+    def options(fields: dict, skip: set[str]) -> str:
+        return ", ".join(f"{k}={f.get_default(call_default_factory=True)!r}"
+                         for k, f in fields.items() if k not in skip)
+
+    shared = set(ModelConfig.model_fields)
+    console.print("Every model takes " + escape(options(ModelConfig.model_fields, {"name"}))
+                  + ".\nPick one with `model: {name: NAME, option: value}` or "
+                  "--set model.name=NAME.\n")
     for name in model_names():
-        doc = (get_model_class(name).__doc__ or "").strip().splitlines()[0]
-        console.print(f"[bold]{name:10}[/] {doc}")
+        cls = get_model_class(name)
+        doc = (sys.modules[cls.__module__].__doc__ or cls.__doc__ or "").strip()
+        summary = " ".join(doc.split("\n\n")[0].split()).replace("``", "")
+        console.print(f"[bold]{name}[/]: {escape(summary)}")
+        own = options(cls.Config.model_fields, shared)
+        console.print(f"  options: {escape(own) if own else '(only the shared ones)'}\n")
 
 
 def main() -> None:

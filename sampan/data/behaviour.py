@@ -73,6 +73,9 @@ def build_sequences(events: str | list[str], out: str | Path, opt: BuildOptions)
     cats = [c for c in (opt.user, opt.item, opt.category, opt.action, *opt.extra) if c]
     roles = ColumnRoles(numeric=[opt.time], categorical=cats, required=[opt.time, opt.user,
                                                                         opt.item])
+    if opt.header and not opt.columns:
+        for path in expand_paths(events):
+            _check_header(path, opt, roles)
     rejects = Path(out).with_suffix(".rejects.jsonl")
     rejects.unlink(missing_ok=True)  # this run's rejects only
     log = RejectLog(rejects)
@@ -84,6 +87,29 @@ def build_sequences(events: str | list[str], out: str | Path, opt: BuildOptions)
         raise DataError(f"no usable events in {events}")
     t = pa.concat_tables(parts).drop_columns(["_line"])
     return _write(build_from_table(t, opt), out, opt, t, log.read, log.rejected)
+
+
+def _check_header(path: Path, opt: BuildOptions, roles: ColumnRoles) -> None:
+    """A text file whose first line looks like data (as ``sampan data inspect`` guesses)
+    and names none of the columns asked for is refused with the fix, instead of taking
+    its first event for column names."""
+    from sampan.data.inspect import _guess_delimiter, _guess_header
+    from sampan.data.sources import detect_format, open_input
+
+    if detect_format(path, opt.format) not in ("csv", "tsv"):
+        return
+    with open_input(path) as f:
+        lines = f.read(65536).decode("utf-8", "replace").splitlines()[:20]
+    if not lines:
+        return
+    delimiter = opt.delimiter or _guess_delimiter(lines)
+    first = [v.strip().strip('"') for v in lines[0].split(delimiter)]
+    if any(c in first for c in roles.all) or _guess_header(lines, delimiter):
+        return
+    raise DataError(f"{path}: the first line {lines[0][:80]!r} looks like data, not a header "
+                    f"(it names none of {roles.all}); pass --columns naming its "
+                    f"{len(first)} columns in file order, e.g. --columns "
+                    + ",".join(f"name{i + 1}" for i in range(len(first))))
 
 
 def _write(samples: pa.Table, out: str | Path, opt: BuildOptions, events: pa.Table, read: int,

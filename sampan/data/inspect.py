@@ -90,9 +90,12 @@ def inspect_file(path: Path, rows: int = 100_000, delimiter: str | None = None,
         nulls = col.null_count
         if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
             nulls += int(pc.sum(pc.equal(col, "")).as_py() or 0)
-        hashable = not (pa.types.is_list(col.type) or pa.types.is_struct(col.type))
-        if hashable:
-            vc = pc.value_counts(col)
+        values = col
+        while pa.types.is_list(values.type) or pa.types.is_large_list(values.type) or \
+                pa.types.is_fixed_size_list(values.type):
+            values = pc.list_flatten(values)  # a list column: its elements are counted
+        if not pa.types.is_nested(values.type):
+            vc = pc.value_counts(values)
             distinct = len(vc)
             order = pc.sort_indices(vc.field("counts"), sort_keys=[("", "descending")]) \
                 if len(vc) else pa.array([], pa.int64())

@@ -16,6 +16,7 @@ split into memory.
 
 from __future__ import annotations
 
+import errno
 import json
 import shutil
 from collections.abc import Iterator
@@ -138,11 +139,28 @@ def build_store(cfg: ExperimentConfig, root: str | Path, echo: Any = None) -> St
     echo = echo or Console().print
     root = Path(root)
     if root.exists():
-        if any(root.iterdir()) and not (root / "manifest.json").exists():
+        left = {p.name for p in root.iterdir()}
+        if left - {"rejects.jsonl"} and not (root / "manifest.json").exists():
             raise DataError(f"{root} exists and is not processed data (no manifest.json); "
                             "refusing to overwrite it: choose an empty or new folder")
-        shutil.rmtree(root)  # an earlier store being rebuilt
+        shutil.rmtree(root)  # an earlier store being rebuilt (or what a failed one left)
     (root / "staging").mkdir(parents=True)
+    try:
+        return _build(cfg, root, echo)
+    except BaseException as e:
+        # nothing half-written stays: a later build starts clean; the rejects file, which
+        # says why a build stopped on bad rows, is kept
+        for p in root.iterdir():
+            if p.name != "rejects.jsonl":
+                shutil.rmtree(p) if p.is_dir() else p.unlink()
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise DataError(f"no space left on the device while writing the processed data "
+                            f"to {root} ({e.strerror}); free some space or point output_dir "
+                            "(or --out) elsewhere; nothing was kept") from e
+        raise
+
+
+def _build(cfg: ExperimentConfig, root: Path, echo: Any) -> Store:
     extra = [cfg.data.oracle_column] if cfg.data.oracle_column else []
     if cfg.data.format == "synthetic" and not extra:
         extra = ["oracle_p"]
@@ -212,8 +230,15 @@ def build_store(cfg: ExperimentConfig, root: str | Path, echo: Any = None) -> St
         codes = splitter.codes(t, start)  # chunk by chunk: memory stays bounded
         for r in carve:
             rows[r] += int((codes == ROLE_CODES[r]).sum())
+    empty = [r for r in carve if fractions[r] > 0 and rows[r] == 0]
+    if empty:
+        raise DataError(f"the {' and '.join(empty)} split(s) came out empty: "
+                        f"{n_src:,} usable row(s) split {split.method} by "
+                        f"{ {r: round(f, 3) for r, f in fractions.items()} } leave none "
+                        "there; give more data, or set that fraction to 0")
     oracle = extra[0] if extra else None
     writers = {r: _SplitWriter(root / r, pipe.schema(), rows[r], oracle) for r in SPLITS}
+    complete = False
     try:
         for start, t in _staged_chunks(staged["train"][0], None):
             codes = splitter.codes(t, start)
@@ -225,9 +250,10 @@ def build_store(cfg: ExperimentConfig, root: str | Path, echo: Any = None) -> St
             if r not in carve:
                 for t in batches(r):
                     writers[r].append(pipe.transform(t))
+        complete = True
     finally:
         for w in writers.values():
-            w.close()
+            w.close(check=complete)  # after a failure, its own error is the one to see
     shutil.rmtree(root / "staging")
 
     sources = {r: (cfg.data.synthetic.model_dump() if cfg.data.format == "synthetic"
@@ -367,10 +393,10 @@ class _SplitWriter:
             f.write(memoryview(np.ascontiguousarray(arrays[k], dtype=self.dtypes[k])))
         self.pos += len(arrays["sparse"])
 
-    def close(self) -> None:
+    def close(self, check: bool = True) -> None:
         for f in self.files.values():
             f.close()
-        if self.pos != self.n:
+        if check and self.pos != self.n:
             raise RuntimeError(f"{self.out.name}: wrote {self.pos} rows, expected {self.n}")
 
 

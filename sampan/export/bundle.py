@@ -21,6 +21,7 @@ so training and serving cannot disagree on a feature.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import platform
@@ -76,7 +77,6 @@ def export_run(run_dir: str | Path, out: str | Path, fmt: str = "onnx",
     is recorded in the manifest, and an export that disagrees by more than 1e-4 fails.
     """
     from sampan.data.loader import BatchLoader
-    from sampan.export import graph
     from sampan.train.experiment import RunArtifacts
 
     if fmt not in MODEL_FILES:
@@ -87,7 +87,6 @@ def export_run(run_dir: str | Path, out: str | Path, fmt: str = "onnx",
             raise FileExistsError(f"{out} exists; choose a new --out or pass --overwrite")
         if not (out / MANIFEST).exists():
             raise FileExistsError(f"{out} exists and is not a Sampan bundle; not touching it")
-        shutil.rmtree(out)
     art = RunArtifacts(run_dir)
     model = art.model.eval().cpu()
     schema = art.store.schema
@@ -98,6 +97,29 @@ def export_run(run_dir: str | Path, out: str | Path, fmt: str = "onnx",
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
+    try:
+        _write_bundle(art, model, schema, example, split, fmt, run_dir, tmp)
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)  # nothing half-written is left
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise BundleError(f"no space left on the device while writing the bundle to "
+                              f"{out} ({e.strerror}); nothing was written") from e
+        raise
+    if out.exists():  # --overwrite: the old bundle goes only once the new one is whole
+        old = out.with_name(out.name + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        out.rename(old)
+        tmp.rename(out)
+        shutil.rmtree(old)
+    else:
+        tmp.rename(out)
+    return out
+
+
+def _write_bundle(art: Any, model: Any, schema: Any, example: Any, split: str, fmt: str,
+                  run_dir: str | Path, tmp: Path) -> None:
+    from sampan.export import graph
+
     model_path = tmp / MODEL_FILES[fmt]
     with torch.no_grad():
         if fmt == "onnx":
@@ -114,7 +136,6 @@ def export_run(run_dir: str | Path, out: str | Path, fmt: str = "onnx",
     got = bundle.session().run(graph.example_inputs(example, schema))
     diff = float(np.abs(got - want.numpy()).max()) if len(got) else 0.0
     if not diff <= 1e-4:
-        shutil.rmtree(tmp)
         raise RuntimeError(f"exported graph disagrees with PyTorch by {diff:.3g} on {split} rows")
 
     results = art.run / "results.json"
@@ -143,8 +164,6 @@ def export_run(run_dir: str | Path, out: str | Path, fmt: str = "onnx",
     }
     manifest["manifest_sha256"] = manifest_digest(manifest)
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
-    tmp.rename(out)
-    return out
 
 
 def _export_retrieval(art: Any, model: Any, schema: Any, example: Any,

@@ -8,6 +8,8 @@ A run directory holds everything needed to evaluate, predict, resume or export l
     metrics.jsonl      train loss / valid metrics over time
     results.json       final valid and test metrics (and the oracle AUC when known)
     tensorboard/       scalars, when tensorboard is installed
+    .lock              held (flock) by the process training the run: a second
+                       ``--resume`` of a run that is still training is refused
 """
 
 from __future__ import annotations
@@ -32,6 +34,31 @@ from sampan.models import build_model
 from sampan.train import checkpoint as ckpt
 from sampan.train.metrics import auc, auc_bootstrap, paired_auc_comparison
 from sampan.train.trainer import BEST, LAST, Trainer, headline_metrics, probabilities
+
+
+def lock_run(run: Path) -> Any:
+    """Take the run directory's lock (``run/.lock``, an exclusive ``flock`` released when
+    the process ends, kill -9 included) and return the open file that holds it; refuse
+    with :class:`~sampan.errors.SampanError` when another process holds it."""
+    import fcntl
+    import os
+
+    from sampan.errors import SampanError
+
+    run.mkdir(parents=True, exist_ok=True)
+    f = open(run / ".lock", "a+")  # noqa: SIM115 - held until the run ends
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        f.close()
+        raise SampanError(f"{run} is in use by {holder}: it is still training; wait for it "
+                          "to finish (or stop it) before resuming") from None
+    f.truncate(0)
+    f.write(f"process {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+    f.flush()
+    return f
 
 
 def new_run_dir(cfg: ExperimentConfig) -> Path:
@@ -64,18 +91,21 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path | None = None,
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     ckpt.seed_everything(cfg.seed)
+    lock = None
     if resume:
         if not (run / "checkpoints" / LAST).exists():
             raise FileNotFoundError(f"{run} has no checkpoints/{LAST} to resume from")
+        if dist.is_main:
+            lock = lock_run(run)
         store = Store.open(run / "data")
     else:
         problem = None
         if dist.is_main:
             try:
+                lock = lock_run(run)
                 if (run / "config.yaml").exists():
                     raise FileExistsError(f"{run} already holds a run; resume it with "
                                           f"--resume {run} or choose a new --run-dir")
-                run.mkdir(parents=True, exist_ok=True)
                 (run / "config.yaml").write_text(dump_config(cfg))
                 console.print(f"[bold]run[/] {run}")
                 for notice in cfg.notices:
@@ -137,6 +167,8 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path | None = None,
     console.print(f"run directory: {run}")
     results["run_dir"] = str(run)
     dist.barrier()
+    if lock is not None:
+        lock.close()
     return results
 
 

@@ -104,3 +104,38 @@ def test_config_checks_found_in_review(tmp_path):
     with pytest.raises(ConfigError, match="at least one categorical"):
         load_config(raw={"data": {"format": "synthetic"}, "features": {
             "numeric": ["a"], "numeric_defaults": {"buckets": 0}}})  # no bucket twin either
+
+
+def test_disk_full_is_one_error_and_leaves_nothing_half_written(tmp_path, monkeypatch):
+    """Issue 13: a full disk gave a raw traceback and left data/staging and .tmp-* files;
+    now it is a DataError (BundleError for export), and what was half-written is gone."""
+    import errno
+
+    from sampan.data import store as store_mod
+    from sampan.errors import BundleError
+    from sampan.export import bundle as bundle_mod
+    from sampan.export import export_run
+
+    path = tmp_path / "t.csv"
+    path.write_text(HEADER + csv_rows(300))
+    raw = cfg_for(tmp_path, path)
+    full = OSError(errno.ENOSPC, "No space left on device")
+
+    def no_space(*args, **kwargs):
+        raise full
+
+    with monkeypatch.context() as m:
+        m.setattr(store_mod._SplitWriter, "append", no_space)
+        with pytest.raises(DataError, match="no space left"):
+            run_experiment(load_config(raw=raw), run_dir=tmp_path / "r")
+    assert sorted(p.name for p in (tmp_path / "r" / "data").iterdir()) == []
+    run_experiment(load_config(raw=raw), run_dir=tmp_path / "r2")
+    export_run(tmp_path / "r2", tmp_path / "bundle")
+    before = (tmp_path / "bundle" / "manifest.json").read_text()
+    with monkeypatch.context() as m:
+        m.setattr(bundle_mod.shutil, "copytree", no_space)
+        with pytest.raises(BundleError, match="no space left"):
+            export_run(tmp_path / "r2", tmp_path / "bundle", overwrite=True)
+    assert (tmp_path / "bundle" / "manifest.json").read_text() == before  # old one kept
+    assert sorted(p.name for p in tmp_path.iterdir() if "bundle" in p.name) == ["bundle"]
+    assert not list(tmp_path.rglob(".*.tmp-*")) and not list(tmp_path.rglob("staging"))

@@ -234,3 +234,53 @@ def test_corrupt_truncated_or_empty_checkpoints_are_one_line_errors(tmp_path):
         r = sampan("train", "--resume", str(run), check=False)
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
         assert message in " ".join(r.stderr.split()) and "Aborted" not in r.stderr
+
+
+def test_resume_of_a_run_still_training_is_refused(tmp_path):
+    """Issue 13: the run directory is locked; both processes used to exit 0 and write
+    duplicate records into metrics.jsonl. The lock goes with the process (kill -9 too)."""
+    cfg = tiny_config(tmp_path, rows=20000, checkpoint_every_steps=5, batch_size=32,
+                      epochs=30)
+    path = write_cfg(tmp_path, cfg)
+    run = tmp_path / "run"
+    proc = subprocess.Popen([*SAMPAN, "train", str(path), "--run-dir", str(run)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=ENV)
+    try:
+        deadline = time.time() + 120
+        while not (run / "checkpoints" / "last.pt").exists() and time.time() < deadline:
+            assert proc.poll() is None, proc.stderr.read()
+            time.sleep(0.05)
+        r = sampan("train", "--resume", str(run), check=False)
+        assert r.returncode == 2 and "is in use by process" in " ".join(r.stderr.split())
+        assert "Traceback" not in r.stderr
+        assert proc.poll() is None  # the first run goes on
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    from sampan.train.experiment import lock_run
+
+    lock_run(run).close()  # released by the kill: the run can be resumed
+
+
+def test_new_user_defects_of_issue_13(tmp_path):
+    """`sampan models` lists options, `data inspect` reads the Parquet that
+    `build-sequences` writes (list columns), `build-sequences` refuses a header-less file
+    instead of taking its first event for names, and a dataset too small to split fails."""
+    out = sampan("models").stdout
+    flat = " ".join(out.split())
+    assert "Every model takes embedding_dim=16" in flat
+    assert "deepfm: DeepFM (Guo et al., 2017)" in flat and "``" not in out
+    assert "cross_layers=3" in flat and "mlp=[256, 128]" in flat
+    events = tmp_path / "events.csv"
+    events.write_text("".join(f"u{i % 7},i{i % 13},{i}\n" for i in range(300)))
+    r = sampan("data", "build-sequences", str(events), "--out", str(tmp_path / "s.parquet"),
+               "--category", "", "--action", "", check=False)
+    assert r.returncode == 2 and "looks like data, not a header" in " ".join(r.stderr.split())
+    r = sampan("data", "build-sequences", str(events), "--out", str(tmp_path / "s.parquet"),
+               "--category", "", "--action", "", "--columns", "user_id,item_id,timestamp")
+    assert "wrote 300 samples" in " ".join(r.stdout.split())
+    r = sampan("data", "inspect", str(tmp_path / "s.parquet"))
+    assert "hist_item_id" in r.stdout and "large_list" in r.stdout
+    r = sampan("train", "--set", "data.synthetic.rows=1", "--set", f"output_dir={tmp_path}",
+               check=False)
+    assert r.returncode == 2 and "came out empty" in " ".join(r.stderr.split()), r.stderr
