@@ -416,6 +416,7 @@ def create_app(state: ServerState):  # type: ignore[no-untyped-def]
     from fastapi.concurrency import run_in_threadpool
     from fastapi.exceptions import RequestValidationError
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+    from starlette.exceptions import HTTPException as StarletteHTTPException
 
     app = FastAPI(title="Sampan", version="1", docs_url="/docs", redoc_url=None)
     app.state.sampan = state
@@ -433,6 +434,17 @@ def create_app(state: ServerState):  # type: ignore[no-untyped-def]
         return error(422, f"{'.'.join(loc) or 'body'}: "
                           f"{first['msg'].removeprefix('Value error, ')}",
                      ".".join(loc) or "body")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException):  # type: ignore
+        # FastAPI's own refusals (a body that is not UTF-8 JSON, an unknown route, a wrong
+        # method) in the same JSON shape as every other error
+        field = "body" if exc.status_code == 400 else "path" if exc.status_code in (
+            404, 405) else None
+        detail = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
+        if exc.status_code == 400 and "parsing the body" in detail:
+            detail = "the request body is not valid JSON (UTF-8 text expected)"
+        return error(exc.status_code, detail, field)
 
     @app.exception_handler(RequestError)
     async def bad_request(_: Request, exc: RequestError):  # type: ignore
