@@ -132,6 +132,9 @@ def _source_tables(cfg: ExperimentConfig, spec: str | list[str] | None,
     yield from read_source(cfg.data, spec, pipe.roles(), log)
 
 
+MARK = ".sampan-store"  # in every folder build_store writes
+
+
 def build_store(cfg: ExperimentConfig, root: str | Path, echo: Any = None) -> Store:
     """Read, validate, split, fit the pipeline on train, transform and write every split.
 
@@ -140,18 +143,20 @@ def build_store(cfg: ExperimentConfig, root: str | Path, echo: Any = None) -> St
     root = Path(root)
     if root.exists():
         left = {p.name for p in root.iterdir()}
-        if left - {"rejects.jsonl"} and not (root / "manifest.json").exists():
+        ours = (root / "manifest.json").exists() or MARK in left
+        if left - {"rejects.jsonl"} and not ours:
             raise DataError(f"{root} exists and is not processed data (no manifest.json); "
                             "refusing to overwrite it: choose an empty or new folder")
-        shutil.rmtree(root)  # an earlier store being rebuilt (or what a failed one left)
+        shutil.rmtree(root)  # an earlier store being rebuilt (or what a stopped one left)
     (root / "staging").mkdir(parents=True)
+    (root / MARK).touch()  # a build killed midway leaves a folder a new build may replace
     try:
         return _build(cfg, root, echo)
     except BaseException as e:
         # nothing half-written stays: a later build starts clean; the rejects file, which
         # says why a build stopped on bad rows, is kept
         for p in root.iterdir():
-            if p.name != "rejects.jsonl":
+            if p.name not in ("rejects.jsonl", MARK):
                 shutil.rmtree(p) if p.is_dir() else p.unlink()
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
             raise DataError(f"no space left on the device while writing the processed data "

@@ -50,6 +50,7 @@ def save_atomic(obj: dict[str, Any], path: str | Path) -> None:
     removed and a :class:`CheckpointError` says where it could not be written."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(path.parent)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "w+b") as f:
@@ -68,6 +69,24 @@ def save_atomic(obj: dict[str, Any], path: str | Path) -> None:
             raise CheckpointError(f"cannot write checkpoint {str(path)!r}: {e.strerror or e}"
                                   " (the previous checkpoint there is kept)") from e
         raise
+
+
+def remove_stale_temps(folder: Path) -> list[Path]:
+    """Delete the temporary files that processes killed mid-write left in ``folder``
+    (``.NAME.tmp-PID`` of a PID no longer running); returns them."""
+    gone = []
+    for p in folder.glob(".*.tmp-*"):
+        pid = p.name.rsplit("-", 1)[1]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            p.unlink(missing_ok=True)
+            gone.append(p)
+        except PermissionError:
+            pass  # alive, another user's
+    return gone
 
 
 def verify(path: str | Path) -> None:

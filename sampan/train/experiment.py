@@ -61,6 +61,16 @@ def lock_run(run: Path) -> Any:
     return f
 
 
+def _clear_for_restart(run: Path) -> None:
+    """Everything a run stopped before its first checkpoint wrote, but its config and lock:
+    partial data, metrics records, a start checkpoint, temporary files."""
+    import shutil
+
+    for p in run.iterdir():
+        if p.name not in ("config.yaml", ".lock"):
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+
+
 def new_run_dir(cfg: ExperimentConfig) -> Path:
     base = Path(cfg.output_dir) / cfg.name
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -92,9 +102,15 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path | None = None,
         torch.set_num_threads(cfg.train.threads)
     ckpt.seed_everything(cfg.seed)
     lock = None
+    restart = False
+    if resume and not (run / "checkpoints" / LAST).exists():
+        if not (run / "config.yaml").exists():
+            raise FileNotFoundError(f"{run} is not a run directory (no config.yaml) and has "
+                                    f"no checkpoints/{LAST} to resume from")
+        # stopped before its first checkpoint (while preparing the data, or early in
+        # training): the run starts again from the beginning with its saved config
+        resume, restart = False, True
     if resume:
-        if not (run / "checkpoints" / LAST).exists():
-            raise FileNotFoundError(f"{run} has no checkpoints/{LAST} to resume from")
         if dist.is_main:
             lock = lock_run(run)
         store = Store.open(run / "data")
@@ -103,7 +119,11 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path | None = None,
         if dist.is_main:
             try:
                 lock = lock_run(run)
-                if (run / "config.yaml").exists():
+                if restart:
+                    _clear_for_restart(run)
+                    console.print(f"[yellow]note[/]: {run} has no checkpoint yet: starting "
+                                  "it again from the beginning with its saved config")
+                elif (run / "config.yaml").exists():
                     raise FileExistsError(f"{run} already holds a run; resume it with "
                                           f"--resume {run} or choose a new --run-dir")
                 (run / "config.yaml").write_text(dump_config(cfg))

@@ -128,7 +128,7 @@ def test_disk_full_is_one_error_and_leaves_nothing_half_written(tmp_path, monkey
         m.setattr(store_mod._SplitWriter, "append", no_space)
         with pytest.raises(DataError, match="no space left"):
             run_experiment(load_config(raw=raw), run_dir=tmp_path / "r")
-    assert sorted(p.name for p in (tmp_path / "r" / "data").iterdir()) == []
+    assert sorted(p.name for p in (tmp_path / "r" / "data").iterdir()) == [".sampan-store"]
     run_experiment(load_config(raw=raw), run_dir=tmp_path / "r2")
     export_run(tmp_path / "r2", tmp_path / "bundle")
     before = (tmp_path / "bundle" / "manifest.json").read_text()
