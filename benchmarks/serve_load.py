@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import socket
 import subprocess
 import sys
@@ -47,6 +46,30 @@ def make_bundle(work: Path) -> Path:
     subprocess.run([sys.executable, "-m", "sampan.cli", "export", str(work / "run"),
                     "--out", str(out)], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
     return out
+
+
+def start_server(bundle: Path, *options: str, env: dict | None = None
+                 ) -> tuple[subprocess.Popen, str]:
+    """``sampan serve BUNDLE --port P OPTIONS`` in its own process, once ready: the process
+    and its URL."""
+    import httpx
+
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "sampan.cli", "serve", str(bundle),
+                               "--port", str(port), *options], cwd=ROOT,
+                              env={**os.environ, **(env or {})},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            if httpx.get(f"{url}/readyz").status_code == 200:
+                return server, url
+        except httpx.HTTPError:
+            time.sleep(0.1)
+        if server.poll() is not None:
+            break
+    server.kill()
+    raise RuntimeError(f"sampan serve {bundle} did not become ready")
 
 
 def ids(bundle: Path, column: str) -> list[str]:
@@ -134,7 +157,8 @@ class GrpcRank:
 def markdown(report: dict) -> str:
     m = report["machine"]
     lines = [f"Serving load (`python benchmarks/serve_load.py {report['args']}`; "
-             f"{m['cpu']}, {m['cores']} cores; server and clients on the same machine): "
+             f"{m['cpu']} ({', '.join(m['isa'])}), {m['cores']} cores; server and clients "
+             "on the same machine): "
              f"`/v1/rank` with {report['candidates']} candidates per request, features joined "
              "from the in-memory feature store.", "",
              "| protocol | clients | requests/s | p50 ms | p95 ms | p99 ms | errors |",
@@ -147,6 +171,8 @@ def markdown(report: dict) -> str:
 
 
 def main() -> None:
+    from benchmarks.accuracy import machine
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--bundle", type=Path)
     ap.add_argument("--clients", type=int, nargs="*", default=[1, 8])
@@ -158,20 +184,9 @@ def main() -> None:
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="sampan-load-"))
     bundle = args.bundle or make_bundle(work)
-    port, gport = free_port(), free_port()
-    server = subprocess.Popen([sys.executable, "-m", "sampan.cli", "serve", str(bundle),
-                               "--port", str(port), "--grpc-port", str(gport)], cwd=ROOT,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    import httpx
-
-    url = f"http://127.0.0.1:{port}"
+    gport = free_port()
+    server, url = start_server(bundle, "--grpc-port", str(gport))
     try:
-        for _ in range(300):
-            try:
-                if httpx.get(f"{url}/readyz").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
         users, items = ids(bundle, "user_id"), ids(bundle, "item_id")
         results = []
         scenarios = [("http", HttpRank(url, users, items, args.candidates))]
@@ -190,8 +205,7 @@ def main() -> None:
         server.terminate()
         server.wait(timeout=10)
     report = {"args": " ".join(sys.argv[1:]), "candidates": args.candidates,
-              "machine": {"cpu": platform.processor() or platform.machine(),
-                          "cores": os.cpu_count(), "python": platform.python_version()},
+              "machine": machine(),
               "results": results}
     Path(args.json).write_text(json.dumps(report, indent=1))
     if args.readme:
