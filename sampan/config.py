@@ -460,6 +460,10 @@ class TrainConfig(_Strict):
     amp: Literal["none", "bf16"] = "none"
     compile: bool = Field(False, description="torch.compile the dense layers (not the "
                           "embedding lookup); pays off on long runs")
+    kernels: Literal["auto", "mkl", "onednn"] = Field(
+        "auto", description="CPU GEMM path of the linear layers: auto times MKL and oneDNN "
+        "at each layer's shape on this machine (cached) and takes the faster; mkl or onednn "
+        "forces one")
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$",
                         description="auto | cpu | cuda | cuda:N")
     embedding_placement: Literal["auto", "replicated", "row_sharded"] = Field(

@@ -1,4 +1,4 @@
-"""Linear layer whose CPU matrix multiplies run on oneDNN.
+"""Linear layer whose CPU matrix multiplies can run on oneDNN.
 
 PyTorch's CPU ``addmm`` goes to MKL, which on non-Intel x86 CPUs (e.g. AMD EPYC) runs its
 AVX2 code path; oneDNN's fp32 GEMM uses AVX-512 there and is about 2x faster for the MLP
@@ -72,14 +72,19 @@ class _OneDNNLinear(torch.autograd.Function):
 class Linear(nn.Linear):
     """Drop-in ``nn.Linear`` (same parameters and state_dict) with the oneDNN CPU path.
 
+    ``kernel`` is ``"onednn"`` (the default) or ``"mkl"`` (``F.linear``); training sets it
+    per layer by measurement (:mod:`sampan.layers.kernels`, ``train.kernels``).
+
     >>> layer = Linear(3, 2)
     >>> x = torch.randn(5, 3)
     >>> torch.allclose(layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-6)
     True
     """
 
+    kernel = "onednn"
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if (x.device.type == "cpu" and x.dtype == torch.float32
+        if (self.kernel == "onednn" and x.device.type == "cpu" and x.dtype == torch.float32
                 and self.weight.dtype == torch.float32
                 and not torch.is_autocast_enabled("cpu") and _ONEDNN
                 # exported and traced graphs use the standard op

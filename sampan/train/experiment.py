@@ -164,6 +164,8 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path | None = None,
                       "process)")
     for line in trainer.describe_plan():
         console.print(f"schedule: {line}")
+    if trainer.kernels is not None:
+        console.print(f"kernels: {trainer.kernels.describe()}")
     if dist.is_main and not resume:
         (run / "schedule.json").write_text(json.dumps(trainer.plan.to_json(), indent=1))
     state = trainer.fit(resume=resume)

@@ -8,6 +8,7 @@ Behaviour comes from ``TrainConfig`` flags, never from subclasses.
 from __future__ import annotations
 
 import copy
+import json
 import math
 import secrets
 import time
@@ -26,6 +27,8 @@ from sampan.data.loader import Batch, BatchLoader
 from sampan.data.store import SplitArrays
 from sampan.embedding import EmbeddingCollection, make_sparse_optimizer
 from sampan.errors import DivergenceError, SampanError
+from sampan.layers.kernels import KernelPlan, plan_kernels
+from sampan.layers.kernels import apply as apply_kernels
 from sampan.tasks import make_task
 from sampan.train import checkpoint as ckpt
 from sampan.train.logging import MetricsLog, make_progress
@@ -118,6 +121,7 @@ class Trainer:
                                   pin_memory=self.device.type == "cuda", drop_singleton=True,
                                   rank=self.dist.rank, world=self.dist.world)
         self.total_steps = self.tc.max_steps or self.tc.epochs * len(self.loader)
+        self.kernels = self._plan_kernels(log_metrics)
 
         collections = [m for m in model.modules() if isinstance(m, EmbeddingCollection)]
         self.dense_params = [p for p in model.parameters() if p.requires_grad]
@@ -139,6 +143,32 @@ class Trainer:
         self.explode_at = 3.0 * self.reference_loss + 1.0
         self._window: tuple[torch.Tensor | None, int] = (None, 0)  # the loop's log window
         self._fit_t0 = time.perf_counter()  # reset by fit()
+
+    def _plan_kernels(self, measure: bool) -> KernelPlan | None:
+        """Each linear layer's CPU GEMM path (see :mod:`sampan.layers.kernels`): the run's
+        own choice when it has one (a resumed run computes as before), else measured on a
+        training batch (rank 0 decides for every process) and saved with the run."""
+        saved = self.run_dir / "kernels.json"
+        if self.device.type != "cpu":
+            return None
+        if saved.exists():
+            plan = KernelPlan.from_json(json.loads(saved.read_text()))
+            apply_kernels(self.model, plan)
+            return plan
+        if not measure or not len(self.train_data):
+            return None
+        rows = min(self.tc.batch_size // self.dist.world, len(self.train_data))
+        batch = next(iter(BatchLoader(self.train_data.take(np.arange(rows)), rows,
+                                      shuffle="none", prefetch=0)))
+        plan = plan_kernels(self.model, self.tc.kernels,
+                            lambda: self.task.loss(self.model, batch))
+        if self.dist.enabled:  # every process computes with rank 0's choice
+            plan = KernelPlan.from_json(distributed.broadcast_object(plan.to_json()))
+            apply_kernels(self.model, plan)
+        if self.dist.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            saved.write_text(json.dumps(plan.to_json(), indent=1))
+        return plan
 
     def describe_plan(self) -> list[str]:
         """What the run chose for the ``auto`` values, and why (one line each)."""
