@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -369,6 +367,22 @@ def main() -> None:
                     print(f"round {rnd + 1} {m:7} {c:8} {r['samples_per_s']:>10,.0f} samples/s "
                           f"peak RSS {r['peak_rss_mb']:,.0f} MB", flush=True)
     summary = summarise(results)
+    if args.device == "cpu" and not args.memory:
+        from benchmarks.embedding_bandwidth import copy_bandwidth
+
+        copy = copy_bandwidth("cpu", 512, 5) / 1e9
+        for m in models:
+            rf = roofline(m, args.batch, args.dim, copy)
+            s = summary[m].get("sampan", {}).get("samples_per_s")
+            if s:
+                rf["sampan_of_gemm_bound"] = s / rf["gemm_bound"]
+                rf["sampan_of_bound"] = s / rf["bound"]
+            summary[m]["roofline"] = rf
+            print(f"roofline {m:7} GEMMs {rf['gemm_gflop_s']:.0f} GFLOP/s -> "
+                  f"{rf['gemm_bound']:,.0f} samples/s; embeddings at {copy:.1f} GB/s -> "
+                  f"{rf['embedding_bound']:,.0f}; bound {rf['bound']:,.0f}; Sampan at "
+                  f"{rf.get('sampan_of_bound', 0):.0%} of it "
+                  f"({rf.get('sampan_of_gemm_bound', 0):.0%} of the GEMM bound)", flush=True)
     report = {"benchmark": "train_throughput", "args": {k: v for k, v in vars(args).items()
                                                         if k not in ("worker", "model")},
               "machine": machine(), "results": summary}
@@ -406,10 +420,40 @@ def summarise(results: dict) -> dict:
 def machine() -> dict:
     import torch
 
-    return {"python": platform.python_version(), "torch": torch.__version__,
-            "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-            "threads": torch.get_num_threads(),
+    from benchmarks.accuracy import machine as cpu_machine
+
+    m = cpu_machine()
+    return {**m, "date": time.strftime("%Y-%m-%d"),
+            "cpu_class": "avx512" if "avx512f" in m["isa"] else "avx2",
             "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+
+
+# Bytes one embedding row moves per sample and training step, each row assumed distinct
+# (an upper bound on traffic): gather (read the row, write the output), backward (read the
+# output gradient, add it into the row's gradient) and lazy Adam (read the gradient; read
+# and write the weight and both moments).
+ROW_PASSES = 2 + 2 + 7
+
+
+def roofline(model: str, batch: int, dim: int, copy_gb_s: float) -> dict:
+    """What this CPU could do at best for ``model``: the MLP / cross / attention GEMMs at
+    their real shapes timed alone (the faster kernel each), and the embedding traffic at the
+    measured copy bandwidth; the bound is their combined time."""
+    from benchmarks.kernels import model_and_probe
+    from sampan.layers.kernels import KERNELS, layer_shapes, time_linear
+
+    net, probe = model_and_probe(model, batch)
+    shapes = list(layer_shapes(net, probe).values())
+    gemm_s = sum(min(time_linear(k, s, repeats=3) for k in KERNELS) for s in shapes)
+    flops = sum(6 * n * k * o for n, k, o in shapes)  # forward + both gradients
+    rows = len(VOCAB) + (HIST_LEN if model == "din" else 0)
+    emb_bytes = rows * (dim + 1) * 4 * ROW_PASSES  # per sample
+    gemm_bound = batch / gemm_s
+    emb_bound = copy_gb_s * 1e9 / emb_bytes
+    return {"gemm_gflop_s": flops / gemm_s / 1e9, "gemm_flop_per_sample": flops / batch,
+            "gemm_bound": gemm_bound, "embedding_bytes_per_sample": emb_bytes,
+            "copy_gb_s": copy_gb_s, "embedding_bound": emb_bound,
+            "bound": 1 / (1 / gemm_bound + 1 / emb_bound)}
 
 
 def markdown(report: dict) -> str:
@@ -425,9 +469,13 @@ def markdown(report: dict) -> str:
                 + "; no dense gradient or full-size temporary is ever materialised (one would "
                 f"add {mem['weights_mb']:,.0f} MB). Throughput at that size: "
                 f"{r['sampan']['samples_per_s']:,.0f} samples/s.")
-    lines = [f"Batch {a['batch']}, dim {a['dim']}, MLP 400-400-400, device {a['device']}, "
-             f"{report['machine']['cores']} cores, torch {report['machine']['torch']}; "
-             f"median of {a['rounds']} interleaved rounds.", "",
+    mc = report["machine"]
+    cpu = mc.get("cuda") if a["device"] != "cpu" and mc.get("cuda") else \
+        f"{mc['cpu']} ({', '.join(mc.get('isa', [])) or 'no AVX2'})"
+    lines = [f"{mc.get('date', '')}, {cpu}, {mc['cores']} cores: batch {a['batch']}, dim "
+             f"{a['dim']}, MLP 400-400-400, device {a['device']}, torch {mc['torch']}; median "
+             f"of {a['rounds']} interleaved rounds (`python benchmarks/train_throughput.py "
+             f"--rounds {a['rounds']}`).", "",
              "| model | Sampan samples/s | plain PyTorch | DeepCTR-Torch | Sampan / plain | "
              "Sampan / DeepCTR | Sampan peak RSS |", "|---|---|---|---|---|---|---|"]
     def sps(r: dict, c: str) -> str:
@@ -441,6 +489,18 @@ def markdown(report: dict) -> str:
         name = f"{m} (compile)" if r.get("sampan", {}).get("compile") else m
         lines.append(f"| {name} | {sps(r, 'sampan')} | {sps(r, 'plain')} | {sps(r, 'deepctr')} | "
                      f"{ratio(r, 'plain')} | {ratio(r, 'deepctr')} | {rss} |")
+    roof = {m: r["roofline"] for m, r in report["results"].items() if "roofline" in r}
+    if roof:
+        lines += ["", "Roofline on this CPU: the model's GEMMs timed alone at their shapes "
+                  "(the faster kernel each), and its embedding traffic (every row distinct: "
+                  f"{ROW_PASSES} row passes a step) at the measured copy bandwidth.", "",
+                  "| model | GEMM GFLOP/s | GEMM bound | embedding bound | bound (both) | "
+                  "Sampan / GEMM bound | Sampan / bound |", "|---|---|---|---|---|---|---|"]
+        for m, rf in roof.items():
+            lines.append(f"| {m} | {rf['gemm_gflop_s']:.0f} | {rf['gemm_bound']:,.0f} | "
+                         f"{rf['embedding_bound']:,.0f} (copy {rf['copy_gb_s']:.1f} GB/s) | "
+                         f"{rf['bound']:,.0f} | {rf.get('sampan_of_gemm_bound', 0):.0%} | "
+                         f"{rf.get('sampan_of_bound', 0):.0%} |")
     return "\n".join(lines)
 
 
@@ -448,8 +508,9 @@ def update_readme(path: Path, report: dict) -> None:
     """Rewrite this report's block of the README's Performance section."""
     from _readme import update_block
 
-    key = "train_throughput_memory" if "memory" in report else "train_throughput"
-    update_block(path, key, markdown(report))
+    key = "train_throughput_memory" if "memory" in report else \
+        f"train_throughput_{report['machine'].get('cpu_class', 'avx512')}"
+    update_block(path, key, markdown(report))  # one block per CPU class measured
 
 
 if __name__ == "__main__":

@@ -103,8 +103,6 @@ class Trainer:
         self.console = console or Console()
         self.device = resolve_device(self.tc.device)
         self.model = model.to(self.device)
-        if self.tc.compile:
-            compile_dense(self.model)
         self.task = make_task(model, train)
         train = self.task.training_rows(train)
         self.train_data, self.valid_data = train, valid
@@ -122,6 +120,8 @@ class Trainer:
                                   rank=self.dist.rank, world=self.dist.world)
         self.total_steps = self.tc.max_steps or self.tc.epochs * len(self.loader)
         self.kernels = self._plan_kernels(log_metrics)
+        if self.tc.compile:  # after the kernels are set: compiled graphs guard on them
+            compile_dense(self.model)
 
         collections = [m for m in model.modules() if isinstance(m, EmbeddingCollection)]
         self.dense_params = [p for p in model.parameters() if p.requires_grad]
