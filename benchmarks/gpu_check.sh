@@ -31,6 +31,10 @@ if [ "$DRY" = 1 ]; then
   "$PY" -m venv --without-pip "$WORK/venv"
   PY="$WORK/venv/bin/python"
   export PYTHONPATH="$WORK/site:$PWD:$WORK/image"
+  if "$PY" -c "import fastapi" 2>/dev/null; then  # the image has no fastapi: prove isolation
+    echo "dry run: the emulated GPU image sees packages the image lacks" >&2
+    exit 1
+  fi
   DEVICE=cpu BATCH=512 STEPS=6 ROWS=200000
 else
   export PYTHONPATH="$WORK/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
