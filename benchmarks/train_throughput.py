@@ -107,7 +107,7 @@ def run_sampan(args: argparse.Namespace, data: dict) -> dict:
         "train": {"batch_size": args.batch, "lr": 1e-3, "max_steps": args.warmup + args.steps,
                   "epochs": 1000, "log_every_steps": args.log_every, "tensorboard": False,
                   "device": args.device, "schedule": "constant",
-                  "compile": args.compile == "all",
+                  "compile": args.compile == "all", "kernels": args.kernels,
                   "early_stopping": {"enabled": False}},
     })
     torch.manual_seed(0)
@@ -288,7 +288,7 @@ def spawn(args: argparse.Namespace, contender: str, model: str) -> dict | None:
            "--batch", str(args.batch), "--steps", str(args.steps_for[model]),
            "--warmup", str(args.warmup), "--dim", str(args.dim), "--device", args.device,
            "--data-rows", str(args.data_rows), "--log-every", str(args.log_every),
-           "--vocab", ",".join(map(str, args.vocab))]
+           "--vocab", ",".join(map(str, args.vocab)), "--kernels", args.kernels]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
     if args.compile in ("all", model) or model in args.compile.split(","):
@@ -317,6 +317,8 @@ def main() -> None:
                     help="models whose Sampan run sets train.compile (torch.compile of the "
                          "dense layers): a comma list, 'all' or 'none'. Default: din, the one "
                          "where it pays (Dice activations are memory-bound without fusion)")
+    ap.add_argument("--kernels", default="auto", choices=["auto", "mkl", "onednn"],
+                    help="train.kernels of the Sampan runs")
     ap.add_argument("--data-rows", type=int, default=None)
     ap.add_argument("--memory", action="store_true",
                     help="memory check: Sampan vs plain with one big table (see --rows)")
