@@ -36,7 +36,7 @@ from benchmarks.train_throughput import (  # noqa: E402
 def model_and_probe(name: str, batch: int):  # type: ignore[no-untyped-def]
     import torch
 
-    from sampan.data.loader import Batch
+    from sampan.batch import Batch
     from sampan.models import build_model, get_model_class
     from sampan.schema import DataSchema, SequenceFeatureSpec, SparseFeatureSpec
     from sampan.tasks import make_task

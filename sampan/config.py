@@ -511,11 +511,26 @@ class ExperimentConfig(_Strict):
 
     @field_validator("model", mode="before")
     @classmethod
-    def _model_name_only(cls, v: Any) -> Any:
-        # Phase 1 checks only the name; phase 2 (load_config) validates the model's own options.
-        if isinstance(v, dict):
-            return {"name": v.get("name", "deepfm")}
-        return v
+    def _model_options(cls, v: Any) -> Any:
+        """The model section is validated against the named model's own options, however
+        the config is built (YAML, ``load_config``, or ``model_validate`` from Python): a
+        misspelt or foreign key is an error, never dropped."""
+        from sampan.models.registry import UnknownModelError, get_model_class
+
+        if isinstance(v, ModelConfig):
+            if type(v) is not ModelConfig:
+                return v  # already a model's own Config
+            v = v.model_dump()
+        if not isinstance(v, dict):
+            return v  # pydantic reports the type
+        name = v.get("name", "deepfm")
+        if not isinstance(name, str):
+            raise ValueError(f"name: expected a model name, got {name!r}")
+        try:
+            model_cls = get_model_class(name)
+        except UnknownModelError as e:
+            raise ValueError(str(e)) from None
+        return model_cls.Config.model_validate(v)
 
 
 # ---------------------------------------------------------------------------- presets
@@ -634,22 +649,24 @@ def load_config(
     raw = copy.deepcopy(raw)
     for item in overrides or []:
         apply_override(raw, item)
-    try:
-        cfg = ExperimentConfig.model_validate(raw)
-    except ValidationError as e:
-        raise ConfigError(format_validation_error(e, ExperimentConfig)) from None
 
     from sampan.models.registry import UnknownModelError, get_model_class
 
+    # the model section first, against the named model's own options (so a misspelt key
+    # gets that model's nearest key), then everything else with it in place
     model_raw = raw.get("model") or {}
     if not isinstance(model_raw, dict):
         raise ConfigError(f"model: expected a mapping, got {type(model_raw).__name__}")
+    name = model_raw.get("name", "deepfm")
+    if not isinstance(name, str):
+        raise ConfigError(f"model.name: expected a model name (sampan models lists them), "
+                          f"got {name!r}")
     try:
-        model_cls = get_model_class(cfg.model.name)
+        model_cls = get_model_class(name)
     except UnknownModelError as e:
         raise ConfigError(f"model.name: {e}") from None
     notices = []
-    if cfg.model.name != file_model_name and isinstance(file_model_name, str):
+    if name != file_model_name and isinstance(file_model_name, str):
         # --set model.name=X on a config written for another model: options of the old
         # model that X lacks are dropped (with a notice); a key neither knows stays an error.
         try:
@@ -660,14 +677,18 @@ def load_config(
         dropped = [k for k in model_raw if k in old_fields and k not in new_fields]
         if dropped:
             model_raw = {k: v for k, v in model_raw.items() if k not in dropped}
-            notices.append(f"model.name is {cfg.model.name!r} (was {file_model_name!r} in the "
-                           f"file): dropped the options {cfg.model.name!r} does not have: "
+            notices.append(f"model.name is {name!r} (was {file_model_name!r} in the "
+                           f"file): dropped the options {name!r} does not have: "
                            f"{', '.join(f'model.{k}' for k in dropped)}")
     try:
-        cfg.model = model_cls.Config.model_validate(model_raw)
-        cfg._notices = notices
+        raw["model"] = model_cls.Config.model_validate(model_raw)
     except ValidationError as e:
         raise ConfigError(format_validation_error(e, model_cls.Config, prefix=("model",))) from None
+    try:
+        cfg = ExperimentConfig.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e, ExperimentConfig)) from None
+    cfg._notices = notices
     return cfg
 
 

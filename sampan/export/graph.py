@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from sampan.data.loader import Batch
+from sampan.batch import Batch
 from sampan.schema import DataSchema
 
 

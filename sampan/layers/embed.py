@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from sampan.data.loader import Batch
+from sampan.batch import Batch
 from sampan.embedding.collection import EmbeddingCollection
 from sampan.schema import DataSchema
 

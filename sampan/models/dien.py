@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
+from sampan.batch import Batch
 from sampan.config import ModelConfig
-from sampan.data.loader import Batch
 from sampan.embedding import EmbeddingCollection
 from sampan.layers import MLP, TargetAttention, embed_fields
 from sampan.models.registry import register_model

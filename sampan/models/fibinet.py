@@ -9,8 +9,8 @@ import torch
 from pydantic import Field
 from torch import nn
 
+from sampan.batch import Batch
 from sampan.config import MLPModelConfig
-from sampan.data.loader import Batch
 from sampan.layers import MLP, FeatureEmbedding, Linear, bias_terms
 from sampan.models.registry import register_model
 from sampan.schema import DataSchema

@@ -7,8 +7,8 @@ from typing import Literal
 import torch
 from torch import nn
 
+from sampan.batch import Batch
 from sampan.config import ModelConfig
-from sampan.data.loader import Batch
 from sampan.layers import FeatureEmbedding, bias_terms
 from sampan.models.registry import register_model
 from sampan.schema import DataSchema

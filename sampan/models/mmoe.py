@@ -8,8 +8,8 @@ import torch
 from pydantic import Field
 from torch import nn
 
+from sampan.batch import Batch
 from sampan.config import ModelConfig
-from sampan.data.loader import Batch
 from sampan.layers import MLP, FieldInput, Linear
 from sampan.models.registry import register_model
 from sampan.schema import DataSchema

@@ -6,7 +6,7 @@ import io
 import pytest
 import torch
 
-from sampan.data.loader import Batch
+from sampan.batch import Batch
 from sampan.embedding import EmbeddingCollection, SparseAdam
 from sampan.models import build_model, get_model_class, model_names
 from sampan.schema import DataSchema, SequenceFeatureSpec, SparseFeatureSpec

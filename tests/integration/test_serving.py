@@ -297,7 +297,7 @@ def test_recommend(server, bundles):
     """ANN candidates from the two-tower bundle, ranked by the served model."""
     import faiss
 
-    from sampan.data.loader import Batch
+    from sampan.batch import Batch
     from sampan.train.experiment import RunArtifacts
 
     url, _ = server

@@ -121,3 +121,32 @@ def test_resolved_config_round_trips(tmp_path):
     again = load_config(p)
     assert again.model_dump() == cfg.model_dump()
     assert again.model.mlp == cfg.model.mlp
+
+
+def test_a_misspelt_model_key_fails_from_python_too():
+    """Issue 15: ExperimentConfig.model_validate used to drop every model option, a typo
+    included; the model section is now validated against the named model wherever a config
+    is built."""
+    from pydantic import ValidationError
+
+    from sampan.config import ExperimentConfig
+
+    base = {"features": {"categorical": ["a"]}}
+    with pytest.raises(ValidationError, match="model.typo_key"):
+        ExperimentConfig.model_validate({**base, "model": {"name": "deepfm", "mlp": [7],
+                                                           "typo_key": 1}})
+    cfg = ExperimentConfig.model_validate({**base, "model": {"name": "dcn_v2", "mlp": [7]}})
+    assert cfg.model.mlp == [7] and cfg.model.cross_layers == 3  # kept, with its defaults
+    with pytest.raises(ValidationError, match="unknown model 'deepfn'"):
+        ExperimentConfig.model_validate({**base, "model": {"name": "deepfn"}})
+
+
+def test_importing_the_models_imports_no_data_code():
+    """Issue 15: Batch lives in sampan/batch.py (torch only)."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", "import sys, sampan.models; "
+                        "assert 'pyarrow' not in sys.modules, 'pyarrow imported'"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr

@@ -78,7 +78,7 @@ def test_history_and_target_resolution_and_errors():
 def test_feature_embedding_without_first_order_and_autoint_linear_switch():
     import pytest
 
-    from sampan.data.loader import Batch
+    from sampan.batch import Batch
     from sampan.layers import FeatureEmbedding
     from sampan.models.autoint import AutoInt
 

@@ -74,7 +74,7 @@ def test_bad_shuffle_name():
 def test_batch_mask_and_lengths_of_list_features():
     import torch
 
-    from sampan.data.loader import Batch
+    from sampan.batch import Batch
 
     seq = torch.tensor([[0, 0, 5], [3, 4, 5], [0, 0, 0]])
     b = Batch(dense=torch.zeros(3, 1), sparse=torch.zeros(3, 1, dtype=torch.long),

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import torch
 
-from sampan.data.loader import Batch
+from sampan.batch import Batch
 from sampan.data.store import SplitArrays
 from sampan.models import build_model, get_model_class
 from sampan.schema import DataSchema, SparseFeatureSpec
