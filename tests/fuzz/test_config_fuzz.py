@@ -5,18 +5,15 @@ gives a config or raises ConfigError (a one-line message), never anything else.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from sampan.config import ConfigError, ExperimentConfig, load_config
+from tests.fuzz import fuzz
 
-EXAMPLES = int(os.environ.get("SAMPAN_FUZZ_EXAMPLES", "150"))
-FUZZ = settings(max_examples=EXAMPLES, deadline=None,
-                suppress_health_check=[HealthCheck.too_slow])
+FUZZ = fuzz()
 
 KEYS = ["name", "seed", "output_dir", "preset", "data.format", "data.train", "data.header",
         "data.delimiter", "data.block_size", "data.split.train", "data.split.method",

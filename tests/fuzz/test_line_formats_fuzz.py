@@ -9,26 +9,17 @@ its own line number.
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from sampan.config import DataConfig
 from sampan.data.sources import LINE_COLUMN, ColumnRoles, DataError, RejectLog, iter_source
-
-EXAMPLES = int(os.environ.get("SAMPAN_FUZZ_EXAMPLES", "150"))
-
-
-def fuzz(examples: int):  # type: ignore[no-untyped-def]
-    return settings(max_examples=examples, deadline=None, database=None,
-                    suppress_health_check=[HealthCheck.too_slow,
-                                           HealthCheck.function_scoped_fixture])
-
+from tests.fuzz import EXAMPLES, fuzz
 
 ROLES = ColumnRoles(numeric=["label", "x"], categorical=["c"], required=["label"])
 SLOT_ROLES = ColumnRoles(numeric=["click"], categorical=["1", "2"], required=["click"])

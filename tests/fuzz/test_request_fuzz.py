@@ -9,36 +9,21 @@ same connection.
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
-import time
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from rich.console import Console
 
+from benchmarks.serve_load import start_server
 from sampan.config import load_config
 from sampan.export import export_run
 from sampan.train.experiment import run_experiment
+from tests.fuzz import EXAMPLES, fuzz
+from tests.integration.test_serving import free_port
 
-EXAMPLES = int(os.environ.get("SAMPAN_FUZZ_EXAMPLES", "150"))
 TOKEN = "fuzz-token"
-
-
-def fuzz(examples: int):  # type: ignore[no-untyped-def]
-    return settings(max_examples=examples, deadline=None, database=None,
-                    suppress_health_check=[HealthCheck.too_slow,
-                                           HealthCheck.function_scoped_fixture])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -50,22 +35,10 @@ def server(tmp_path_factory):
                            "train": {"epochs": 1, "progress": False, "tensorboard": False}})
     run = run_experiment(cfg, run_dir=root / "run", console=Console(quiet=True))["run_dir"]
     bundle = export_run(run, root / "bundle")
-    port, gport = free_port(), free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sampan.cli", "serve", str(bundle), "--port", str(port),
-         "--grpc-port", str(gport), "--set", "max_body_bytes=100000", "--set",
-         "max_records=50", "--set", "item_key=C1"],
-        env={**os.environ, "SAMPAN_ADMIN_TOKEN": TOKEN}, stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(300):
-        try:
-            if httpx.get(f"{url}/readyz").status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert proc.poll() is None, proc.stderr.read()
-        time.sleep(0.1)
+    gport = free_port()
+    proc, url = start_server(bundle, "--grpc-port", str(gport), "--set",
+                             "max_body_bytes=100000", "--set", "max_records=50", "--set",
+                             "item_key=C1", env={"SAMPAN_ADMIN_TOKEN": TOKEN})
     with httpx.Client(base_url=url, timeout=30) as client:
         yield client, gport, bundle
     proc.terminate()

@@ -18,9 +18,9 @@ import httpx
 import numpy as np
 import pytest
 
+from benchmarks.serve_load import start_server
 from tests.conftest import tiny_config
 from tests.integration.test_cli import ENV, SAMPAN, sampan, write_cfg
-from tests.integration.test_serving import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -138,19 +138,7 @@ def kill_reload(root: Path, rng: np.random.Generator) -> None:
     auth = {"Authorization": "Bearer t"}
 
     def start(bundle: Path):  # type: ignore[no-untyped-def]
-        port = free_port()
-        proc = subprocess.Popen([*SAMPAN, "serve", str(bundle), "--port", str(port)],
-                                env={**ENV, **token}, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
-        url = f"http://127.0.0.1:{port}"
-        for _ in range(300):
-            try:
-                if httpx.get(f"{url}/readyz").status_code == 200:
-                    return proc, url
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        proc.kill()
-        pytest.fail("server did not start")
+        return start_server(bundle, env=token)
 
     proc, url = start(a)
     answered, stop = [], threading.Event()
