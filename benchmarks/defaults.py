@@ -482,7 +482,8 @@ def main() -> None:
     ap.add_argument("--runs", default=str(ROOT / "runs/bench_defaults"))
     ap.add_argument("--json", default=str(ROOT / "benchmarks/results/defaults.json"))
     ap.add_argument("--out", default=str(ROOT / "RESULTS.md"))
-    ap.add_argument("--merge", action="store_true", help="keep the other datasets of --json")
+    ap.add_argument("--merge", action="store_true", help="keep the other datasets of --json "
+                    "(and, with --models, the other models of each dataset)")
     args = ap.parse_args()
     run_root = Path(args.runs).resolve()
     report: dict[str, Any] = {"command": " ".join(["python benchmarks/defaults.py",
@@ -496,23 +497,28 @@ def main() -> None:
     todo = args.only or names
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
 
+    def evaluate(name: str, ds: Dataset) -> None:
+        new = evaluate_dataset(ds, run_root, args.models)
+        old = report["datasets"].get(name)
+        if args.models and old:  # --merge --models: the other models' rows stay
+            models = {**old["models"], **new["models"]}
+            new["models"] = {m: models[m] for m in ds.models if m in models}
+        report["datasets"][name] = new
+        save()
+
     def save() -> None:  # after every dataset: a crash later loses nothing
         Path(args.json).write_text(json.dumps(report, indent=1))
         update_block(Path(args.out), "defaults", markdown(report))
 
     for w in WORLDS:
         if w.name in todo:
-            ds = prep_world(w, run_root / "data" / w.name)
-            report["datasets"][w.name] = evaluate_dataset(ds, run_root, args.models)
-            save()
+            evaluate(w.name, prep_world(w, run_root / "data" / w.name))
     for name, prep in REAL.items():
         if name in todo:
             if not DATA.exists():
                 print(f"skipping {name}: {DATA} is not present")
                 continue
-            ds = prep(run_root / "data" / name)
-            report["datasets"][name] = evaluate_dataset(ds, run_root, args.models)
-            save()
+            evaluate(name, prep(run_root / "data" / name))
     bad = {n: v for n, d in report["datasets"].items() if (v := verdicts(n, d))}
     print("bars: all met" if not bad else f"bars missed: {bad}")
     print(f"wrote {args.json} and the defaults section of {args.out}")

@@ -455,6 +455,11 @@ class TrainConfig(_Strict):
         "the learning rates (at most 3 times), stop ends the run with an error")
     init_output_bias: bool = Field(True, description="start the output bias at the training "
                                    "base rate's logit")
+    first_order_warm_start: bool | Auto = Field(
+        "auto", description="fit a logistic regression on the same rows first and start the "
+        "model's first-order terms from it; auto: on for models with first-order terms and "
+        "latent vectors (fm, deepfm, wide_deep, xdeepfm, fibinet, autoint) when there is a "
+        "validation split, in a single process")
     checkpoint_every_steps: int | None = Field(None, gt=0)
     shuffle: Literal["rows", "blocks", "none"] = "rows"
     amp: Literal["none", "bf16"] = "none"

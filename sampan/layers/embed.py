@@ -69,6 +69,16 @@ class FeatureEmbedding(nn.Module):
         return linear, v
 
 
+def first_order_part(model: nn.Module) -> FeatureEmbedding | None:
+    """``model.features`` when it is a :class:`FeatureEmbedding` with first-order weights and
+    latent vectors (what an LR warm start applies to, see :mod:`sampan.train.warm_start`),
+    else ``None``."""
+    fe = getattr(model, "features", None)
+    if isinstance(fe, FeatureEmbedding) and fe.tasks and fe.dim:
+        return fe
+    return None
+
+
 def pool(vectors: torch.Tensor, ids: torch.Tensor, mode: str) -> torch.Tensor:
     """Masked pooling of ``vectors [B, L, D]`` over real ids (``ids != 0``) -> ``[B, D]``."""
     mask = (ids != 0).unsqueeze(-1).to(vectors.dtype)

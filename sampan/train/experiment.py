@@ -34,6 +34,7 @@ from sampan.models import build_model
 from sampan.train import checkpoint as ckpt
 from sampan.train.metrics import auc, auc_bootstrap, paired_auc_comparison
 from sampan.train.trainer import BEST, LAST, Trainer, headline_metrics, probabilities
+from sampan.train.warm_start import fit_first_order
 
 
 def lock_run(run: Path) -> Any:
@@ -168,12 +169,16 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path | None = None,
         console.print(f"kernels: {trainer.kernels.describe()}")
     if dist.is_main and not resume:
         (run / "schedule.json").write_text(json.dumps(trainer.plan.to_json(), indent=1))
+    if trainer.tc.first_order_warm_start and not resume:
+        fit_first_order(trainer)
     state = trainer.fit(resume=resume)
     train_time = state.seconds  # across resumes
 
     results: dict[str, Any] = {"model": cfg.model.name, "steps": state.step,
                                "best_step": state.best_step, "stopped_early": state.stopped_early,
                                "train_seconds": round(train_time, 2)}
+    if trainer.warm_start is not None:
+        results["first_order_warm_start"] = trainer.warm_start
     if valid is not None:
         results["valid"] = trainer.evaluate(valid)
     if test is not None:

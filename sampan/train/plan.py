@@ -15,6 +15,9 @@ The rules, each a pure function of the training rows (so a resumed run plans the
   first epoch.
 * ``warmup_steps``: a tenth of an epoch, 10 to 200 steps.
 * ``early_stopping.patience``: two epochs' worth of evaluations without improvement.
+* ``first_order_warm_start``: on for models with first-order terms and latent vectors (FM,
+  DeepFM, ...) when there is a validation split, in a single process; see
+  :mod:`sampan.train.warm_start`.
 * ``early_stopping.metric``: AUC, or LogLoss when the validation split has under 100
   positives or negatives: there AUC's sampling error (about 0.04) is larger than the changes
   early stopping has to see.
@@ -35,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from sampan.config import TrainConfig
+from sampan.config import ConfigError, TrainConfig
 
 MIN_BATCH, MAX_BATCH = 64, 4096
 TARGET_STEPS = 30_000
@@ -52,7 +55,8 @@ class TrainingPlan:
     steps_per_epoch: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        keys = ("batch_size", "epochs", "embedding_l2", "warmup_steps", "eval_every_steps")
+        keys = ("batch_size", "epochs", "embedding_l2", "warmup_steps", "eval_every_steps",
+                "first_order_warm_start")
         return {"steps_per_epoch": self.steps_per_epoch,
                 "chosen": {k: getattr(self.train, k) for k in keys},
                 "early_stopping_metric": self.train.early_stopping.metric,
@@ -68,12 +72,14 @@ def auto_batch_size(n_train: int) -> int:
 
 
 def plan_training(tc: TrainConfig, n_train: int, valid_labels: np.ndarray | None = None,
-                  default_metric: str = "auc", world: int = 1) -> TrainingPlan:
+                  default_metric: str = "auc", world: int = 1,
+                  first_order: bool = False) -> TrainingPlan:
     """Resolve the ``auto`` values of ``tc`` for ``n_train`` training rows.
 
     ``valid_labels`` ``[N, T]`` (or ``None`` without a validation split) decides the early
     stopping metric of binary tasks; ``default_metric`` is the task's (``recall@K`` for
-    retrieval keeps itself); ``world`` processes share the global batch.
+    retrieval keeps itself); ``world`` processes share the global batch; ``first_order``:
+    the model has first-order terms and latent vectors (an LR warm start applies).
     """
     reasons: dict[str, str] = {}
     upd: dict[str, Any] = {}
@@ -111,6 +117,23 @@ def plan_training(tc: TrainConfig, n_train: int, valid_labels: np.ndarray | None
         warm = min(200, max(10, steps // 10))
         upd["warmup_steps"] = warm
         reasons["warmup_steps"] = f"{warm}: a tenth of an epoch, 10 to 200"
+
+    warm = tc.first_order_warm_start
+    if warm == "auto":
+        warm = first_order and has_valid and world == 1
+        if first_order:
+            reasons["first_order_warm_start"] = (
+                "on: an LR fitted first starts the first-order terms" if warm else
+                "off: " + ("no validation split to stop the LR on" if not has_valid
+                           else "not under a distributed launch"))
+    elif warm and not first_order:
+        raise ConfigError("train.first_order_warm_start: true, but this model has no "
+                          "first-order terms with latent vectors to start from an LR; "
+                          "expected false or auto")
+    elif warm and world > 1:
+        raise ConfigError("train.first_order_warm_start: true is for single-process runs; "
+                          f"this launch has {world} processes (use false or auto)")
+    upd["first_order_warm_start"] = bool(warm)
 
     es = tc.early_stopping
     if es.patience == "auto":

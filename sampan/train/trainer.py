@@ -27,6 +27,7 @@ from sampan.data.loader import Batch, BatchLoader
 from sampan.data.store import SplitArrays
 from sampan.embedding import EmbeddingCollection, make_sparse_optimizer
 from sampan.errors import DivergenceError, SampanError
+from sampan.layers.embed import first_order_part
 from sampan.layers.kernels import KernelPlan, plan_kernels
 from sampan.layers.kernels import apply as apply_kernels
 from sampan.tasks import make_task
@@ -109,7 +110,8 @@ class Trainer:
         self.dist = distributed.context()
         self.plan = plan_training(
             cfg.train, len(train), None if valid is None or valid.labels is None
-            else np.asarray(valid.labels), self.task.default_metric, self.dist.world)
+            else np.asarray(valid.labels), self.task.default_metric, self.dist.world,
+            first_order=first_order_part(model) is not None)
         self.tc = self.plan.train  # every `auto` resolved from the data
         if self.dist.enabled and self.tc.batch_size < 2 * self.dist.world:
             raise ValueError(f"train.batch_size {self.tc.batch_size} (the global batch) must "
@@ -137,6 +139,7 @@ class Trainer:
         self.metric = self.tc.early_stopping.metric or self.task.default_metric
         self.maximize = self.metric != "logloss"
         self.best_model: dict[str, torch.Tensor] | None = None
+        self.warm_start: dict[str, Any] | None = None  # set by warm_start.fit_first_order
         # the divergence guard: a training loss above this is "exploding"
         self.reference_loss = self.task.reference_loss(train, self.tc.batch_size) \
             if len(train) else 1.0
@@ -254,10 +257,12 @@ class Trainer:
         if not self.log_metrics:
             raise RuntimeError("this Trainer was built with log_metrics=False (evaluation only)")
         if not resume:
-            if self.tc.init_output_bias:
+            if self.tc.init_output_bias and self.warm_start is None:  # else: the LR's bias
                 done = self.task.init_output_bias(self.model, self.train_data, self.device)
                 if done:
                     self.console.print(done)
+            if self.warm_start is not None:
+                self._evaluate_and_track()  # the LR it starts as is the floor of the run
             if self.tc.on_divergence == "recover":
                 self.save_checkpoint(START)  # the first good state to come back to
         progress = make_progress(self.console, self.tc.progress and self.dist.is_main)

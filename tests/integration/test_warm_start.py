@@ -1,0 +1,135 @@
+"""First-order warm start: an LR fitted first starts the model's linear terms."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from rich.console import Console
+
+from sampan.config import ConfigError, ExperimentConfig, TrainConfig, load_config
+from sampan.data.store import SplitArrays
+from sampan.layers.embed import first_order_part
+from sampan.models import build_model, get_model_class
+from sampan.schema import DataSchema, SparseFeatureSpec
+from sampan.train import checkpoint as ckpt
+from sampan.train.experiment import run_experiment
+from sampan.train.plan import plan_training
+from sampan.train.trainer import Trainer
+from sampan.train.warm_start import DIRNAME, copy_first_order, fit_first_order
+from tests.integration.test_defaults import small_csv
+
+SCHEMA = DataSchema(dense=["x"], sparse=[SparseFeatureSpec("a", 60), SparseFeatureSpec("b", 30)])
+
+
+def additive_rows(n: int, seed: int) -> SplitArrays:
+    """Labels from first-order effects only: what an LR fits exactly."""
+    rng = np.random.default_rng(seed)
+    weights = np.random.default_rng(99)  # the same world for every split
+    wa, wb = weights.normal(0, 1.0, 60), weights.normal(0, 1.0, 30)
+    a, b = rng.integers(0, 60, n), rng.integers(0, 30, n)
+    x = rng.normal(size=n).astype(np.float32)
+    p = 1 / (1 + np.exp(-(wa[a] + wb[b] + 0.5 * x - 1.0)))
+    return SplitArrays(dense=x[:, None], sparse=np.stack([a, b], 1),
+                       labels=(rng.random((n, 1)) < p[:, None]).astype(np.float32))
+
+
+def model(name: str):
+    torch.manual_seed(0)
+    return build_model(get_model_class(name).Config(name=name, embedding_dim=4), SCHEMA)
+
+
+@pytest.mark.parametrize("name,has", [("fm", True), ("deepfm", True), ("wide_deep", True),
+                                      ("xdeepfm", True), ("fibinet", True), ("autoint", True),
+                                      ("lr", False), ("dcn_v2", False)])
+def test_which_models_have_first_order_terms_to_start(name, has):
+    assert (first_order_part(model(name)) is not None) is has
+
+
+def test_plan_turns_it_on_only_where_it_applies():
+    y = np.zeros((500, 1))
+    y[:200] = 1
+    assert plan_training(TrainConfig(), 4000, y, first_order=True).train.first_order_warm_start
+    off = plan_training(TrainConfig(), 4000, None, first_order=True)
+    assert off.train.first_order_warm_start is False
+    assert "no validation split" in off.reasons["first_order_warm_start"]
+    assert plan_training(TrainConfig(), 4000, y, first_order=False).train \
+        .first_order_warm_start is False
+    assert plan_training(TrainConfig(), 4000, y, world=2, first_order=True).train \
+        .first_order_warm_start is False
+    assert plan_training(TrainConfig(first_order_warm_start=False), 4000, y,
+                         first_order=True).train.first_order_warm_start is False
+    with pytest.raises(ConfigError, match="no first-order terms"):
+        plan_training(TrainConfig(first_order_warm_start=True), 4000, y, first_order=False)
+    with pytest.raises(ConfigError, match="2 processes"):
+        plan_training(TrainConfig(first_order_warm_start=True), 4000, y, world=2,
+                      first_order=True)
+
+
+def test_copy_takes_the_lr_weights_and_leaves_the_vectors():
+    lr, fm = model("lr"), model("fm")
+    with torch.no_grad():
+        lr.features.embedding.weight.normal_()
+        lr.features.bias.fill_(-1.5)
+        lr.features.dense_linear.weight.fill_(0.25)
+    vectors = fm.features.embedding.weight[:, 1:].clone()
+    copy_first_order(lr.features, fm.features)
+    assert torch.equal(fm.features.embedding.weight[:, :1], lr.features.embedding.weight)
+    assert torch.equal(fm.features.embedding.weight[:, 1:], vectors)
+    assert fm.features.bias.item() == -1.5
+    assert torch.equal(fm.features.dense_linear.weight, lr.features.dense_linear.weight)
+    with pytest.raises(RuntimeError, match="same schema"):
+        other = build_model(get_model_class("lr").Config(name="lr"),
+                            DataSchema(dense=["x"], sparse=[SparseFeatureSpec("a", 7)]))
+        copy_first_order(other.features, fm.features)
+
+
+def test_the_model_starts_as_the_fitted_lr_and_never_ends_below_it(tmp_path):
+    cfg = ExperimentConfig.model_validate({
+        "features": {"categorical": ["a", "b"], "numeric": ["x"]},
+        "model": {"name": "fm", "embedding_dim": 4},
+        "train": {"batch_size": 128, "epochs": 2, "progress": False, "tensorboard": False,
+                  "eval_every_steps": 10}})
+    train, valid = additive_rows(4000, 1), additive_rows(1500, 2)
+    fm = model("fm")
+    trainer = Trainer(fm, cfg, tmp_path, train, valid, console=Console(quiet=True))
+    assert trainer.tc.first_order_warm_start
+    report = fit_first_order(trainer)
+    # what was copied is the LR's best checkpoint, bit for bit
+    best = ckpt.load(tmp_path / DIRNAME / "checkpoints" / "best.pt")["model"]
+    assert torch.equal(fm.features.embedding.weight[:, :1], best["features.embedding.weight"])
+    assert torch.equal(fm.features.bias, best["features.bias"])
+    # the LR trained to its own early stop (epochs: auto), not the model's 2 epochs
+    assert report["steps"] > 2 * len(trainer.loader)
+    state = trainer.fit()
+    first = state.history[0]
+    assert first["step"] == 0
+    # at step 0 the model is the LR (its vectors are tiny): the same validation AUC
+    assert first["auc"] == pytest.approx(report["valid"]["auc"], abs=2e-3)
+    # the run keeps its best evaluation, and the LR's is one of them: the floor
+    assert state.best >= first["auc"]
+    assert trainer.evaluate(valid)["auc"] == pytest.approx(state.best, abs=1e-9)
+
+
+def test_a_run_reports_it_and_false_turns_it_off(tmp_path):
+    small_csv(tmp_path / "d.csv", rows=1200)
+    raw = {"name": "warm", "output_dir": str(tmp_path / "runs"),
+           "data": {"train": str(tmp_path / "d.csv")},
+           "features": {"categorical": ["a", "b"], "numeric": ["x"]},
+           "model": {"name": "deepfm", "mlp": [8]},
+           "train": {"progress": False, "tensorboard": False}}
+    run = tmp_path / "run"
+    res = run_experiment(load_config(raw=raw), run_dir=run, console=Console(quiet=True))
+    warm = res["first_order_warm_start"]
+    assert warm["steps"] >= warm["best_step"] > 0
+    assert json.loads((run / "results.json").read_text())["first_order_warm_start"] == warm
+    assert json.loads((run / "schedule.json").read_text())["chosen"]["first_order_warm_start"]
+    assert (run / DIRNAME / "checkpoints" / "best.pt").exists()
+    # explicit false: no LR stage
+    raw["train"]["first_order_warm_start"] = False
+    res = run_experiment(load_config(raw=raw), run_dir=tmp_path / "off",
+                         console=Console(quiet=True))
+    assert "first_order_warm_start" not in res
+    assert not (tmp_path / "off" / DIRNAME).exists()
