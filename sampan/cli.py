@@ -6,15 +6,36 @@ import errno
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
+import click
 import numpy as np
 import typer
+import typer.core
 from rich.console import Console
 
 from sampan.errors import SampanError
 
+
+class _Commands(typer.core.TyperGroup):
+    """The one error handler of every command: a :class:`SampanError` (or a full disk) is
+    ``error: <message>`` and exit code 2; anything else is a bug and keeps its traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except SampanError as e:
+            _fail(str(e))
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            _fail(f"no space left on the device ({e.filename or e}); free some space and "
+                  "run the command again (a training run resumes with --resume RUN_DIR: its "
+                  "last checkpoint is intact)")
+
+
 app = typer.Typer(
+    cls=_Commands,
     help="Sampan: train, evaluate and use recommender models from one YAML file.\n\n"
          "Start with `sampan train` (DeepFM on the built-in synthetic data), then try "
          "`sampan train configs/criteo_deepfm.yaml` on a real Criteo file.",
@@ -91,13 +112,6 @@ def train(
         else:
             cfg = load_config(config, overrides=set_ or [])
             run_experiment(cfg, run_dir=run_dir, console=console)
-    except (SampanError, FileNotFoundError, FileExistsError) as e:
-        _fail(str(e))
-    except OSError as e:
-        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
-            raise
-        _fail(f"no space left on the device ({e.filename or e}); free some space, then "
-              "resume the run with --resume RUN_DIR (its last checkpoint is intact)")
     finally:
         distributed.shutdown()
 
@@ -147,11 +161,8 @@ def eval_(
     """Evaluate a trained run's best model: AUC, LogLoss (and GAUC when groups are set)."""
     from sampan.train.experiment import RunArtifacts
 
-    try:
-        art = RunArtifacts(run_dir)
-        metrics = art.evaluate(data if data else split, bootstrap=bootstrap)
-    except (SampanError, FileNotFoundError, ValueError) as e:
-        _fail(str(e))
+    art = RunArtifacts(run_dir)
+    metrics = art.evaluate(data if data else split, bootstrap=bootstrap)
     if data:
         log = art.last_log
         err.print(log.describe())
@@ -180,11 +191,8 @@ def compare(
     """
     from sampan.train.experiment import RunArtifacts, compare_runs
 
-    try:
-        result = compare_runs(RunArtifacts(run_a), RunArtifacts(run_b),
-                              data if data else split, resamples, task)
-    except (SampanError, FileNotFoundError, ValueError) as e:
-        _fail(str(e))
+    result = compare_runs(RunArtifacts(run_a), RunArtifacts(run_b),
+                          data if data else split, resamples, task)
     console.print_json(json.dumps(result))
 
 
@@ -216,9 +224,8 @@ def predict(
         if not rows:
             raise DataError("no rows left to use after reading the input")
         tmp.replace(out)
-    except (SampanError, FileNotFoundError, ValueError) as e:
-        tmp.unlink(missing_ok=True)
-        _fail(str(e))
+    finally:
+        tmp.unlink(missing_ok=True)  # a failed run leaves no half-written file
     log = art.last_log
     console.print(f"wrote {rows:,} predictions to {out}"
                   + (f"; {log.rejected:,} rows rejected {dict(log.reasons)}"
@@ -242,11 +249,7 @@ def export(
     """
     from sampan.export import export_run
 
-    try:
-        path = export_run(run_dir, out, fmt=format, overwrite=overwrite)
-    except (SampanError, FileNotFoundError, FileExistsError, ValueError,
-            RuntimeError) as e:
-        _fail(str(e))
+    path = export_run(run_dir, out, fmt=format, overwrite=overwrite)
     manifest = json.loads((path / "manifest.json").read_text())
     p = manifest["parity"]
     console.print(f"exported {manifest['model']} ({manifest['format']}) to {path}: "
@@ -277,17 +280,14 @@ def serve(
 
     import uvicorn
 
-    from sampan.config import ConfigError, load_serve_config
+    from sampan.config import load_serve_config
 
     overrides = list(set_ or [])
     for key, value in (("bundle", bundle), ("host", host), ("port", port),
                        ("grpc_port", grpc_port), ("workers", workers)):
         if value is not None:
             overrides.append(f"{key}={value}")
-    try:
-        cfg = load_serve_config(config, overrides)
-    except ConfigError as e:
-        _fail(str(e))
+    cfg = load_serve_config(config, overrides)
     where = f"http://{cfg.host}:{cfg.port}" + (
         f" and gRPC {cfg.host}:{cfg.grpc_port}" if cfg.grpc_port is not None else "")
     if cfg.workers > 1:
@@ -310,12 +310,9 @@ def serve(
         finally:
             shutil.rmtree(shared, ignore_errors=True)
         return
-    from sampan.serving.rest import BundleError, ServerState, create_app
+    from sampan.serving.rest import ServerState, create_app
 
-    try:
-        state = ServerState(cfg)
-    except BundleError as e:
-        _fail(str(e))
+    state = ServerState(cfg)
     grpc_server = None
     if cfg.grpc_port is not None:
         from sampan.serving.grpc_server import start_grpc
@@ -353,10 +350,7 @@ def data_inspect(
 
     from sampan.data.inspect import inspect_file
 
-    try:
-        info = inspect_file(file, rows=rows, delimiter=delimiter, header=header)
-    except (OSError, ValueError) as e:
-        _fail(str(e))
+    info = inspect_file(file, rows=rows, delimiter=delimiter, header=header)
     console.print(f"[bold]{file}[/]: format {info['format']}"
                   + (f", delimiter {info['delimiter']!r}" if info.get("delimiter") else "")
                   + (f", header {info['header']}" if info.get("header") is not None else "")
@@ -391,12 +385,9 @@ def data_prepare(
     from sampan.config import load_config
     from sampan.data.store import build_store
 
-    try:
-        cfg = load_config(config, overrides=set_ or [])
-        root = out or Path(cfg.output_dir) / cfg.name / "data"
-        build_store(cfg, root, echo=console.print)
-    except (SampanError, FileNotFoundError) as e:
-        _fail(str(e))
+    cfg = load_config(config, overrides=set_ or [])
+    root = out or Path(cfg.output_dir) / cfg.name / "data"
+    build_store(cfg, root, echo=console.print)
     console.print(f"processed data: {root}")
 
 
@@ -432,7 +423,6 @@ def data_build_sequences(
     sampled negatives. Train on the output with a `sequence` feature sharing the item's
     vocabulary (see the README)."""
     from sampan.data.behaviour import BuildOptions, build_sequences
-    from sampan.data.sources import DataError
 
     def split(v: str | None) -> list[str] | None:
         return [x for x in v.split(",") if x] if v else None
@@ -447,10 +437,7 @@ def data_build_sequences(
         opt.category, opt.action = None, None
     if targets not in ("all", "positive"):
         _fail(f"--targets must be 'all' or 'positive', got {targets!r}")
-    try:
-        r = build_sequences(events, out, opt)
-    except (DataError, FileNotFoundError, KeyError) as e:
-        _fail(str(e))
+    r = build_sequences(events, out, opt)
     console.print(f"read {r.events:,} events ({r.rejected:,} rejected) of {r.users:,} users; "
                   f"wrote {r.samples:,} samples ({r.positives:,} positive, {r.negatives:,} "
                   f"negative), mean history {r.mean_history:.2f}, to {out}")

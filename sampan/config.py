@@ -37,11 +37,7 @@ from pydantic import (
     model_validator,
 )
 
-from sampan.errors import SampanError
-
-
-class ConfigError(SampanError, ValueError):
-    """A config file or override is invalid. The message lists every problem found."""
+from sampan.errors import ConfigError
 
 
 class _Strict(BaseModel):
@@ -79,12 +75,12 @@ class SplitConfig(_Strict):
         """The fractions of the roles carved from ``data.train`` must add up to 1; those of
         roles with their own files (``own_files``) are ignored and the rest renormalised."""
         if self.train <= 0:
-            raise ValueError("split.train must be > 0")
+            raise ConfigError("split.train must be > 0")
         if own_files:
             return
         total = self.train + self.valid + self.test
         if abs(total - 1.0) > 1e-6:
-            raise ValueError(
+            raise ConfigError(
                 f"split fractions train+valid+test must add up to 1.0, got {total:g} "
                 f"({self.train:g}+{self.valid:g}+{self.test:g})"
             )

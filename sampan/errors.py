@@ -1,7 +1,11 @@
 """The base of every error a user should see as a one-line message.
 
-The command line turns a :class:`SampanError` into ``error: <message>`` and a non-zero exit;
-anything else is a bug and keeps its traceback.
+The command line turns a :class:`SampanError` into ``error: <message>`` and exit code 2, in
+one handler (``sampan.cli``); anything else is a bug and keeps its traceback. Each class also
+derives from the builtin a caller would catch without knowing Sampan (``ValueError`` for a
+bad value, ``FileNotFoundError`` for a missing path, ``KeyError`` for an unknown name).
+
+Leaf module: imports nothing of Sampan, so every layer can raise these.
 """
 
 from __future__ import annotations
@@ -9,6 +13,40 @@ from __future__ import annotations
 
 class SampanError(Exception):
     """A problem with the user's config, data or run, explained in the message."""
+
+
+class ConfigError(SampanError, ValueError):
+    """A config file or override is invalid. The message lists every problem found."""
+
+
+class DataError(SampanError, ValueError):
+    """The input data cannot be used as configured (missing file, column, too many bad rows)."""
+
+
+class UnknownModelError(SampanError, KeyError):
+    """A config names a model that is not registered; the message lists the known names."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; keep it readable
+        return str(self.args[0]) if self.args else ""
+
+
+class RunError(SampanError, ValueError):
+    """A run directory that cannot be used for what was asked (a split it does not have, a
+    label it does not predict, runs that did not score the same rows)."""
+
+
+class MissingPathError(SampanError, FileNotFoundError):
+    """A path the user named (a run directory, a checkpoint, a file) does not exist or is
+    not what it should be."""
+
+
+class ExistingPathError(SampanError, FileExistsError):
+    """A path that must be new (a run directory, an export bundle) already exists."""
+
+
+class ExportError(SampanError, RuntimeError):
+    """An export that cannot be trusted: the exported graph disagrees with PyTorch on the
+    run's own rows, so no bundle is written."""
 
 
 class DivergenceError(SampanError):
@@ -24,3 +62,15 @@ class CheckpointError(SampanError):
 class BundleError(SampanError, ValueError):
     """An exported bundle that cannot be opened: not a bundle, an unsupported format, or a
     file that is missing, changed since export, not listed, or outside the bundle."""
+
+
+class RequestError(SampanError, ValueError):
+    """A request the predictor cannot score; ``field`` names the offending input (HTTP 400,
+    gRPC INVALID_ARGUMENT)."""
+
+    def __init__(self, message: str, field: str | None = None, record: int | None = None):
+        super().__init__(message)
+        self.field, self.record = field, record
+
+    def to_json(self) -> dict[str, object]:
+        return {"error": str(self), "field": self.field, "record": self.record}

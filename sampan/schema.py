@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from sampan.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class SparseFeatureSpec:
@@ -101,7 +103,7 @@ class DataSchema:
         known = {f.name for f in self.sparse} | own
         for s in self.sequences:
             if s.table not in known:
-                raise ValueError(f"sequence {s.name!r} uses table {s.table!r}, which is not "
+                raise ConfigError(f"sequence {s.name!r} uses table {s.table!r}, which is not "
                                  f"a sparse feature or a list feature's own table; known: "
                                  f"{sorted(known)}")
             if s.table != s.name:
@@ -121,19 +123,19 @@ class DataSchema:
         """
         seqs = {s.name: s for s in self.behaviour}
         if not seqs:
-            raise ValueError(f"{model} needs a behaviour sequence (features.lists with kind: "
+            raise ConfigError(f"{model} needs a behaviour sequence (features.lists with kind: "
                              "sequence) in the data schema")
         name = history or (next(iter(seqs)) if len(seqs) == 1 else None)
         if name not in seqs:
-            raise ValueError(f"{model}: model.history must name one of the sequences "
+            raise ConfigError(f"{model}: model.history must name one of the sequences "
                              f"{sorted(seqs)}, got {history!r}")
         target = target or seqs[name].table
         names = [f.name for f in self.sparse]
         if target not in names:
-            raise ValueError(f"{model}: model.target {target!r} is not a sparse feature: "
+            raise ConfigError(f"{model}: model.target {target!r} is not a sparse feature: "
                              f"{names}")
         if seqs[name].table != target:
-            raise ValueError(f"{model}: the history {name!r} holds ids of {seqs[name].table!r}"
+            raise ConfigError(f"{model}: the history {name!r} holds ids of {seqs[name].table!r}"
                              f", not of the target {target!r}; share the target's vocabulary")
         return name, names.index(target)
 

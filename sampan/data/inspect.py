@@ -13,6 +13,7 @@ import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
 from sampan.data.sources import detect_format, open_input
+from sampan.errors import DataError, MissingPathError
 
 
 def _head_bytes(path: Path, limit: int = 8 << 20) -> bytes:
@@ -66,7 +67,7 @@ def read_head(path: Path, rows: int, delimiter: str | None = None,
         return t.slice(0, rows), {"format": "jsonl"}
     text_lines = data[:65536].decode("utf-8", "replace").splitlines()[:20]
     if not text_lines:
-        raise ValueError(f"{path} is empty")
+        raise DataError(f"{path} is empty")
     delimiter = delimiter or _guess_delimiter(text_lines)
     header = _guess_header(text_lines, delimiter) if header is None else header
     t = pacsv.read_csv(io.BytesIO(data),
@@ -82,7 +83,7 @@ def inspect_file(path: Path, rows: int = 100_000, delimiter: str | None = None,
     """Per column: type, null rate, distinct count and most frequent values."""
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"{path} does not exist")
+        raise MissingPathError(f"{path} does not exist")
     t, info = read_head(path, rows, delimiter, header)
     cols = []
     for name in t.column_names:

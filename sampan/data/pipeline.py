@@ -264,7 +264,7 @@ class FeaturePipeline:
         d = Path(directory)
         state: dict[str, Any] = json.loads((d / PIPELINE_FILE).read_text())
         if state.get("format_version") != FORMAT_VERSION:
-            raise ValueError(f"{d / PIPELINE_FILE}: format_version {state.get('format_version')} "
+            raise DataError(f"{d / PIPELINE_FILE}: format_version {state.get('format_version')} "
                              f"is not supported (expected {FORMAT_VERSION})")
         pipe = cls(FeaturesConfig.model_validate(state["features"], context={"saved": True}),
                    state["extra_numeric"])

@@ -33,14 +33,10 @@ import pyarrow.parquet as pq
 
 from sampan.config import DataConfig
 from sampan.data.threads import prefetch
-from sampan.errors import SampanError
+from sampan.errors import DataError
 
 LINE_COLUMN = "_line"  # source line number of each kept row, carried next to the data
 _NUMBER_RE = r"^[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?$"
-
-
-class DataError(SampanError, ValueError):
-    """The input data cannot be used as configured (missing file, column, too many bad rows)."""
 
 
 @dataclass

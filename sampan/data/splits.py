@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow as pa
 
 from sampan.config import SplitConfig
+from sampan.errors import ConfigError
 
 TRAIN, VALID, TEST = 0, 1, 2
 ROLE_CODES = {"train": TRAIN, "valid": VALID, "test": TEST}
@@ -79,7 +80,7 @@ class Splitter:
                 self.boundaries = (float(split.boundaries[0]), float(split.boundaries[1]))
             else:
                 if times is None or not len(times):
-                    raise ValueError("a time split needs the timestamps of the train source")
+                    raise ConfigError("a time split needs the timestamps of the train source")
                 f_train = fractions.get("train", 1.0)
                 f_valid = fractions.get("valid", 0.0)
                 f_test = fractions.get("test", 0.0)

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from sampan.errors import BundleError
+from sampan.errors import BundleError, ConfigError, ExistingPathError, ExportError
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 2  # 2: the manifest checksums itself and lists every file
@@ -80,13 +80,13 @@ def export_run(run_dir: str | Path, out: str | Path, fmt: str = "onnx",
     from sampan.train.experiment import RunArtifacts
 
     if fmt not in MODEL_FILES:
-        raise ValueError(f"unknown export format {fmt!r}; expected one of {list(MODEL_FILES)}")
+        raise ConfigError(f"unknown export format {fmt!r}; expected one of {list(MODEL_FILES)}")
     out = Path(out)
     if out.exists():
         if not overwrite:
-            raise FileExistsError(f"{out} exists; choose a new --out or pass --overwrite")
+            raise ExistingPathError(f"{out} exists; choose a new --out or pass --overwrite")
         if not (out / MANIFEST).exists():
-            raise FileExistsError(f"{out} exists and is not a Sampan bundle; not touching it")
+            raise ExistingPathError(f"{out} exists and is not a Sampan bundle; not touching it")
     art = RunArtifacts(run_dir)
     model = art.model.eval().cpu()
     schema = art.store.schema
@@ -136,7 +136,7 @@ def _write_bundle(art: Any, model: Any, schema: Any, example: Any, split: str, f
     got = bundle.session().run(graph.example_inputs(example, schema))
     diff = float(np.abs(got - want.numpy()).max()) if len(got) else 0.0
     if not diff <= 1e-4:
-        raise RuntimeError(f"exported graph disagrees with PyTorch by {diff:.3g} on {split} rows")
+        raise ExportError(f"exported graph disagrees with PyTorch by {diff:.3g} on {split} rows")
 
     results = art.run / "results.json"
     files = sorted(p for p in tmp.rglob("*") if p.is_file())
@@ -190,7 +190,7 @@ def _export_retrieval(art: Any, model: Any, schema: Any, example: Any,
         want = graph.ScoringGraph(model, schema, "user_vectors").eval()(*inputs).numpy()
     diff = float(np.abs(got - want).max()) if len(got) else 0.0
     if not diff <= 1e-4:
-        raise RuntimeError(f"exported user tower disagrees with PyTorch by {diff:.3g}")
+        raise ExportError(f"exported user tower disagrees with PyTorch by {diff:.3g}")
     task = RetrievalTask(model, art.store.split("train"))
     from sampan.data.loader import BatchLoader
 

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sampan.errors import ConfigError
 from sampan.layers.linear import Linear, _onednn_linear, onednn_available
 
 KERNELS = ("mkl", "onednn")
@@ -184,7 +185,7 @@ def plan_kernels(model: nn.Module, mode: str, probe: Callable[[], Any],
                  timer: Timer = time_linear, cache: Path | None = None) -> KernelPlan:
     """Decide every layer's kernel (``mode``: auto, mkl or onednn) and apply it."""
     if mode == "onednn" and not onednn_available():
-        raise ValueError("train.kernels=onednn, but this torch build cannot run oneDNN "
+        raise ConfigError("train.kernels=onednn, but this torch build cannot run oneDNN "
                          "GEMMs; use auto or mkl")
     shapes = layer_shapes(model, probe)
     plan = KernelPlan(mode, shapes=shapes)

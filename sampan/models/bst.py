@@ -12,6 +12,7 @@ from torch import nn
 from sampan.batch import Batch
 from sampan.config import ModelConfig
 from sampan.embedding import EmbeddingCollection
+from sampan.errors import ConfigError
 from sampan.layers import MLP, embed_fields
 from sampan.models.registry import register_model
 from sampan.schema import DataSchema
@@ -42,7 +43,7 @@ class BST(nn.Module):
         self.history, self.target_idx = schema.history_and_target("bst", cfg.history,
                                                                   cfg.target)
         if cfg.embedding_dim % cfg.heads:
-            raise ValueError(f"bst: embedding_dim {cfg.embedding_dim} must be divisible by "
+            raise ConfigError(f"bst: embedding_dim {cfg.embedding_dim} must be divisible by "
                              f"heads {cfg.heads}")
         self.schema = schema
         d = cfg.embedding_dim

@@ -12,6 +12,7 @@ from torch import nn
 
 from sampan.batch import Batch
 from sampan.config import ModelConfig
+from sampan.errors import ConfigError
 from sampan.layers import MLP, FieldInput
 from sampan.models.registry import register_model
 from sampan.schema import DataSchema
@@ -41,7 +42,7 @@ class ESMM(nn.Module):
     def __init__(self, schema: DataSchema, cfg: Config):
         super().__init__()
         if schema.num_tasks != 2:
-            raise ValueError("esmm needs two labels, [click, click_and_convert]; got "
+            raise ConfigError("esmm needs two labels, [click, click_and_convert]; got "
                              f"{schema.labels}")
         self.input = FieldInput(schema, cfg.embedding_dim, cfg.embedding_init_std)
         self.ctr = MLP(self.input.out_dim, cfg.tower_mlp, out=1, dropout=cfg.dropout)

@@ -9,6 +9,7 @@ from torch import nn
 
 from sampan.batch import Batch
 from sampan.config import ModelConfig
+from sampan.errors import ConfigError
 from sampan.layers import FeatureEmbedding, bias_terms, fm_interaction
 from sampan.models.registry import register_model
 from sampan.schema import DataSchema
@@ -26,7 +27,7 @@ class FM(nn.Module):
     def __init__(self, schema: DataSchema, cfg: Config):
         super().__init__()
         if schema.num_tasks != 1:
-            raise ValueError(f"fm predicts one label; got {schema.num_tasks}: {schema.labels}")
+            raise ConfigError(f"fm predicts one label; got {schema.num_tasks}: {schema.labels}")
         self.features = FeatureEmbedding(schema, cfg.embedding_dim, cfg.embedding_init_std,
                                          embed_dense=cfg.embed_dense)
 

@@ -12,16 +12,11 @@ import difflib
 from collections.abc import Callable
 from typing import TypeVar
 
+from sampan.errors import UnknownModelError
+
 T = TypeVar("T")
 
 _MODELS: dict[str, type] = {}
-
-
-class UnknownModelError(KeyError):
-    """Raised when a config names a model that is not registered."""
-
-    def __str__(self) -> str:  # KeyError quotes its message; keep it readable
-        return str(self.args[0])
 
 
 def register_model(name: str) -> Callable[[type[T]], type[T]]:

@@ -14,6 +14,7 @@ from torch import nn
 from sampan.batch import Batch
 from sampan.config import ModelConfig
 from sampan.embedding import EmbeddingCollection
+from sampan.errors import ConfigError
 from sampan.layers import MLP, embed_fields
 from sampan.models.registry import register_model
 from sampan.schema import DataSchema
@@ -53,7 +54,7 @@ class TwoTower(nn.Module):
         known = fields + list(schema.dense)
         unknown = [n for n in cfg.item_features if n not in known]
         if unknown:
-            raise ValueError(f"two_tower: model.item_features {unknown} are not features of "
+            raise ConfigError(f"two_tower: model.item_features {unknown} are not features of "
                              f"the data; known: {known}")
         # a numeric item feature's bucket twin (see NumericFeature.buckets) goes with it
         item = set(cfg.item_features) | {f"{n}_bucket" for n in cfg.item_features
@@ -82,7 +83,7 @@ class TwoTower(nn.Module):
             [i for i, n in enumerate(schema.dense) if n not in item], dtype=torch.long),
             persistent=False)
         if not len(self.user_fields):
-            raise ValueError("two_tower: every sparse feature is in model.item_features; the "
+            raise ConfigError("two_tower: every sparse feature is in model.item_features; the "
                              "user tower needs at least one (e.g. user_id)")
         self.user_tower = MLP(len(self.user_fields) * d + len(self.user_dense), cfg.tower_mlp)
         self.item_tower = MLP(len(self.item_fields) * d + len(self.item_dense), cfg.tower_mlp)
@@ -91,11 +92,11 @@ class TwoTower(nn.Module):
     def _id_column(what: str, name: str | None, side: list[str], sparse: list[str]) -> int:
         if name is None:
             if not side:
-                raise ValueError(f"two_tower: no sparse feature for model.{what} on that "
+                raise ConfigError(f"two_tower: no sparse feature for model.{what} on that "
                                  "side; check model.item_features")
             name = side[0]
         if name not in side:
-            raise ValueError(f"two_tower: model.{what} {name!r} must be a sparse feature of "
+            raise ConfigError(f"two_tower: model.{what} {name!r} must be a sparse feature of "
                              f"its tower: {side}")
         return sparse.index(name)
 

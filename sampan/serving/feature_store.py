@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sampan.data.sources import ColumnRoles, SideTable, _key_text
+from sampan.errors import ConfigError
 
 
 class MemoryFeatureStore:
@@ -28,7 +29,7 @@ class MemoryFeatureStore:
         self.tables: dict[str, SideTable] = {}
         for j in joins:
             if j.by in self.tables:
-                raise ValueError(f"two feature tables are keyed by {j.by!r}")
+                raise ConfigError(f"two feature tables are keyed by {j.by!r}")
             self.tables[j.by] = SideTable(j, roles)
             self.tables[j.by].index.prepare()  # key lookups ready before requests
 

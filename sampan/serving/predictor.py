@@ -23,18 +23,8 @@ from sampan.data.sources import (
     records_table,
     validate_table,
 )
+from sampan.errors import RequestError
 from sampan.export.bundle import Bundle
-
-
-class RequestError(ValueError):
-    """A request the predictor cannot score; ``field`` names the offending input."""
-
-    def __init__(self, message: str, field: str | None = None, record: int | None = None):
-        super().__init__(message)
-        self.field, self.record = field, record
-
-    def to_json(self) -> dict[str, Any]:
-        return {"error": str(self), "field": self.field, "record": self.record}
 
 
 class Predictor:

@@ -27,6 +27,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sampan.config import ServeConfig
+from sampan.errors import BundleError
 from sampan.serving.predictor import Predictor, RequestError, top_k
 
 
@@ -57,7 +58,7 @@ class RecommendRequest(BaseModel):
     task: int = Field(0, ge=0)
 
 
-class BundleError(Exception):
+class ServingBundleError(BundleError):
     """A bundle that cannot be served; ``field`` says which (bundle / retrieval_bundle)."""
 
     def __init__(self, field: str, message: str):
@@ -242,7 +243,7 @@ class ServerState:
              ) -> tuple[Predictor | None, Any]:
         """Open the given bundles (a ranking bundle, a two-tower bundle for
         ``/v1/recommend``, each with its feature store), then serve them together. If one
-        fails to open, nothing changes and :class:`BundleError` names it."""
+        fails to open, nothing changes and :class:`ServingBundleError` names it."""
         from sampan.serving.retrieval import Retriever
 
         predictor = retriever = store = rstore = None
@@ -258,7 +259,7 @@ class ServerState:
                 rstore = self._store_for(retriever.predictor)
         except Exception as e:  # noqa: BLE001 - reported with the bundle that failed
             path = bundle if field == "bundle" else retrieval_bundle
-            raise BundleError(field, f"cannot load {field} {path!r}: {e}") from e
+            raise ServingBundleError(field, f"cannot load {field} {path!r}: {e}") from e
         with self._lock:
             if predictor is not None:
                 old = self.predictor
@@ -529,7 +530,7 @@ def create_app(state: ServerState):  # type: ignore[no-untyped-def]
                 predictor, retriever, out["generation"] = await run_in_threadpool(
                     state.sync.reload, req.bundle, req.retrieval_bundle)
                 out["workers"] = state.cfg.workers
-        except BundleError as e:  # the old bundles keep serving; say which one failed
+        except ServingBundleError as e:  # the old bundles keep serving; say which one failed
             state.reloads.labels("failed").inc()
             return error(400, str(e), e.field)
         if predictor is not None:

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from sampan.errors import BundleError
 from sampan.export.bundle import Bundle
 from sampan.serving.predictor import Predictor, RequestError
 
@@ -27,7 +28,7 @@ class Retriever:
         self.bundle = Bundle(bundle)
         info = self.bundle.manifest.get("retrieval")
         if not info:
-            raise ValueError(f"{bundle} is not a retrieval bundle (export a two_tower run)")
+            raise BundleError(f"{bundle} is not a retrieval bundle (export a two_tower run)")
         self.info = info
         self.predictor = Predictor(self.bundle, max_records=max_records)
         self.session = ort.InferenceSession(str(self.bundle.file(info["user_tower"])),

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from sampan.errors import CheckpointError
+from sampan.errors import CheckpointError, MissingPathError
 
 _MARK = b"\nsampan-sha256:"
 _TRAILER = len(_MARK) + 64 + 1
@@ -181,7 +181,7 @@ def load(path: str | Path, device: str | torch.device = "cpu",
     that hold them, so the rest never reaches memory)."""
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
+        raise MissingPathError(f"checkpoint {str(path)!r} does not exist")
     for attempt in (0, 1):
         obj = _torch_load(path, device)
         if not isinstance(obj, dict):
@@ -197,7 +197,7 @@ def load(path: str | Path, device: str | torch.device = "cpu",
         except FileNotFoundError:
             if attempt:  # not a save replacing them in between: they are gone
                 missing = [str(f) for f in files if not f.exists()]
-                raise FileNotFoundError(
+                raise MissingPathError(
                     f"checkpoint {str(path)!r} is missing its parts {missing}") from None
     from sampan.distributed import shard_bounds
 

@@ -27,9 +27,10 @@ from rich.table import Table
 
 from sampan import distributed
 from sampan.config import ExperimentConfig, dump_config, load_config
-from sampan.data.sources import DataError, RejectLog
+from sampan.data.sources import RejectLog
 from sampan.data.store import SplitArrays, Store, build_store, iter_transformed, transform_files
 from sampan.embedding.collection import sharded_build
+from sampan.errors import DataError, ExistingPathError, MissingPathError, RunError
 from sampan.models import build_model
 from sampan.train import checkpoint as ckpt
 from sampan.train.metrics import auc, auc_bootstrap, paired_auc_comparison
@@ -106,7 +107,7 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path | None = None,
     restart = False
     if resume and not (run / "checkpoints" / LAST).exists():
         if not (run / "config.yaml").exists():
-            raise FileNotFoundError(f"{run} is not a run directory (no config.yaml) and has "
+            raise MissingPathError(f"{run} is not a run directory (no config.yaml) and has "
                                     f"no checkpoints/{LAST} to resume from")
         # stopped before its first checkpoint (while preparing the data, or early in
         # training): the run starts again from the beginning with its saved config
@@ -125,7 +126,7 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path | None = None,
                     console.print(f"[yellow]note[/]: {run} has no checkpoint yet: starting "
                                   "it again from the beginning with its saved config")
                 elif (run / "config.yaml").exists():
-                    raise FileExistsError(f"{run} already holds a run; resume it with "
+                    raise ExistingPathError(f"{run} already holds a run; resume it with "
                                           f"--resume {run} or choose a new --run-dir")
                 (run / "config.yaml").write_text(dump_config(cfg))
                 console.print(f"[bold]run[/] {run}")
@@ -142,7 +143,7 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path | None = None,
         store = Store.open(run / "data")
     train, valid, test = store.split("train"), store.split("valid"), store.split("test")
     if train is None:
-        raise ValueError("the train split is empty; check data.split")
+        raise DataError("the train split is empty; check data.split")
 
     torch.manual_seed(cfg.seed)  # model init depends only on the seed (same on every rank)
     if dist.enabled:
@@ -267,7 +268,7 @@ class RunArtifacts:
     def __init__(self, run_dir: str | Path):
         self.run = Path(run_dir)
         if not (self.run / "config.yaml").exists():
-            raise FileNotFoundError(f"{self.run} is not a Sampan run directory (no config.yaml)")
+            raise MissingPathError(f"{self.run} is not a Sampan run directory (no config.yaml)")
         self.cfg = load_config(self.run / "config.yaml")
         self.store = Store.open(self.run / "data")
         self.pipeline = self.store.pipeline()
@@ -300,7 +301,7 @@ class RunArtifacts:
         if isinstance(split_or_files, str) and split_or_files in ("train", "valid", "test"):
             data = self.store.split(split_or_files)
             if data is None:
-                raise ValueError(f"the {split_or_files} split of {self.run} is empty")
+                raise RunError(f"the {split_or_files} split of {self.run} is empty")
             return data
         return self.read(split_or_files, with_labels=True)
 
@@ -365,10 +366,10 @@ def compare_runs(a: RunArtifacts, b: RunArtifacts, split_or_files: str | list[st
     def scored(art: RunArtifacts) -> tuple[torch.Tensor, np.ndarray, np.ndarray | None]:
         data = art.labelled(split_or_files)
         if data.labels is None or task >= data.labels.shape[1]:
-            raise ValueError(f"{art.run} has no label {task} to compare on")
+            raise RunError(f"{art.run} has no label {task} to compare on")
         logits = art.trainer.predict_logits(data)
         if task >= logits.shape[1]:
-            raise ValueError(f"{art.run}'s model predicts {logits.shape[1]} label(s); "
+            raise RunError(f"{art.run}'s model predicts {logits.shape[1]} label(s); "
                              f"there is no task {task}")
         return logits[:, task], np.asarray(data.labels[:, task]), data.line
 
@@ -376,7 +377,7 @@ def compare_runs(a: RunArtifacts, b: RunArtifacts, split_or_files: str | list[st
     zb, yb, lb = scored(b)
     if len(ya) != len(yb) or not np.array_equal(ya, yb) or (
             la is not None and lb is not None and not np.array_equal(la, lb)):
-        raise ValueError(f"{a.run} and {b.run} do not hold the same rows ({len(ya):,} vs "
+        raise RunError(f"{a.run} and {b.run} do not hold the same rows ({len(ya):,} vs "
                          f"{len(yb):,} rows, or different labels): a paired comparison needs "
                          "the same data and split (or give the same --data files)")
     y = torch.from_numpy(ya.astype(np.float32))

@@ -22,7 +22,7 @@ from rich.console import Console
 from torch import nn
 
 from sampan import distributed
-from sampan.config import ExperimentConfig, dump_config
+from sampan.config import ConfigError, ExperimentConfig, dump_config
 from sampan.data.loader import Batch, BatchLoader
 from sampan.data.store import SplitArrays
 from sampan.embedding import EmbeddingCollection, make_sparse_optimizer
@@ -114,7 +114,7 @@ class Trainer:
             first_order=first_order_part(model) is not None)
         self.tc = self.plan.train  # every `auto` resolved from the data
         if self.dist.enabled and self.tc.batch_size < 2 * self.dist.world:
-            raise ValueError(f"train.batch_size {self.tc.batch_size} (the global batch) must "
+            raise ConfigError(f"train.batch_size {self.tc.batch_size} (the global batch) must "
                              f"give each of the {self.dist.world} processes two rows or more")
         self.loader = BatchLoader(train, self.tc.batch_size, shuffle=self.tc.shuffle,
                                   seed=cfg.seed, prefetch=self.tc.prefetch,
@@ -417,7 +417,7 @@ class Trainer:
         m = self.evaluate(self.valid_data)
         es = self.tc.early_stopping
         if self.metric not in m:
-            raise ValueError(
+            raise ConfigError(
                 f"train.early_stopping.metric {self.metric!r} is not computed for this model "
                 f"and data; available: {sorted(k for k in m if k not in ('rows', 'queries'))}")
         self._check_valid(m)
