@@ -455,7 +455,7 @@ class TrainConfig(_Strict):
         "auto", description="fit a logistic regression on the same rows first and start the "
         "model's first-order terms from it; auto: on for models with first-order terms and "
         "latent vectors (fm, deepfm, wide_deep, xdeepfm, fibinet, autoint) when there is a "
-        "validation split, in a single process")
+        "validation split")
     checkpoint_every_steps: int | None = Field(None, gt=0)
     shuffle: Literal["rows", "blocks", "none"] = "rows"
     amp: Literal["none", "bf16"] = "none"
@@ -493,6 +493,11 @@ class ExperimentConfig(_Strict):
     preset: Literal["criteo"] | None = None
     data: DataConfig = DataConfig(format="synthetic")
     features: FeaturesConfig
+    # before `model`: fields validate in order, and the plugins register the user's models
+    plugins: list[str] = Field(default_factory=list, description="Python files (my_models.py,"
+                               " relative to the config file) or modules (my_pkg.rankers) "
+                               "imported first: their @register_model classes can be named "
+                               "in model.name")
     model: SerializeAsAny[ModelConfig] = ModelConfig()
     train: TrainConfig = TrainConfig()
 
@@ -509,6 +514,13 @@ class ExperimentConfig(_Strict):
             raise ValueError("train.early_stopping.metric is 'gauc' but features.group is not "
                              "set (GAUC needs a group column, e.g. the user id)")
         return self
+
+    @field_validator("plugins", mode="after")
+    @classmethod
+    def _load_plugins(cls, v: list[str]) -> list[str]:
+        from sampan.models.plugins import load_all
+
+        return load_all(v)
 
     @field_validator("model", mode="before")
     @classmethod
@@ -625,8 +637,10 @@ def load_config(
     ``path=None`` (and no ``raw``) loads the built-in default experiment (DeepFM on the
     synthetic Criteo-shaped data). Raises :class:`ConfigError` listing every problem.
     """
+    base = None  # where relative plugin paths start: the config file's folder, else cwd
     if raw is None:
         file = Path(path) if path is not None else builtin_config_path()
+        base = file.resolve().parent
         if not file.exists():
             raise ConfigError(f"config file {str(file)!r} does not exist")
         try:
@@ -653,8 +667,16 @@ def load_config(
 
     from sampan.models.registry import UnknownModelError, get_model_class
 
-    # the model section first, against the named model's own options (so a misspelt key
-    # gets that model's nearest key), then everything else with it in place
+    # the user's own models first (they may be what model.name names), then the model
+    # section, against the named model's own options (so a misspelt key gets that model's
+    # nearest key), then everything else with it in place
+    plugins = raw.get("plugins") or []
+    if not isinstance(plugins, list):
+        raise ConfigError(f"plugins: expected a list of .py files or module names, got "
+                          f"{plugins!r}")
+    from sampan.models.plugins import load_all
+
+    raw["plugins"] = load_all(plugins, base=base)
     model_raw = raw.get("model") or {}
     if not isinstance(model_raw, dict):
         raise ConfigError(f"model: expected a mapping, got {type(model_raw).__name__}")

@@ -16,7 +16,7 @@ The rules, each a pure function of the training rows (so a resumed run plans the
 * ``warmup_steps``: a tenth of an epoch, 10 to 200 steps.
 * ``early_stopping.patience``: two epochs' worth of evaluations without improvement.
 * ``first_order_warm_start``: on for models with first-order terms and latent vectors (FM,
-  DeepFM, ...) when there is a validation split, in a single process; see
+  DeepFM, ...) when there is a validation split; see
   :mod:`sampan.train.warm_start`.
 * ``early_stopping.metric``: AUC, or LogLoss when the validation split has under 100
   positives or negatives: there AUC's sampling error (about 0.04) is larger than the changes
@@ -120,19 +120,15 @@ def plan_training(tc: TrainConfig, n_train: int, valid_labels: np.ndarray | None
 
     warm = tc.first_order_warm_start
     if warm == "auto":
-        warm = first_order and has_valid and world == 1
+        warm = first_order and has_valid
         if first_order:
             reasons["first_order_warm_start"] = (
                 "on: an LR fitted first starts the first-order terms" if warm else
-                "off: " + ("no validation split to stop the LR on" if not has_valid
-                           else "not under a distributed launch"))
+                "off: no validation split to stop the LR on")
     elif warm and not first_order:
         raise ConfigError("train.first_order_warm_start: true, but this model has no "
                           "first-order terms with latent vectors to start from an LR; "
                           "expected false or auto")
-    elif warm and world > 1:
-        raise ConfigError("train.first_order_warm_start: true is for single-process runs; "
-                          f"this launch has {world} processes (use false or auto)")
     upd["first_order_warm_start"] = bool(warm)
 
     es = tc.early_stopping

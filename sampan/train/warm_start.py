@@ -12,8 +12,9 @@ weights kept are never worse on validation than the LR they started from.
 The LR trains in ``<run>/first_order/`` with the run's own training settings (its ``auto``
 values resolved for it) except its length: with a validation split it trains until validation
 stops improving (``epochs: auto``), whatever epochs the model was given. Its steps are cheap
-(its table has one column). ``auto`` turns it on only with a validation split, in a single
-process.
+(its table has one column). ``auto`` turns it on only with a validation split. Under a
+distributed launch the LR trains data-parallel like the model, its table replicated, and a
+row-sharded model takes the rows it holds.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 import torch
 from rich.console import Console
 
+from sampan import distributed
 from sampan.layers.embed import FeatureEmbedding, first_order_part
 from sampan.models.lr import LR
 from sampan.train.trainer import Trainer
@@ -35,10 +37,14 @@ def copy_first_order(source: FeatureEmbedding, target: FeatureEmbedding) -> None
     """Copy an LR's weights (bias, each id's weight, the numeric weights) into ``target``'s
     first-order terms; the latent vectors are left as they are."""
     src, dst = source.embedding.weight, target.embedding.weight
-    if src.shape[0] != dst.shape[0] or source.tasks != target.tasks:
+    table = target.embedding
+    if src.shape[0] != table.num_rows or source.tasks != target.tasks:
         raise RuntimeError(f"first-order warm start: the LR has {src.shape[0]} rows x "
-                         f"{source.tasks} tasks, the model {dst.shape[0]} x {target.tasks}; "
-                         "they must be built from the same schema")
+                           f"{source.tasks} tasks, the model {table.num_rows} x "
+                           f"{target.tasks}; they must be built from the same schema")
+    if table.sharded:  # this process holds rows [lo, hi) of the model's table
+        rank = distributed.context().rank
+        src = src[table.bounds[rank]: table.bounds[rank + 1]]
     with torch.no_grad():
         dst[:, : target.tasks].copy_(src[:, : source.tasks])
         target.bias.copy_(source.bias)

@@ -77,7 +77,7 @@ def test_state_dict_is_nn_linear_compatible():
 def test_compile_dense_keeps_results_and_state_dict_keys():
     from sampan.models import build_model, get_model_class
     from sampan.schema import DataSchema, SequenceFeatureSpec, SparseFeatureSpec
-    from tests.contract.test_models import batch
+    from sampan.testing import batch
 
     schema = DataSchema(dense=["x1", "x2"],
                         sparse=[SparseFeatureSpec("a", 6), SparseFeatureSpec("b", 4),
