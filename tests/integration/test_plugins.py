@@ -68,9 +68,17 @@ class FrozenRanker(SumRanker):
 
 @pytest.fixture
 def user_file(tmp_path):
+    """The user's file; its models leave the process-wide registry after the test."""
+    from sampan.models import plugins, registry
+
+    models, loaded = dict(registry._MODELS), dict(plugins._LOADED)
     path = tmp_path / "my_models.py"
     path.write_text(textwrap.dedent(USER_MODELS))
-    return path
+    yield path
+    registry._MODELS.clear()
+    registry._MODELS.update(models)
+    plugins._LOADED.clear()
+    plugins._LOADED.update(loaded)
 
 
 def test_check_model_passes_a_sound_model_and_names_what_a_broken_one_lacks(user_file):
