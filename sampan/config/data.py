@@ -1,0 +1,113 @@
+"""The ``data`` section: files, format, splits, side tables."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import (
+    Field,
+    model_validator,
+)
+
+from sampan.config.base import _Strict
+from sampan.errors import ConfigError
+
+
+# ----------------------------------------------------------------------------------- data
+class SplitConfig(_Strict):
+    """How rows of ``data.train`` are divided when no separate valid/test files are given.
+
+    ``sequential`` keeps file order (first ``train`` fraction, then ``valid``, then ``test``);
+    ``random`` assigns each row independently with ``seed``.
+    """
+
+    method: Literal["sequential", "random", "time", "group"] = "sequential"
+    train: float = Field(0.8, ge=0.0, le=1.0)
+    valid: float = Field(0.1, ge=0.0, le=1.0)
+    test: float = Field(0.1, ge=0.0, le=1.0)
+    seed: int = 0
+    column: str | None = Field(None, description="time: the timestamp column; group: the "
+                               "column whose values never straddle two splits (e.g. user)")
+    boundaries: tuple[float, float] | None = Field(
+        None, description="time: explicit [valid_from, test_from] timestamps instead of "
+        "fractions of the time range")
+
+    @model_validator(mode="after")
+    def _needs_column(self) -> SplitConfig:
+        if self.method in ("time", "group") and not self.column:
+            raise ValueError(f"split.method {self.method!r} needs split.column")
+        if self.boundaries is not None and not self.boundaries[0] <= self.boundaries[1]:
+            raise ValueError(f"split.boundaries must be increasing, got {list(self.boundaries)}")
+        return self
+
+    def check_fractions(self, own_files: list[str]) -> None:
+        """The fractions of the roles carved from ``data.train`` must add up to 1; those of
+        roles with their own files (``own_files``) are ignored and the rest renormalised."""
+        if self.train <= 0:
+            raise ConfigError("split.train must be > 0")
+        if own_files:
+            return
+        total = self.train + self.valid + self.test
+        if abs(total - 1.0) > 1e-6:
+            raise ConfigError(
+                f"split fractions train+valid+test must add up to 1.0, got {total:g} "
+                f"({self.train:g}+{self.valid:g}+{self.test:g})"
+            )
+
+
+class SyntheticConfig(_Strict):
+    """The built-in Criteo-shaped generator with a known labelling model (see data/synthetic.py)."""
+
+    rows: int = Field(200_000, gt=0)
+    seed: int = 2024
+    zipf_a: float = Field(1.2, gt=1.0)
+    missing_rate: float = Field(0.1, ge=0.0, lt=1.0)
+
+
+class JoinConfig(_Strict):
+    """A side table (user or item attributes) joined to every row on a key column.
+
+    The table is read whole (side tables are small), keys must be unique, and rows without a
+    match get missing values. Parsing options mean what they mean under ``data``.
+    """
+
+    path: str
+    by: str = Field(description="key column of the main data (the side table key defaults to it)")
+    key: str | None = Field(None, description="key column in the side table (default: by)")
+    format: Literal["auto", "csv", "tsv", "parquet"] = "auto"
+    delimiter: str | None = None
+    header: bool = True
+    columns: list[str] | None = None
+    encoding: str = "utf-8"
+
+
+class DataConfig(_Strict):
+    """Where the raw rows come from and how to parse them."""
+
+    train: str | list[str] | None = None
+    valid: str | list[str] | None = None
+    test: str | list[str] | None = None
+    format: Literal["auto", "csv", "tsv", "parquet", "jsonl", "libsvm", "slot",
+                    "synthetic"] = "auto"
+    delimiter: str | None = None
+    header: bool = True
+    columns: list[str] | None = None
+    encoding: str = "utf-8"
+    block_size: int = Field(16 << 20, gt=0, le=1 << 30,
+                            description="bytes parsed per chunk; also the longest line "
+                            "read (a longer one is rejected as line_too_long)")
+    split: SplitConfig = SplitConfig()
+    max_bad_fraction: float = Field(0.01, ge=0.0, le=1.0)
+    synthetic: SyntheticConfig = SyntheticConfig()
+    oracle_column: str | None = None
+    joins: list[JoinConfig] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _has_source(self) -> DataConfig:
+        if self.format != "synthetic" and not self.train:
+            raise ValueError("data.train is required (a file path, a list of paths, or use "
+                             "format: synthetic for the built-in generator)")
+        if self.delimiter is not None and len(self.delimiter) != 1:
+            raise ValueError(f"data.delimiter must be one character, got {self.delimiter!r}")
+        self.split.check_fractions([r for r in ("valid", "test") if getattr(self, r)])
+        return self

@@ -1,0 +1,84 @@
+"""One experiment: data -> features -> model -> training."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import (
+    Field,
+    PrivateAttr,
+    SerializeAsAny,
+    field_validator,
+    model_validator,
+)
+
+from sampan.config.base import _Strict
+from sampan.config.data import DataConfig
+from sampan.config.features import FeaturesConfig
+from sampan.config.model import ModelConfig
+from sampan.config.train import TrainConfig
+
+
+# ----------------------------------------------------------------------------- experiment
+class ExperimentConfig(_Strict):
+    """One experiment: data -> features -> model -> training."""
+
+    name: str = Field("experiment", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+                      description="the run folder's name under output_dir: letters, digits, "
+                      ". _ - (no path)")
+    seed: int = Field(42, ge=0, lt=2**32, description="0 to 2**32 - 1")
+    output_dir: str = "runs"
+    preset: Literal["criteo"] | None = None
+    data: DataConfig = DataConfig(format="synthetic")
+    features: FeaturesConfig
+    # before `model`: fields validate in order, and the plugins register the user's models
+    plugins: list[str] = Field(default_factory=list, description="Python files (my_models.py,"
+                               " relative to the config file) or modules (my_pkg.rankers) "
+                               "imported first: their @register_model classes can be named "
+                               "in model.name")
+    model: SerializeAsAny[ModelConfig] = ModelConfig()
+    train: TrainConfig = TrainConfig()
+
+    _notices: list[str] = PrivateAttr(default_factory=list)
+
+    @property
+    def notices(self) -> list[str]:
+        """What loading changed that the user did not write (printed by every run)."""
+        return self._notices
+
+    @model_validator(mode="after")
+    def _gauc_needs_group(self) -> ExperimentConfig:
+        if self.train.early_stopping.metric == "gauc" and not self.features.group:
+            raise ValueError("train.early_stopping.metric is 'gauc' but features.group is not "
+                             "set (GAUC needs a group column, e.g. the user id)")
+        return self
+
+    @field_validator("plugins", mode="after")
+    @classmethod
+    def _load_plugins(cls, v: list[str]) -> list[str]:
+        from sampan.models.plugins import load_all
+
+        return load_all(v)
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _model_options(cls, v: Any) -> Any:
+        """The model section is validated against the named model's own options, however
+        the config is built (YAML, ``load_config``, or ``model_validate`` from Python): a
+        misspelt or foreign key is an error, never dropped."""
+        from sampan.models.registry import UnknownModelError, get_model_class
+
+        if isinstance(v, ModelConfig):
+            if type(v) is not ModelConfig:
+                return v  # already a model's own Config
+            v = v.model_dump()
+        if not isinstance(v, dict):
+            return v  # pydantic reports the type
+        name = v.get("name", "deepfm")
+        if not isinstance(name, str):
+            raise ValueError(f"name: expected a model name, got {name!r}")
+        try:
+            model_cls = get_model_class(name)
+        except UnknownModelError as e:
+            raise ValueError(str(e)) from None
+        return model_cls.Config.model_validate(v)

@@ -1,0 +1,234 @@
+"""The ``features`` section: labels, categorical, numeric and list features, and the
+package's feature defaults."""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any, Literal
+
+from pydantic import (
+    Field,
+    ValidationInfo,
+    model_validator,
+)
+
+from sampan.config.base import _Strict
+
+
+# ------------------------------------------------------------------------------- features
+class CategoricalFeature(_Strict):
+    """A categorical column mapped to ids of the fused embedding table.
+
+    Ids: 0 is reserved (padding), 1 is the shared OOV id, vocabulary ids follow. Values seen
+    fewer than ``min_count`` times in the train split, or beyond ``max_size``, are OOV. With
+    ``hash_buckets > 0`` OOV values are spread over that many buckets by a stable hash instead
+    of sharing one id; with ``vocab: false`` every value is hashed.
+    """
+
+    name: str
+    column: str | None = None
+    min_count: int = Field(1, ge=1, description="values seen fewer times in the train split "
+                           "are OOV (features.categorical_defaults sets 3)")
+    max_size: int | None = Field(None, gt=0)
+    hash_buckets: int = Field(0, ge=0)
+    vocab: bool = True
+    bucketize: Literal["none", "log_squared", "quantile"] = Field(
+        "none", description="for a numeric column used as a category: log_squared maps x > 2 "
+        "to floor(ln(x)^2) (the Criteo winners' discretisation); quantile cuts at `buckets` "
+        "quantiles fitted on the train split")
+    buckets: int = Field(10, ge=2, description="number of quantile buckets")
+    cross: list[str] | None = Field(
+        None, description="columns whose values are crossed: the feature is a stable hash of "
+        "the joined values into hash_buckets ids")
+
+    @model_validator(mode="after")
+    def _hash_or_vocab(self) -> CategoricalFeature:
+        if self.cross is not None:
+            if len(self.cross) < 2:
+                raise ValueError(f"feature {self.name!r}: cross needs two or more columns")
+            if self.hash_buckets <= 0:
+                raise ValueError(f"feature {self.name!r}: cross needs hash_buckets > 0")
+            self.vocab = False
+        if not self.vocab and self.hash_buckets <= 0:
+            raise ValueError(f"feature {self.name!r}: vocab: false needs hash_buckets > 0")
+        return self
+
+
+class ListFeature(_Strict):
+    """A column holding several values per row: a delimited string (``"a|b|c"``) or a list.
+
+    * ``sequence``: behaviour history, most recent last; keeps the last ``max_len`` values,
+      left-padded with 0. Models attend over it (DIN, DIEN, BST).
+    * ``bag``: an unordered set (genres, tags), pooled by ``pooling`` into one field.
+    * ``text``: a bag of tokens from free text (``tokenizer``: ``latin`` splits on whitespace
+      and punctuation, lower-cased; ``jieba`` segments Chinese, needs ``pip install jieba``).
+
+    With ``share: <categorical feature>`` the values are ids of that feature's vocabulary and
+    embedding rows (e.g. ``hist_item_id`` shares ``item_id``); otherwise the feature has its
+    own vocabulary fitted with ``min_count`` / ``max_size`` / ``hash_buckets``.
+    """
+
+    name: str
+    column: str | None = None
+    flags: list[str] | None = Field(
+        None, description="0/1 columns read as one bag: the names of the columns set to 1 "
+        "(MovieLens-100k's genre flags)")
+    kind: Literal["sequence", "bag", "text"] = "sequence"
+    delimiter: str = ","
+    max_len: int = Field(50, ge=1)
+    share: str | None = None
+    pooling: Literal["sum", "mean"] = "mean"
+    tokenizer: Literal["latin", "jieba"] = "latin"
+    min_count: int = Field(1, ge=1)
+    max_size: int | None = Field(None, gt=0)
+    hash_buckets: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> ListFeature:
+        if self.kind == "text" and self.share:
+            raise ValueError(f"feature {self.name!r}: a text feature has its own vocabulary; "
+                             "remove share")
+        if not self.delimiter:
+            raise ValueError(f"feature {self.name!r}: delimiter must not be empty")
+        return self
+
+    def as_categorical(self) -> CategoricalFeature:
+        """The vocabulary settings of a list feature with its own vocabulary."""
+        return CategoricalFeature(name=self.name, column=self.column, min_count=self.min_count,
+                                  max_size=self.max_size, hash_buckets=self.hash_buckets)
+
+
+class NumericFeature(_Strict):
+    """A numeric column: fill missing -> clip -> signed log1p -> standardize (in that order)."""
+
+    name: str
+    column: str | None = None
+    fill: float | Literal["mean"] = 0.0
+    clip: tuple[float | None, float | None] | None = None
+    log1p: bool = Field(False, description="signed log1p: tames heavy-tailed counts; "
+                        "monotone, so it loses little for other numbers")
+    standardize: bool = Field(False, description="(x - mean) / std of the train split")
+    buckets: int = Field(0, ge=0, description="the column also enters as a categorical "
+                         "feature <name>_bucket cut at this many train quantiles, missing "
+                         "values an id of their own: lets every model learn a non-linear "
+                         "effect and what a missing value means; 0: numeric only")
+
+
+class LabelSpec(_Strict):
+    """A label read from ``column`` (default: ``name``); with ``threshold`` it becomes
+    ``value >= threshold`` (so one rating column can give both "liked" and "loved")."""
+
+    name: str
+    column: str | None = None
+    threshold: float | None = None
+
+
+# What every categorical / numeric entry gets unless it says otherwise: the package's
+# defaults, documented in the README. `features.categorical_defaults` / `numeric_defaults`
+# add to them (a key given there wins), and a feature's own keys win over both. A spec built
+# directly in Python (CategoricalFeature(name=...)) is neutral: min_count 1, no transforms.
+PACKAGE_FEATURE_DEFAULTS: dict[str, dict[str, Any]] = {
+    # rare ids get no row of their own to overfit: they share the OOV row
+    "categorical": {"min_count": 3},
+    # counts are heavy-tailed: signed log1p, then standardize; the quantile-bucket twin
+    # carries non-linear effects and what a missing value means
+    "numeric": {"fill": 0.0, "log1p": True, "standardize": True, "buckets": 16},
+}
+
+
+class FeaturesConfig(_Strict):
+    """Which columns are features and how they are encoded.
+
+    Entries take :data:`PACKAGE_FEATURE_DEFAULTS`, then ``categorical_defaults`` /
+    ``numeric_defaults``, then their own keys (plain column names take the first two only).
+    """
+
+    label: str | list[str | LabelSpec] = "label"
+    label_threshold: float | None = Field(
+        None, description="binarise labels given by name: value >= threshold is 1 (e.g. "
+        "rating >= 4)")
+    group: str | None = None
+    categorical_defaults: dict[str, Any] = Field(
+        default_factory=lambda: dict(PACKAGE_FEATURE_DEFAULTS["categorical"]))
+    numeric_defaults: dict[str, Any] = Field(
+        default_factory=lambda: dict(PACKAGE_FEATURE_DEFAULTS["numeric"]))
+    categorical: list[CategoricalFeature] = Field(default_factory=list)
+    numeric: list[NumericFeature] = Field(default_factory=list)
+    lists: list[ListFeature] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _expand_shorthand(cls, data: Any, info: ValidationInfo) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        # a fitted pipeline's saved features are complete: nothing is added to them (an
+        # older save keeps the defaults of its day)
+        saved = bool(info.context and info.context.get("saved"))
+        for kind, model in (("categorical", CategoricalFeature), ("numeric", NumericFeature)):
+            given = data.get(f"{kind}_defaults") or {}
+            if not isinstance(given, dict):
+                continue  # reported by field validation
+            defaults = given if saved else {**PACKAGE_FEATURE_DEFAULTS[kind], **given}
+            data[f"{kind}_defaults"] = defaults
+            for key in defaults:
+                if key not in model.model_fields or key == "name":
+                    near = difflib.get_close_matches(key, list(model.model_fields), n=1)
+                    hint = f"; did you mean {near[0]!r}?" if near else ""
+                    raise ValueError(f"features.{kind}_defaults: unknown key {key!r}{hint}")
+            items = data.get(kind)
+            if isinstance(items, list):
+                data[kind] = [
+                    {**defaults, "name": it} if isinstance(it, str)
+                    else ({**defaults, **it} if isinstance(it, dict) else it)
+                    for it in items
+                ]
+        return data
+
+    @model_validator(mode="after")
+    def _bucket_twins(self) -> FeaturesConfig:
+        # A numeric column with `buckets` also enters as a quantile-bucketed category, unless
+        # a categorical feature of that name exists (a saved config has it already) or the
+        # column is bucketized as a category already.
+        names = {f.name for f in self.categorical}
+        binned = {f.column or f.name for f in self.categorical if f.bucketize != "none"}
+        for f in self.numeric:
+            col = f.column or f.name
+            if f.buckets and f"{f.name}_bucket" not in names and col not in binned:
+                self.categorical.append(CategoricalFeature(
+                    name=f"{f.name}_bucket", column=col, bucketize="quantile",
+                    buckets=f.buckets))
+                binned.add(col)
+        return self
+
+    @model_validator(mode="after")
+    def _unique(self) -> FeaturesConfig:
+        names = [f.name for f in self.categorical] + [f.name for f in self.numeric] \
+            + [f.name for f in self.lists]
+        cats = {f.name: f for f in self.categorical}
+        for f in self.lists:
+            if f.share and f.share not in cats:
+                raise ValueError(f"features.lists: {f.name!r} shares {f.share!r}, which is not "
+                                 f"a categorical feature; known: {sorted(cats)}")
+            if f.share and (cats[f.share].cross or cats[f.share].bucketize != "none"):
+                raise ValueError(f"features.lists: {f.name!r} cannot share {f.share!r}, a "
+                                 "crossed or bucketized feature has no vocabulary of values")
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"feature names must be unique; repeated: {', '.join(dup)}")
+        if not self.categorical:
+            raise ValueError("features.categorical: declare at least one categorical feature "
+                             "(every model embeds them; numbers can become categories with "
+                             "bucketize, or numeric buckets > 0)")
+        return self
+
+    @property
+    def label_specs(self) -> list[LabelSpec]:
+        items = [self.label] if isinstance(self.label, str) else list(self.label)
+        return [LabelSpec(name=x, threshold=self.label_threshold) if isinstance(x, str) else x
+                for x in items]
+
+    @property
+    def labels(self) -> list[str]:
+        """The label names, in the column order of ``Batch.labels``."""
+        return [s.name for s in self.label_specs]

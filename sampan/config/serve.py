@@ -1,0 +1,78 @@
+"""``sampan serve``'s config: bundle, ports, workers, limits, feature store."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import (
+    Field,
+    ValidationError,
+)
+
+from sampan.config.base import _Strict
+from sampan.config.data import JoinConfig
+from sampan.config.load import apply_override
+from sampan.config.messages import format_validation_error
+from sampan.errors import ConfigError
+
+
+# -------------------------------------------------------------------------------- serving
+class FeatureStoreConfig(_Strict):
+    """Where ``/v1/rank`` finds user and item features by key.
+
+    ``tables`` default to the run's ``data.joins`` (the side tables it was trained with);
+    with ``backend: redis`` they are loaded into Redis at ``url`` at start-up and read from
+    there per request.
+    """
+
+    backend: Literal["memory", "redis"] = "memory"
+    url: str = "redis://127.0.0.1:6379/0"
+    prefix: str = "sampan"
+    tables: list[JoinConfig] | None = None
+
+
+class ServeConfig(_Strict):
+    """``sampan serve`` settings (CLI options override the file)."""
+
+    bundle: str
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    grpc_port: int | None = Field(None, ge=0, le=65535)
+    workers: int = Field(1, ge=1)
+    max_batch_rows: int = Field(4096, gt=0, description="rows per model call")
+    max_wait_ms: float = Field(2.0, ge=0.0, description="how long a model call waits for "
+                               "more requests to join it")
+    max_records: int = Field(10_000, gt=0, description="records or candidates per request")
+    max_body_bytes: int = Field(8 << 20, gt=0)
+    item_key: str = Field("item_id", description="the raw column /v1/rank fills with the "
+                          "candidate ids")
+    retrieval_bundle: str | None = Field(None, description="a two_tower bundle: enables "
+                                         "/v1/recommend (ANN candidates, then ranking)")
+    threads: int | None = Field(None, gt=0, description="ONNX Runtime intra-op threads")
+    admin_token: str | None = Field(None, description="bearer token of /v1/admin/reload; "
+                                    "the SAMPAN_ADMIN_TOKEN environment variable wins")
+    feature_store: FeatureStoreConfig = FeatureStoreConfig()
+
+
+def load_serve_config(path: str | Path | None = None, overrides: list[str] | None = None,
+                      raw: dict[str, Any] | None = None) -> ServeConfig:
+    """A :class:`ServeConfig` from a YAML file and/or ``key=value`` overrides."""
+    if raw is None:
+        raw = {}
+        if path is not None:
+            file = Path(path)
+            if not file.exists():
+                raise ConfigError(f"serve config {str(file)!r} does not exist")
+            raw = yaml.safe_load(file.read_text()) or {}
+            if not isinstance(raw, dict):
+                raise ConfigError(f"{file}: top level must be a mapping")
+    raw = copy.deepcopy(raw)
+    for item in overrides or []:
+        apply_override(raw, item)
+    try:
+        return ServeConfig.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e, ServeConfig)) from None

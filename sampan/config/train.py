@@ -1,0 +1,110 @@
+"""The ``train`` section: budget, optimizers, schedule, early stopping, divergence guard,
+devices."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import (
+    Field,
+    field_validator,
+)
+
+from sampan.config.base import Auto, NonNegFloat, NonNegInt, PosInt, _Strict
+
+# ---------------------------------------------------------------------------------- train
+
+
+class EarlyStoppingConfig(_Strict):
+    metric: str | None = Field(
+        None, description="validation metric to track: auc, logloss, gauc, or for retrieval "
+        "recall@K, ndcg@K, hitrate@K, mrr (K = the model's k); default: auc (logloss when the "
+        "validation split holds under 100 positives or negatives, where AUC is too noisy to "
+        "steer by), or recall@K for retrieval models")
+    patience: PosInt | Literal["auto"] = Field(
+        "auto", description="evaluations without improvement before stop; auto: two epochs' "
+        "worth (2 with one evaluation per epoch, 8 with four)")
+
+    @field_validator("metric")
+    @classmethod
+    def _known_metric(cls, v: str | None) -> str | None:
+        if v is None or v in ("auc", "logloss", "gauc", "mrr") or re.fullmatch(
+                r"(recall|ndcg|hitrate)@[1-9][0-9]*", v):
+            return v
+        raise ValueError(f"unknown metric {v!r}; expected auc, logloss, gauc, mrr, or "
+                         "recall@K / ndcg@K / hitrate@K")
+    min_delta: float = Field(1e-4, ge=0.0)
+    enabled: bool = True
+
+
+class TrainConfig(_Strict):
+    """The training loop: optimisation, schedule, evaluation, checkpoints.
+
+    ``auto`` values are sized from the training rows when training starts (see
+    :func:`sampan.train.plan.plan_training`); the run prints what was chosen and why and
+    writes it to ``schedule.json``. An explicit value always wins.
+    """
+
+    epochs: PosInt | Auto = Field("auto", description="auto: until validation stops improving "
+                               "(early stopping), at most the epochs that give 30,000 steps "
+                               "(3 to 30)")
+    max_steps: int | None = Field(None, gt=0)
+    batch_size: PosInt | Auto = Field("auto", description="auto: the power of two nearest "
+                                   "sqrt(train rows), 64 to 4096")
+    eval_batch_size: int = Field(16384, gt=0)
+    optimizer: Literal["adam", "adamw", "sgd"] = "adam"
+    lr: float = Field(1e-3, gt=0, allow_inf_nan=False)
+    weight_decay: float = Field(0.0, ge=0.0)
+    sparse_optimizer: Literal["adam", "adagrad", "rowwise_adagrad"] = "adam"
+    sparse_lr: float | None = Field(None, gt=0, allow_inf_nan=False,
+                                    description="defaults to lr")
+    embedding_l2: NonNegFloat | Auto = Field(
+        "auto", description="L2 on embedding rows used in a batch; auto: 0.1 / batch_size, "
+        "the same regularisation per example at every batch size")
+    schedule: Literal["constant", "cosine", "plateau"] = Field(
+        "cosine", description="after linear warmup: constant, a half cosine to min_lr_ratio "
+        "at the last step, or plateau: constant, halved at every evaluation that does not "
+        "improve the early-stopping metric")
+    warmup_steps: NonNegInt | Auto = Field("auto", description="auto: a tenth of an epoch, 10 to "
+                                     "200 steps")
+    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0)
+    clip_grad_norm: float | None = Field(None, gt=0)
+    eval_every_steps: PosInt | Auto | None = Field(
+        "auto", description="None: once per epoch; auto: once per epoch, or four times per "
+        "epoch (at least 100 steps apart) when epochs are long")
+    early_stopping: EarlyStoppingConfig = EarlyStoppingConfig()
+    on_divergence: Literal["recover", "stop"] = Field(
+        "recover", description="a non-finite or exploding training loss, or a validation "
+        "LogLoss far above the base rate's: recover restores the last good state and halves "
+        "the learning rates (at most 3 times), stop ends the run with an error")
+    init_output_bias: bool = Field(True, description="start the output bias at the training "
+                                   "base rate's logit")
+    first_order_warm_start: bool | Auto = Field(
+        "auto", description="fit a logistic regression on the same rows first and start the "
+        "model's first-order terms from it; auto: on for models with first-order terms and "
+        "latent vectors (fm, deepfm, wide_deep, xdeepfm, fibinet, autoint) when there is a "
+        "validation split")
+    checkpoint_every_steps: int | None = Field(None, gt=0)
+    shuffle: Literal["rows", "blocks", "none"] = "rows"
+    amp: Literal["none", "bf16"] = "none"
+    compile: bool = Field(False, description="torch.compile the dense layers (not the "
+                          "embedding lookup); pays off on long runs")
+    kernels: Literal["auto", "mkl", "onednn"] = Field(
+        "auto", description="CPU GEMM path of the linear layers: auto times MKL and oneDNN "
+        "at each layer's shape on this machine (cached) and takes the faster; mkl or onednn "
+        "forces one")
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$",
+                        description="auto | cpu | cuda | cuda:N")
+    embedding_placement: Literal["auto", "replicated", "row_sharded"] = Field(
+        "auto", description="distributed runs: replicate every fused table, shard each one's "
+        "rows over the processes, or shard those of shard_min_bytes or more (auto)")
+    shard_min_bytes: int = Field(256 << 20, ge=0, description="auto placement: tables this "
+                                 "large (weights) are row-sharded")
+    sync_batch_norm: bool = Field(True, description="distributed runs: batch norm "
+                                  "statistics over the global batch (False: per process)")
+    threads: int | None = Field(None, gt=0)
+    prefetch: int = Field(2, ge=0)
+    log_every_steps: int = Field(50, gt=0)
+    tensorboard: bool = True
+    progress: bool = True
