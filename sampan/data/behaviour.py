@@ -127,12 +127,12 @@ def _write(samples: pa.Table, out: str | Path, opt: BuildOptions, events: pa.Tab
 def _sequence_lines(files: str | list[str], opt: BuildOptions) -> tuple[pa.Table, int]:
     """``user item_1 item_2 ...`` per line (SASRec / S3-Rec files), items in time order ->
     events with the position in the line as timestamp."""
-    from sampan.data.sources import _iter_lines, _tokens
+    from sampan.data.io.lines import iter_lines, tokens
 
     users, items, times = [], [], []
     for path in expand_paths(files):
-        for raw, _, _ in _iter_lines(path, 4 << 20):
-            flat, rows = _tokens(raw.cast(pa.string()))
+        for raw, _, _ in iter_lines(path, 4 << 20):
+            flat, rows = tokens(raw.cast(pa.string()))
             first = np.concatenate([[True], rows[1:] != rows[:-1]]) if len(rows) else \
                 np.array([], bool)
             starts = np.nonzero(first)[0]

@@ -315,9 +315,9 @@ def _staged_chunks(path: Path, columns: list[str] | None) -> Iterator[tuple[int,
 
 def _column_sample(path: Path, column: str, size: int = 1_000_000) -> np.ndarray:
     """Up to ``size`` values of a numeric column of a staged file (a uniform sample)."""
-    from sampan.data.transforms import _Reservoir
+    from sampan.data.transforms import Reservoir
 
-    res = _Reservoir(size=size, seed=0)
+    res = Reservoir(size=size, seed=0)
     for _, t in _staged_chunks(path, [column]):
         res.add(t.column(column).to_numpy().astype(np.float64))
     return res.values()

@@ -64,7 +64,7 @@ def stable_hash(values: pa.Array, seed: int = 0) -> np.ndarray:
     return h
 
 
-def _as_string(values: pa.Array) -> pa.Array:
+def as_string(values: pa.Array) -> pa.Array:
     """Categorical ids may come from numeric columns (e.g. an integer count used as a category)."""
     if pa.types.is_string(values.type) or pa.types.is_large_string(values.type):
         return values
@@ -181,7 +181,7 @@ class CategoricalEncoder:
         self.counts_: np.ndarray | None = None
         self.oov_count_: int | None = None
         self.boundaries_: np.ndarray | None = None  # bucketize: quantile
-        self._sample = _Reservoir(seed=0) if spec.bucketize == "quantile" else None
+        self._sample = Reservoir(seed=0) if spec.bucketize == "quantile" else None
 
     def _prepare(self, values: pa.Array) -> pa.Array:
         if self.spec.bucketize == "log_squared":
@@ -191,7 +191,7 @@ class CategoricalEncoder:
             # whole numbers by construction (inputs are finite): one cast to text
             return pc.if_else(big, logsq, pc.floor(x)).cast(pa.int64(), safe=False).cast(
                 pa.string())
-        return _as_string(values)
+        return as_string(values)
 
     # -- fitting
     def partial_fit(self, values: pa.Array) -> None:
@@ -320,7 +320,7 @@ class CategoricalEncoder:
         return enc
 
 
-class _Reservoir:
+class Reservoir:
     """A uniform sample of at most ``size`` values of a stream: every value draws a random
     key and the smallest keys are kept (deterministic for a seed and chunking)."""
 
@@ -349,7 +349,7 @@ def split_lists(values: pa.Array, spec: ListFeature) -> pa.ListArray:
         lists = pc.fill_null(values, pa.scalar([], values.type))
         lists = lists.cast(pa.list_(pa.string()))
     else:
-        text = pc.fill_null(_as_string(values), "")
+        text = pc.fill_null(as_string(values), "")
         if spec.kind == "text" and spec.tokenizer == "jieba":
             lists = _jieba_tokens(text)
         elif spec.kind == "text":

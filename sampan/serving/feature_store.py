@@ -18,7 +18,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sampan.data.sources import ColumnRoles, SideTable, _key_text
+from sampan.data.joins import SideTable, key_text
+from sampan.data.roles import ColumnRoles
 from sampan.errors import ConfigError
 
 
@@ -44,7 +45,7 @@ class MemoryFeatureStore:
     def columns(self, by: str, keys: pa.Array) -> tuple[dict[str, pa.Array], pa.Array]:
         """``({column: values for keys}, found mask)`` of the table keyed by ``by``."""
         t = self.tables[by]
-        idx = t.index.take_indices(_key_text(keys))
+        idx = t.index.take_indices(key_text(keys))
         return {c: pc.take(t.values[c], idx) for c in t.columns}, pc.is_valid(idx)
 
     def rows(self, by: str) -> tuple[pa.Array, dict[str, pa.Array]]:
@@ -99,7 +100,7 @@ class RedisFeatureStore:
 
     def columns(self, by: str, keys: pa.Array) -> tuple[dict[str, pa.Array], pa.Array]:
         cols = self.table_columns[by]
-        texts = _key_text(keys).to_pylist()
+        texts = key_text(keys).to_pylist()
         pipe = self.client.pipeline(transaction=False)
         for k in texts:
             pipe.hmget(f"{self.prefix}:{by}:{k}", ["__row__", *cols])

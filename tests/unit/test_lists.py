@@ -17,7 +17,7 @@ from sampan.data.transforms import (
     CategoricalEncoder,
     ListEncoder,
     NotFittedError,
-    _Reservoir,
+    Reservoir,
     pad_ids,
     split_lists,
     stable_hash,
@@ -333,18 +333,18 @@ def test_quantile_state_round_trip_through_pipeline(tmp_path) -> None:
 
 
 def test_reservoir_keeps_a_fixed_size_sample() -> None:
-    res = _Reservoir(size=100, seed=0)
+    res = Reservoir(size=100, seed=0)
     for part in np.array_split(np.arange(1000, dtype=np.float64), 9):
         res.add(part)
     v = res.values()
     assert len(v) == 100 and len(np.unique(v)) == 100
     assert set(v.tolist()) <= set(range(1000))
-    again = _Reservoir(size=100, seed=0)
+    again = Reservoir(size=100, seed=0)
     for part in np.array_split(np.arange(1000, dtype=np.float64), 9):
         again.add(part)
     np.testing.assert_array_equal(np.sort(again.values()), np.sort(v))
     # fewer values than the size: all of them are kept
-    small = _Reservoir(size=100, seed=0)
+    small = Reservoir(size=100, seed=0)
     small.add(np.arange(30.0))
     small.add(np.arange(30.0, 60.0))
     assert sorted(small.values().tolist()) == list(range(60))

@@ -1,0 +1,61 @@
+"""Input paths: globs, directories and lists; compression; format by extension."""
+
+from __future__ import annotations
+
+import glob
+import os
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from sampan.errors import DataError
+
+
+def expand_paths(spec: str | list[str]) -> list[Path]:
+    """Files named by a path, a glob, a directory, or a list of those; sorted, must exist."""
+    items = [spec] if isinstance(spec, str) else list(spec)
+    out: list[Path] = []
+    for item in items:
+        p = Path(os.path.expanduser(item))
+        if p.is_dir():
+            # skip hidden files and markers such as Spark's _SUCCESS
+            out.extend(sorted(q for q in p.iterdir()
+                              if q.is_file() and not q.name.startswith((".", "_"))))
+        elif any(ch in item for ch in "*?["):
+            matches = sorted(Path(m) for m in glob.glob(os.path.expanduser(item)))
+            if not matches:
+                raise DataError(f"no file matches {item!r}")
+            out.extend(matches)
+        elif p.exists():
+            out.append(p)
+        else:
+            raise DataError(f"data file {item!r} does not exist")
+    return out
+
+
+_COMPRESSION = {".gz": "gzip", ".gzip": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2",
+                ".lz4": "lz4"}
+
+
+def open_input(path: Path) -> Any:
+    """A binary input stream of ``path``, decompressed by its extension."""
+    return pa.input_stream(str(path), compression=_COMPRESSION.get(Path(path).suffix.lower()))
+
+
+def detect_format(path: Path, fmt: str) -> str:
+    if fmt != "auto":
+        return fmt
+    name = path.name.lower()
+    for ext in (".gz", ".zst", ".zstd", ".bz2"):
+        if name.endswith(ext):
+            name = name[: -len(ext)]
+    if name.endswith(".parquet") or name.endswith(".pq"):
+        return "parquet"
+    if name.endswith(".tsv") or name.endswith(".txt") or name.endswith(".data"):
+        return "tsv"
+    if name.endswith(".jsonl") or name.endswith(".ndjson") or name.endswith(".json"):
+        return "jsonl"
+    if name.endswith(".libsvm") or name.endswith(".libfm") or name.endswith(".svm"):
+        return "libsvm"
+    return "csv"

@@ -1,0 +1,77 @@
+"""Side tables (``data.joins``): read whole, indexed by key, attached to every chunk;
+serving uses the same code for its feature store."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sampan.config import DataConfig
+from sampan.data.io import file_columns, iter_source
+from sampan.data.io.paths import expand_paths
+from sampan.data.rejects import RejectLog
+from sampan.data.roles import NUMBER_RE, ColumnRoles
+from sampan.errors import DataError
+
+
+class SideTable:
+    """One ``data.joins`` entry, read whole and indexed by its key."""
+
+    def __init__(self, join: Any, roles: ColumnRoles):
+        self.join = join
+        key = join.key or join.by
+        path = expand_paths(join.path)
+        cfg = DataConfig(train=join.path, format=join.format, delimiter=join.delimiter,
+                         header=join.header, columns=join.columns, encoding=join.encoding)
+        names = file_columns(cfg, path[0])
+        if key not in names:
+            raise DataError(f"data.joins: key {key!r} is not a column of {join.path} ({names})")
+        self.columns = [c for c in roles.all if c in names and c != key]
+        side_roles = ColumnRoles(categorical=[key, *self.columns])
+        log = RejectLog(None)
+        parts = list(iter_source(cfg, path, side_roles, log))
+        if log.rejected:
+            raise DataError(f"data.joins: {join.path} has {log.rejected} unreadable rows "
+                            f"{dict(log.reasons)}")
+        table = pa.concat_tables(parts) if parts else pa.table(
+            {c: pa.array([], pa.string()) for c in side_roles.all})
+        keys = key_text(table.column(key).combine_chunks())
+        if len(pc.unique(keys)) != len(keys):
+            counts = pc.value_counts(keys)
+            dup = pc.filter(counts, pc.greater(counts.field("counts"), 1))[0]["values"]
+            raise DataError(f"data.joins: key {key!r} of {join.path} is not unique "
+                            f"(e.g. {dup.as_py()!r})")
+        from sampan.data.transforms import ValueIndex
+
+        self.keys = key_text(keys)
+        self.index = ValueIndex(self.keys)
+        # Numbers of a side table are checked like those of the main file, but a bad one
+        # becomes missing (the row it belongs to is not the main file's to reject).
+        self.values = {}
+        for c in self.columns:
+            col = pc.utf8_trim_whitespace(table.column(c).combine_chunks())
+            if c in roles.numeric:
+                ok = pc.fill_null(pc.match_substring_regex(col, NUMBER_RE), False)
+                col = pc.if_else(ok, col, pa.scalar(None, pa.string())).cast(pa.float64())
+            self.values[c] = col
+
+    def attach(self, table: pa.Table) -> pa.Table:
+        # a missing key matches nothing (not a side row with an empty key)
+        idx = self.index.take_indices(key_text(table.column(self.join.by).combine_chunks()))
+        for c in self.columns:
+            table = table.append_column(c, pc.take(self.values[c], idx))
+        return table
+
+
+def key_text(keys: pa.Array) -> pa.Array:
+    """Join keys compared as text: trimmed, and 1.0 written as 1 (numbers read as floats)."""
+    if pa.types.is_floating(keys.type) or pa.types.is_integer(keys.type):
+        from sampan.data.transforms import as_string
+
+        return as_string(keys)
+    text = pc.utf8_trim_whitespace(keys.cast(pa.string()))
+    as_num = pc.match_substring_regex(text, r"^-?\d+\.0+$")
+    return pc.if_else(pc.fill_null(as_num, False), pc.replace_substring_regex(
+        text, r"\.0+$", ""), text)

@@ -1,0 +1,80 @@
+"""Rejected rows: counted by reason and written to the rejects file."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import IO, Any
+
+from sampan.errors import DataError
+
+
+class RejectLog:
+    """Counts rows read / kept / rejected by reason and writes rejected rows as JSON lines."""
+
+    def __init__(self, path: Path | None):
+        self.path = path
+        self.read = 0
+        self.kept = 0
+        self.blank = 0  # blank lines: no record, not counted in read
+        self.reasons: Counter[str] = Counter()
+        self.examples: list[dict[str, Any]] = []  # the first few rejects, also without a file
+        self._fh: IO[str] | None = None
+
+    @property
+    def rejected(self) -> int:
+        return sum(self.reasons.values())
+
+    def reject(self, file: str, line: int | None, reason: str, column: str | None,
+               text: str) -> None:
+        self.reasons[reason] += 1
+        rec = {"file": file, "line": line, "reason": reason, "column": column, "text": text}
+        if len(self.examples) < 10:
+            self.examples.append(rec)
+        if self.path is None:
+            return
+        if self._fh is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        self._fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+    def check(self, max_bad_fraction: float) -> None:
+        """Fail when the share of rejected rows is above ``max_bad_fraction``."""
+        if self.read and self.rejected / self.read > max_bad_fraction:
+            where = f"; see {self.path}" if self.path else ""
+            first = ""
+            if self.examples:
+                e = self.examples[0]
+                col = f", column {e['column']!r}" if e["column"] else ""
+                first = (f". First: {e['file']} line {e['line']}{col}: "
+                         f"{e['reason'].replace('_', ' ')} in {e['text'][:120]!r}")
+            raise DataError(
+                f"{self.rejected} of {self.read} rows ({self.rejected / self.read:.2%}) were "
+                f"rejected, above data.max_bad_fraction={max_bad_fraction:g}. Reasons: "
+                f"{dict(self.reasons)}{first}{where}"
+            )
+
+    def check_early(self) -> None:
+        """Stop at once when the input is clearly misread (nothing kept of 1,000+ rows)
+        instead of quarantining a whole file."""
+        if self.read >= 1000 and self.kept == 0:
+            raise DataError(
+                f"the first {self.read:,} rows were all rejected {dict(self.reasons)}: check "
+                f"data.format, data.delimiter, data.header and data.columns"
+                + (f"; see {self.path}" if self.path else ""))
+
+    def describe(self) -> str:
+        """``read N rows, kept K, rejected R {reasons} -> rejects file[, B blank lines]``."""
+        return (f"read {self.read:,} rows, kept {self.kept:,}, rejected {self.rejected:,}"
+                + (f" {dict(self.reasons)} -> {self.path}" if self.rejected else "")
+                + (f"; {self.blank:,} blank lines skipped" if self.blank else ""))
+
+    def summary(self) -> dict[str, Any]:
+        return {"read": self.read, "kept": self.kept, "rejected": self.rejected,
+                "reasons": dict(self.reasons), "blank_lines": self.blank}
