@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from sampan.batch import Batch
+from sampan.bundle import input_names
 from sampan.schema import DataSchema
 
 
@@ -39,10 +40,6 @@ class ScoringGraph(nn.Module):
         if self.head == "user_vectors":
             return self.model.user_vectors(batch).float()
         return torch.sigmoid(self.model(batch).float())
-
-
-def input_names(schema: DataSchema) -> list[str]:
-    return ["dense", "sparse", *[s.name for s in schema.sequences]]
 
 
 def example_inputs(batch: Batch, schema: DataSchema) -> tuple[torch.Tensor, ...]:

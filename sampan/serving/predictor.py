@@ -16,12 +16,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sampan.bundle import Bundle
 from sampan.data.io.lines import CellError, records_table
 from sampan.data.rejects import RejectLog
 from sampan.data.roles import ColumnRoles
 from sampan.data.validate import validate_table
 from sampan.errors import RequestError
-from sampan.export.bundle import Bundle
 
 
 class Predictor:

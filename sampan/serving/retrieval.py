@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from sampan.bundle import Bundle
 from sampan.errors import BundleError
-from sampan.export.bundle import Bundle
 from sampan.serving.predictor import Predictor, RequestError
 
 
