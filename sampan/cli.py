@@ -294,7 +294,7 @@ def serve(
         import shutil
         import tempfile
 
-        from sampan.serving.rest import ReloadSync
+        from sampan.serving.workers import ReloadSync
 
         shared = tempfile.mkdtemp(prefix="sampan-serve-")
         ReloadSync.create(f"{shared}/bundle.json", cfg.bundle, cfg.retrieval_bundle)
@@ -305,12 +305,13 @@ def serve(
         os.environ["SAMPAN_GRPC_IN_WORKER"] = "1"
         console.print(f"serving {cfg.bundle} on {where} with {cfg.workers} workers")
         try:
-            uvicorn.run("sampan.serving.rest:app_from_env", factory=True, host=cfg.host,
+            uvicorn.run("sampan.serving.workers:app_from_env", factory=True, host=cfg.host,
                         port=cfg.port, workers=cfg.workers, log_level="warning")
         finally:
             shutil.rmtree(shared, ignore_errors=True)
         return
-    from sampan.serving.rest import ServerState, create_app
+    from sampan.serving.http import create_app
+    from sampan.serving.service import ServerState
 
     state = ServerState(cfg)
     grpc_server = None

@@ -1,5 +1,5 @@
 """gRPC server: ``Predict`` and ``Rank`` (``protos/sampan_scoring.proto``) on the same
-:class:`~sampan.serving.rest.ServerState` as the HTTP routes.
+:class:`~sampan.serving.service.ServerState` as the HTTP routes.
 
 The message classes are generated from the ``.proto`` when first needed
 (``grpc.protos_and_services``, from grpcio-tools), so no generated code lives in the

@@ -1,0 +1,286 @@
+"""The HTTP front end: FastAPI under uvicorn, JSON errors, and :class:`Guard`, the outermost
+layer that limits request bodies as they stream in and turns an unexpected exception into
+a counted JSON 500."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+import traceback
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from sampan.serving.predictor import RequestError, top_k
+from sampan.serving.service import ROUTES, ServerState, ServingBundleError
+
+
+class PredictRequest(BaseModel):
+    """``{"records": [{raw feature: value, ...}, ...]}``"""
+
+    model_config = ConfigDict(extra="forbid")
+    records: list[dict[str, Any]] = Field(min_length=1)
+
+
+class RankRequest(BaseModel):
+    """``{"context": {...}, "candidates": [item ids], "k": 10, "task": 0}``"""
+
+    model_config = ConfigDict(extra="forbid")
+    context: dict[str, Any] = Field(default_factory=dict)
+    candidates: list[str | int] = Field(min_length=1)
+    k: int = Field(10, ge=1)
+    task: int = Field(0, ge=0)
+
+
+class RecommendRequest(BaseModel):
+    """``{"context": {"user_id": ...}, "n": 100, "k": 10}``"""
+
+    model_config = ConfigDict(extra="forbid")
+    context: dict[str, Any] = Field(min_length=1)
+    n: int = Field(100, ge=1, description="candidates retrieved by the ANN index")
+    k: int = Field(10, ge=1, description="items returned after ranking")
+    task: int = Field(0, ge=0)
+
+
+
+class ReloadRequest(BaseModel):
+    """``{"bundle": ranking bundle}`` and/or ``{"retrieval_bundle": two-tower bundle}``."""
+
+    model_config = ConfigDict(extra="forbid")
+    bundle: str | None = None
+    retrieval_bundle: str | None = None
+
+    @field_validator("bundle", "retrieval_bundle")
+    @classmethod
+    def _plain_path(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        bad = next((c for c in v if ord(c) < 32 or ord(c) == 127 or
+                    0xD800 <= ord(c) <= 0xDFFF), None)
+        if bad is not None:
+            raise ValueError(f"the path holds the character U+{ord(bad):04X} (a control "
+                             "character or a lone surrogate); give a plain path")
+        return v
+
+
+class ErrorResponse(JSONResponse):
+    """A JSON error body that renders whatever the message echoes: non-ASCII (a lone
+    surrogate included) is escaped, so rendering an error can never fail."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode()
+
+
+def error(status: int, message: str, field: str | None = None,
+          record: int | None = None) -> JSONResponse:
+    """The error reply of every route: ``{"error", "field", "record"}``."""
+    return ErrorResponse({"error": message, "field": field, "record": record},
+                         status_code=status)
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+class Guard:
+    """The outermost ASGI layer of the HTTP server.
+
+    - Request bodies are limited to ``max_body_bytes`` as they arrive: a ``Content-Length``
+      above it is refused before anything is read, and a chunked body is cut off (413) as
+      soon as the bytes received pass it, so a client without a token cannot make the
+      server buffer more than the limit.
+    - Every request is counted in ``sampan_requests{route,status}`` and timed, whatever
+      happened inside, unexpected exceptions included.
+    - An unexpected exception becomes a JSON 500 naming the exception type (the traceback
+      goes to the server's stderr); it does not reach uvicorn, which would drop the
+      connection.
+    """
+
+    def __init__(self, app: Any, state: ServerState):
+        self.app, self.state = app, state
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        t0 = time.perf_counter()
+        limit = self.state.cfg.max_body_bytes
+        status, seen, over = [0], [0], [False]
+
+        async def send_out(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        async def send_app(message: dict) -> None:
+            if not over[0]:  # the app's reply to a cut-off body is replaced by the 413
+                await send_out(message)
+
+        async def receive_limited() -> dict:
+            message = await receive()
+            if message["type"] == "http.request":
+                seen[0] += len(message.get("body", b""))
+                if seen[0] > limit:
+                    over[0] = True
+                    raise _BodyTooLarge
+            return message
+
+        size = dict(scope.get("headers") or ()).get(b"content-length", b"")
+        if size.isdigit() and int(size) > limit:
+            over[0] = True
+        else:
+            try:
+                await self.app(scope, receive_limited, send_app)
+            except Exception as e:  # noqa: BLE001 - every failure gets a JSON reply
+                if not over[0]:
+                    print(f"sampan serve: unexpected error in {scope.get('method')} "
+                          f"{scope.get('path')}:\n{traceback.format_exc()}",
+                          file=sys.stderr, flush=True)
+                    if not status[0]:  # nothing sent yet: the client gets a JSON reply
+                        await error(500, f"internal error ({type(e).__name__}); the server "
+                                         "log has the traceback")(scope, receive, send_out)
+        if over[0] and not status[0]:
+            given = f"of {int(size)} bytes " if size.isdigit() else ""
+            await error(413, f"request body {given}exceeds the limit of {limit} bytes",
+                        "body")(scope, receive, send_out)
+        route = scope.get("path", "")
+        route = route if route in ROUTES else "other"
+        self.state.requests.labels(route, str(status[0] or 500)).inc()
+        self.state.latency.labels(route).observe(time.perf_counter() - t0)
+
+
+
+def create_app(state: ServerState):  # type: ignore[no-untyped-def]
+    from fastapi import FastAPI
+    from fastapi.concurrency import run_in_threadpool
+    from fastapi.exceptions import RequestValidationError
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+
+    app = FastAPI(title="Sampan", version="1", docs_url="/docs", redoc_url=None)
+    app.state.sampan = state
+    app.add_middleware(Guard, state=state)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, exc: RequestValidationError):  # type: ignore
+        first = exc.errors()[0]
+        if first["type"] == "json_invalid":  # loc is ("body", character offset)
+            where = first["loc"][-1]
+            return error(422, f"the request body is not valid JSON: "
+                              f"{first.get('ctx', {}).get('error', first['msg'])} at "
+                              f"character {where} (counting from 0)", "body")
+        loc = [str(x) for x in first["loc"] if x != "body"]
+        return error(422, f"{'.'.join(loc) or 'body'}: "
+                          f"{first['msg'].removeprefix('Value error, ')}",
+                     ".".join(loc) or "body")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException):  # type: ignore
+        # FastAPI's own refusals (a body that is not UTF-8 JSON, an unknown route, a wrong
+        # method) in the same JSON shape as every other error
+        field = "body" if exc.status_code == 400 else "path" if exc.status_code in (
+            404, 405) else None
+        detail = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
+        if exc.status_code == 400 and "parsing the body" in detail:
+            detail = "the request body is not valid JSON (UTF-8 text expected)"
+        return error(exc.status_code, detail, field)
+
+    @app.exception_handler(RequestError)
+    async def bad_request(_: Request, exc: RequestError):  # type: ignore
+        return error(400, str(exc), exc.field, exc.record)
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz():  # type: ignore[no-untyped-def]
+        if state.predictor is None:
+            return error(503, "no model loaded")
+        p = state.predictor
+        return {"status": "ready", "model": p.bundle.manifest.get("model"),
+                "version": p.version, "labels": p.labels, "worker": os.getpid()}
+
+    @app.get("/metrics", response_class=PlainTextResponse)
+    async def metrics():  # type: ignore[no-untyped-def]
+        registry = state.registry
+        if state.multiprocess:  # every worker's metrics, whichever worker answers
+            from prometheus_client import CollectorRegistry
+            from prometheus_client.multiprocess import MultiProcessCollector
+
+            registry = CollectorRegistry()
+            MultiProcessCollector(registry)
+        return PlainTextResponse(generate_latest(registry),
+                                 media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/v1/predict")
+    async def predict(req: PredictRequest) -> dict[str, Any]:
+        predictor, fut = await run_in_threadpool(state.predict_future, req.records)
+        scores = await asyncio.wrap_future(fut)
+        return {"probabilities": scores.tolist(), "labels": predictor.labels,
+                "model_version": predictor.version}
+
+    @app.post("/v1/rank")
+    async def rank(req: RankRequest) -> dict[str, Any]:
+        predictor, fut = await run_in_threadpool(state.rank_future, req.context,
+                                                 req.candidates)
+        scores = await asyncio.wrap_future(fut)
+        if req.task >= scores.shape[1]:
+            raise RequestError(f"task {req.task} does not exist; the model has "
+                               f"{scores.shape[1]} label(s) {predictor.labels}", "task")
+        items = top_k(req.candidates, scores[:, req.task], req.k)
+        return {"items": [{"item": i, "score": s} for i, s in items],
+                "model_version": predictor.version}
+
+    @app.post("/v1/recommend")
+    async def recommend(req: RecommendRequest) -> dict[str, Any]:
+        found = await run_in_threadpool(state.retrieve, req.context, req.n)
+        if not found:
+            return {"items": [], "retrieved": 0, "model_version": state.predictor.version}
+        cosine = dict(found)
+        candidates = [item for item, _ in found]
+        predictor, fut = await run_in_threadpool(state.rank_future, req.context, candidates)
+        scores = await asyncio.wrap_future(fut)
+        if req.task >= scores.shape[1]:
+            raise RequestError(f"task {req.task} does not exist", "task")
+        items = top_k(candidates, scores[:, req.task], req.k)
+        return {"items": [{"item": i, "score": s, "retrieval_score": cosine[i]}
+                          for i, s in items],
+                "retrieved": len(candidates), "model_version": predictor.version}
+
+    @app.post("/v1/admin/reload")
+    async def reload(req: ReloadRequest, request: Request):  # type: ignore
+        if not state.token:
+            return error(403, "reload is disabled: set admin_token in the serve config or "
+                              "SAMPAN_ADMIN_TOKEN", "authorization")
+        if not state.check_token(request.headers.get("authorization")):
+            return error(401, "missing or wrong token: send the header "
+                              "'Authorization: Bearer <token>'", "authorization")
+        if req.bundle is None and req.retrieval_bundle is None:
+            return error(422, "give bundle (the ranking model) and/or retrieval_bundle",
+                         "bundle")
+        out: dict[str, Any] = {"status": "reloaded"}
+        try:
+            if state.sync is None:
+                predictor, retriever = await run_in_threadpool(
+                    state.load, req.bundle, req.retrieval_bundle)
+            else:  # the other workers follow within sync.interval
+                predictor, retriever, out["generation"] = await run_in_threadpool(
+                    state.sync.reload, req.bundle, req.retrieval_bundle)
+                out["workers"] = state.cfg.workers
+        except ServingBundleError as e:  # the old bundles keep serving; say which one failed
+            state.reloads.labels("failed").inc()
+            return error(400, str(e), e.field)
+        if predictor is not None:
+            out.update(model=predictor.bundle.manifest.get("model"), version=predictor.version)
+        if retriever is not None:
+            out["retrieval_version"] = retriever.predictor.version
+        state.reloads.labels("ok").inc()
+        return out
+
+    return app
