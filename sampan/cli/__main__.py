@@ -1,0 +1,5 @@
+"""``python -m sampan.cli``."""
+
+from sampan.cli import main
+
+main()

@@ -1,0 +1,57 @@
+"""The typer app every command registers on, its one error handler, and the shared
+options and consoles."""
+
+from __future__ import annotations
+
+import errno
+from typing import Annotated, Any
+
+import click
+import typer
+import typer.core
+from rich.console import Console
+
+from sampan.errors import SampanError
+
+
+class _Commands(typer.core.TyperGroup):
+    """The one error handler of every command: a :class:`SampanError` (or a full disk) is
+    ``error: <message>`` and exit code 2; anything else is a bug and keeps its traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except SampanError as e:
+            fail(str(e))
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            fail(f"no space left on the device ({e.filename or e}); free some space and "
+                  "run the command again (a training run resumes with --resume RUN_DIR: its "
+                  "last checkpoint is intact)")
+
+
+app = typer.Typer(
+    cls=_Commands,
+    help="Sampan: train, evaluate and use recommender models from one YAML file.\n\n"
+         "Start with `sampan train` (DeepFM on the built-in synthetic data), then try "
+         "`sampan train configs/criteo_deepfm.yaml` on a real Criteo file.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="markdown",
+)
+console = Console()
+err = Console(stderr=True)
+
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option("--set", "-s", metavar="KEY=VALUE",
+                 help="Override a config value, e.g. --set train.epochs=2 --set model.mlp=[64,32]."
+                      " Values are parsed as YAML. Repeatable; applied after the file."),
+]
+
+
+def fail(msg: str, code: int = 2) -> None:
+    err.print(f"[bold red]error:[/] {msg}")
+    raise typer.Exit(code)

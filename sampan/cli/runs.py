@@ -1,0 +1,125 @@
+"""Commands on finished runs: ``eval``, ``compare``, ``predict``, ``export``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import numpy as np
+import typer
+import typer.core
+
+from sampan.cli.base import app, console, err
+
+
+@app.command("eval")
+def eval_(
+    run_dir: Annotated[Path, typer.Argument(help="A finished run directory.")],
+    data: Annotated[list[str] | None, typer.Option(
+        "--data", help="Raw file(s) to evaluate, in the run's input format (default: the "
+                       "run's test split).")] = None,
+    split: Annotated[str, typer.Option(help="Processed split to use when --data is not given: "
+                                            "train, valid or test.")] = "test",
+    bootstrap: Annotated[int, typer.Option(
+        min=0, help="Resample the rows this many times (e.g. 1000) and add each AUC's 95 % "
+                    "interval as auc_ci95 (auc_0_ci95, ... per task): on a small test set, "
+                    "AUCs that differ by less than this are not told apart.")] = 0,
+) -> None:
+    """Evaluate a trained run's best model: AUC, LogLoss (and GAUC when groups are set)."""
+    from sampan.train.experiment import RunArtifacts
+
+    art = RunArtifacts(run_dir)
+    metrics = art.evaluate(data if data else split, bootstrap=bootstrap)
+    if data:
+        log = art.last_log
+        err.print(log.describe())
+    console.print_json(json.dumps(metrics))
+
+
+@app.command()
+def compare(
+    run_a: Annotated[Path, typer.Argument(help="A finished run directory (the baseline).")],
+    run_b: Annotated[Path, typer.Argument(help="Another run, on the same data and split.")],
+    data: Annotated[list[str] | None, typer.Option(
+        "--data", help="Raw file(s) to score with both runs (default: their test split).")
+    ] = None,
+    split: Annotated[str, typer.Option(help="Processed split when --data is not given.")
+                     ] = "test",
+    resamples: Annotated[int, typer.Option(min=100, help="Bootstrap resamples.")] = 1000,
+    task: Annotated[int, typer.Option(min=0, help="Label to compare (multi-task runs).")] = 0,
+) -> None:
+    """Is B better than A? Paired bootstrap of the AUC difference on the same rows.
+
+    Both models score the same rows; each resample draws rows with replacement and takes
+    both AUCs on it, so the spread of the difference is that of the two models on this data,
+    not of two independent test sets. Prints both AUCs, `diff` (B - A), its 95 % interval
+    `diff_ci95` and `p_b_better` (the share of resamples where B wins). An interval that
+    holds 0 means this data cannot tell the two apart.
+    """
+    from sampan.train.experiment import RunArtifacts, compare_runs
+
+    result = compare_runs(RunArtifacts(run_a), RunArtifacts(run_b),
+                          data if data else split, resamples, task)
+    console.print_json(json.dumps(result))
+
+
+@app.command()
+def predict(
+    run_dir: Annotated[Path, typer.Argument(help="A finished run directory.")],
+    inputs: Annotated[list[str], typer.Argument(
+        help="Raw file(s) in the run's input format. The label may be empty; in files with "
+             "a header the label column may also be left out.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="CSV to write: line,probability.")],
+) -> None:
+    """Score raw rows through the run's saved feature pipeline and best model."""
+    from sampan.data.sources import DataError
+    from sampan.train.experiment import RunArtifacts
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.partial")
+    rows = 0
+    try:
+        art = RunArtifacts(run_dir)
+        labels = art.store.schema.labels
+        names = ["probability"] if len(labels) == 1 else [f"probability_{t}" for t in labels]
+        with open(tmp, "w") as f:  # chunk by chunk: any file size in bounded memory
+            f.write("line," + ",".join(names) + "\n")
+            for lines, probs in art.predict_chunks(inputs):
+                np.savetxt(f, np.column_stack([lines, probs]), delimiter=",",
+                           fmt=["%d"] + ["%.8f"] * probs.shape[1])
+                rows += len(probs)
+        if not rows:
+            raise DataError("no rows left to use after reading the input")
+        tmp.replace(out)
+    finally:
+        tmp.unlink(missing_ok=True)  # a failed run leaves no half-written file
+    log = art.last_log
+    console.print(f"wrote {rows:,} predictions to {out}"
+                  + (f"; {log.rejected:,} rows rejected {dict(log.reasons)}"
+                     if log.rejected else ""))
+
+
+@app.command()
+def export(
+    run_dir: Annotated[Path, typer.Argument(help="A finished run directory.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Bundle directory to create.")],
+    format: Annotated[str, typer.Option(
+        "--format", "-f", help="onnx (served with ONNX Runtime) or torchscript.")] = "onnx",
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing bundle.")] = False,
+) -> None:
+    """Export a run's best model with its fitted feature pipeline as a bundle.
+
+    The bundle holds the model graph (transformed tensors in, probabilities out), the
+    pipeline that turns raw records into those tensors, and `manifest.json` (schema, input
+    signature, metrics, versions, sha256 of every file). The export is checked against
+    PyTorch on rows of the run's test split before it is written.
+    """
+    from sampan.export import export_run
+
+    path = export_run(run_dir, out, fmt=format, overwrite=overwrite)
+    manifest = json.loads((path / "manifest.json").read_text())
+    p = manifest["parity"]
+    console.print(f"exported {manifest['model']} ({manifest['format']}) to {path}: "
+                  f"inputs {', '.join(i['name'] for i in manifest['inputs'])}; parity on "
+                  f"{p['rows']} {p['split']} rows, max |diff| {p['max_abs_diff']:.2g}")

@@ -1,0 +1,84 @@
+"""``sampan serve``: a bundle over HTTP (and gRPC), in one process or ``--workers N``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+import typer.core
+
+from sampan.cli.base import SetOpt, app, console
+
+
+@app.command()
+def serve(
+    bundle: Annotated[str | None, typer.Argument(
+        help="Bundle directory (from `sampan export`); or give `bundle:` in --config.")] = None,
+    config: Annotated[Path | None, typer.Option(
+        "--config", "-c", help="Serve config YAML (see sampan.config.ServeConfig).")] = None,
+    host: Annotated[str | None, typer.Option(help="Address to bind [127.0.0.1].")] = None,
+    port: Annotated[int | None, typer.Option(help="HTTP port [8000].")] = None,
+    grpc_port: Annotated[int | None, typer.Option(help="Also serve gRPC on this port.")] = None,
+    workers: Annotated[int | None, typer.Option(help="HTTP worker processes [1].")] = None,
+    set_: SetOpt = None,
+) -> None:
+    """Serve a bundle over HTTP (FastAPI under uvicorn) and optionally gRPC.
+
+    Routes: `POST /v1/predict` (raw records -> probabilities), `POST /v1/rank` (context +
+    candidate item ids -> top-k, user and item features joined from the feature store),
+    `GET /healthz`, `GET /readyz`, `GET /metrics` (Prometheus), `POST /v1/admin/reload`
+    (needs the bearer token from `admin_token` or `SAMPAN_ADMIN_TOKEN`). API docs at `/docs`.
+    """
+    import os
+
+    import uvicorn
+
+    from sampan.config import load_serve_config
+
+    overrides = list(set_ or [])
+    for key, value in (("bundle", bundle), ("host", host), ("port", port),
+                       ("grpc_port", grpc_port), ("workers", workers)):
+        if value is not None:
+            overrides.append(f"{key}={value}")
+    cfg = load_serve_config(config, overrides)
+    where = f"http://{cfg.host}:{cfg.port}" + (
+        f" and gRPC {cfg.host}:{cfg.grpc_port}" if cfg.grpc_port is not None else "")
+    if cfg.workers > 1:
+        import shutil
+        import tempfile
+
+        from sampan.serving.workers import ReloadSync
+
+        shared = tempfile.mkdtemp(prefix="sampan-serve-")
+        ReloadSync.create(f"{shared}/bundle.json", cfg.bundle, cfg.retrieval_bundle)
+        os.environ["SAMPAN_SERVE_CONFIG"] = cfg.model_dump_json()
+        os.environ["SAMPAN_SERVE_SYNC"] = f"{shared}/bundle.json"
+        os.makedirs(f"{shared}/metrics")  # every worker's Prometheus metrics, added up
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = f"{shared}/metrics"
+        os.environ["SAMPAN_GRPC_IN_WORKER"] = "1"
+        console.print(f"serving {cfg.bundle} on {where} with {cfg.workers} workers")
+        try:
+            uvicorn.run("sampan.serving.workers:app_from_env", factory=True, host=cfg.host,
+                        port=cfg.port, workers=cfg.workers, log_level="warning")
+        finally:
+            shutil.rmtree(shared, ignore_errors=True)
+        return
+    from sampan.serving.http import create_app
+    from sampan.serving.service import ServerState
+
+    state = ServerState(cfg)
+    grpc_server = None
+    if cfg.grpc_port is not None:
+        from sampan.serving.grpc_server import start_grpc
+
+        grpc_server = start_grpc(state, cfg.host, cfg.grpc_port)
+    p = state.predictor
+    console.print(f"serving {p.bundle.manifest.get('model')} ({p.version}) on {where}",
+                  highlight=False)
+    try:
+        uvicorn.run(create_app(state), host=cfg.host, port=cfg.port, log_level="warning")
+    finally:
+        if grpc_server is not None:
+            grpc_server.stop(grace=1)
+        state.close()

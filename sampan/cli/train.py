@@ -1,0 +1,96 @@
+"""``sampan train``: one experiment, in one process or launched data-parallel."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+import typer.core
+
+from sampan.cli.base import SetOpt, app, console, fail
+
+
+@app.command()
+def train(
+    config: Annotated[Path | None, typer.Argument(
+        help="Experiment YAML. Omit it to train DeepFM on the built-in synthetic data.")] = None,
+    set_: SetOpt = None,
+    resume: Annotated[Path | None, typer.Option(
+        "--resume", metavar="RUN_DIR",
+        help="Continue an interrupted run from its last checkpoint (uses the run's own config)."
+    )] = None,
+    run_dir: Annotated[Path | None, typer.Option(
+        "--run-dir", help="Write the run here instead of OUTPUT_DIR/NAME/TIMESTAMP.")] = None,
+    nproc_per_node: Annotated[int, typer.Option(
+        "--nproc-per-node", help="Data-parallel processes on this machine (one per GPU; "
+        "gloo on CPU). Launches through torch.distributed.run.")] = 1,
+    nnodes: Annotated[int, typer.Option(help="Machines in the job.")] = 1,
+    node_rank: Annotated[int | None, typer.Option(
+        help="This machine's index (with --rdzv-endpoint the rendezvous assigns it).")] = None,
+    rdzv_endpoint: Annotated[str | None, typer.Option(
+        "--rdzv-endpoint", metavar="HOST:PORT",
+        help="Rendezvous address shared by every machine of a multi-node job.")] = None,
+) -> None:
+    """Prepare the data, train, evaluate on the test split and print the metrics.
+
+    Examples:
+
+      sampan train                                   # built-in synthetic Criteo-shaped data
+
+      sampan train configs/criteo_deepfm.yaml --set train.epochs=2
+
+      sampan train --resume runs/criteo_deepfm/20261130-101500
+
+      sampan train configs/criteo_deepfm.yaml --nproc-per-node 2   # 2 processes (gloo on CPU)
+    """
+    import os
+
+    from sampan import distributed
+    from sampan.config import load_config
+    from sampan.train.experiment import run_experiment
+
+    if (nproc_per_node > 1 or nnodes > 1) and "WORLD_SIZE" not in os.environ:
+        _launch(config, set_, resume, run_dir, nproc_per_node, nnodes, node_rank,
+                rdzv_endpoint)
+        return
+    try:
+        if resume is not None:
+            if config is not None or set_:
+                fail("--resume uses the run's saved config; do not pass CONFIG or --set with it")
+            cfg = load_config(resume / "config.yaml")
+            run_experiment(cfg, run_dir=resume, resume=True, console=console)
+        else:
+            cfg = load_config(config, overrides=set_ or [])
+            run_experiment(cfg, run_dir=run_dir, console=console)
+    finally:
+        distributed.shutdown()
+
+
+def _launch(config: Path | None, set_: list[str] | None, resume: Path | None,
+            run_dir: Path | None, nproc: int, nnodes: int, node_rank: int | None,
+            rdzv: str | None) -> None:
+    """Re-run this `sampan train` under torch.distributed.run, one process per rank."""
+    from torch.distributed.run import main as torchrun
+
+    args = [f"--nproc-per-node={nproc}", f"--nnodes={nnodes}"]
+    if rdzv:
+        args += [f"--rdzv-endpoint={rdzv}", "--rdzv-backend=c10d"]
+    elif nnodes == 1:
+        args += ["--standalone"]
+    else:
+        fail("a multi-node job needs --rdzv-endpoint HOST:PORT (the same on every machine)")
+    if node_rank is not None:
+        args += [f"--node-rank={node_rank}"]
+    child = ["-m", "sampan", "train"]
+    if config is not None:
+        child.append(str(config))
+    for item in set_ or []:
+        child += ["--set", item]
+    if resume is not None:
+        child += ["--resume", str(resume)]
+    if run_dir is not None:
+        child += ["--run-dir", str(run_dir)]
+    console.print(f"launching {nproc * nnodes} processes: torchrun {' '.join(args + child)}",
+                  highlight=False)
+    torchrun(args + child)
