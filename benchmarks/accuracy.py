@@ -148,7 +148,7 @@ def save_test_predictions(run_dir: Path) -> None:
     art = RunArtifacts(run_dir)
     test = art.store.split("test")
     np.save(run_dir / "test_predictions.npy",
-            probabilities(art.trainer.predict_logits(test)).astype(np.float32))
+            probabilities(art.evaluator.predict_logits(test)).astype(np.float32))
     np.save(run_dir / "test_labels.npy", np.asarray(test.labels, dtype=np.float32))
 
 

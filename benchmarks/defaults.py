@@ -357,7 +357,7 @@ def run_sampan(ds: Dataset, model: str, run_root: Path) -> dict[str, Any]:
     res = run_experiment(cfg, run_dir=run_dir, console=Console(quiet=True))
     art = RunArtifacts(run_dir)
     test = art.store.split("test")
-    logits = art.trainer.predict_logits(test)[:, 0]
+    logits = art.evaluator.predict_logits(test)[:, 0]
     plan = json.loads((run_dir / "schedule.json").read_text())
     diverged = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()
                 if '"divergence"' in x]

@@ -31,10 +31,14 @@ from sampan.data.sources import RejectLog
 from sampan.data.store import SplitArrays, Store, build_store, iter_transformed, transform_files
 from sampan.embedding.collection import sharded_build
 from sampan.errors import DataError, ExistingPathError, MissingPathError, RunError
+from sampan.layers.kernels import KernelPlan
+from sampan.layers.kernels import apply as apply_kernels
 from sampan.models import build_model
+from sampan.tasks import make_task
 from sampan.train import checkpoint as ckpt
+from sampan.train.evaluate import Evaluator, headline_metrics, probabilities, resolve_device
 from sampan.train.metrics import auc, auc_bootstrap, paired_auc_comparison
-from sampan.train.trainer import BEST, LAST, Trainer, headline_metrics, probabilities
+from sampan.train.trainer import BEST, LAST, Trainer
 from sampan.train.warm_start import fit_first_order
 
 
@@ -92,8 +96,6 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path | None = None,
     the run directory and prepares the data, the others wait and open it; only rank 0
     prints and writes files (see :mod:`sampan.distributed`).
     """
-    from sampan.train.trainer import resolve_device
-
     dist = distributed.init_from_env(resolve_device(cfg.train.device).type)
     console = console or Console()
     if not dist.is_main:
@@ -277,9 +279,16 @@ class RunArtifacts:
         if not weights.exists():
             weights = self.run / "checkpoints" / LAST
         self.model.load_state_dict(ckpt.load(weights)["model"])
-        self.trainer = Trainer(self.model, self.cfg, self.run, self.store.split("train")
-                               or self._empty(), None, console=Console(quiet=True),
-                               log_metrics=False)
+        tc = self.cfg.train
+        device = resolve_device(tc.device)
+        self.model.to(device)
+        kernels = self.run / "kernels.json"
+        if device.type == "cpu" and kernels.exists():  # the GEMM paths the run measured
+            apply_kernels(self.model, KernelPlan.from_json(json.loads(kernels.read_text())))
+        # a retrieval task reads its item corpus from the train split
+        task = make_task(self.model, self.store.split("train") or self._empty())
+        self.evaluator = Evaluator(self.model, task, device, tc.eval_batch_size, tc.amp,
+                                   tc.prefetch)
 
     def _empty(self) -> SplitArrays:
         s = self.store.schema
@@ -313,10 +322,10 @@ class RunArtifacts:
         outputs: list[torch.Tensor] = []
 
         def infer(fn, d):  # type: ignore[no-untyped-def]  # keeps the logits: one pass
-            outputs.append(self.trainer.infer(fn, d))
+            outputs.append(self.evaluator.infer(fn, d))
             return outputs[-1]
 
-        metrics: dict[str, Any] = dict(self.trainer.task.evaluate(self.model, data, infer))
+        metrics: dict[str, Any] = dict(self.evaluator.task.evaluate(self.model, data, infer))
         if bootstrap and "auc" in metrics:
             logits = outputs[0]
             labels = torch.from_numpy(np.array(data.labels, dtype=np.float32))
@@ -351,7 +360,7 @@ class RunArtifacts:
         try:
             for arrays in iter_transformed(self.cfg, self.pipeline, files, False, log):
                 chunk = SplitArrays.concat([arrays], None)
-                yield arrays["line"], probabilities(self.trainer.predict_logits(chunk))
+                yield arrays["line"], probabilities(self.evaluator.predict_logits(chunk))
         finally:
             log.close()
         log.check(self.cfg.data.max_bad_fraction)
@@ -367,7 +376,7 @@ def compare_runs(a: RunArtifacts, b: RunArtifacts, split_or_files: str | list[st
         data = art.labelled(split_or_files)
         if data.labels is None or task >= data.labels.shape[1]:
             raise RunError(f"{art.run} has no label {task} to compare on")
-        logits = art.trainer.predict_logits(data)
+        logits = art.evaluator.predict_logits(data)
         if task >= logits.shape[1]:
             raise RunError(f"{art.run}'s model predicts {logits.shape[1]} label(s); "
                              f"there is no task {task}")

@@ -26,12 +26,18 @@ from sampan.config import ConfigError, ExperimentConfig, dump_config
 from sampan.data.loader import Batch, BatchLoader
 from sampan.data.store import SplitArrays
 from sampan.embedding import EmbeddingCollection, make_sparse_optimizer
-from sampan.errors import DivergenceError, SampanError
+from sampan.errors import DivergenceError
 from sampan.layers.embed import first_order_part
 from sampan.layers.kernels import KernelPlan, plan_kernels
 from sampan.layers.kernels import apply as apply_kernels
 from sampan.tasks import make_task
 from sampan.train import checkpoint as ckpt
+from sampan.train.evaluate import (  # noqa: F401  (importable from here as before)
+    Evaluator,
+    headline_metrics,
+    probabilities,
+    resolve_device,
+)
 from sampan.train.logging import MetricsLog, make_progress
 from sampan.train.plan import plan_training
 from sampan.train.schedules import lr_factor
@@ -40,24 +46,6 @@ LAST = "last.pt"
 BEST = "best.pt"
 START = "start.pt"  # the state before the first step: what a divergence before last.pt
 #                     goes back to; removed when the first last.pt is written
-
-
-def resolve_device(name: str) -> torch.device:
-    """``auto`` -> ``cuda`` when there is a GPU; under a distributed launch a CUDA device is
-    the process's own GPU (``LOCAL_RANK``)."""
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    dev = torch.device(name)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise SampanError(f"train.device={name!r} but CUDA is not available on this machine; "
-                          "use train.device=cpu or auto")
-    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise SampanError(f"train.device={name!r} but this machine has "
-                          f"{torch.cuda.device_count()} CUDA device(s): cuda:0 to "
-                          f"cuda:{torch.cuda.device_count() - 1}")
-    if dev.type == "cuda" and dev.index is None and distributed.context().enabled:
-        dev = torch.device("cuda", distributed.context().local_rank)
-    return dev
 
 
 @dataclass
@@ -122,6 +110,8 @@ class Trainer:
                                   rank=self.dist.rank, world=self.dist.world)
         self.total_steps = self.tc.max_steps or self.tc.epochs * len(self.loader)
         self.kernels = self._plan_kernels(log_metrics)
+        self.evaluator = Evaluator(self.model, self.task, self.device, self.tc.eval_batch_size,
+                                   self.tc.amp, self.tc.prefetch)
         if self.tc.compile:  # after the kernels are set: compiled graphs guard on them
             compile_dense(self.model)
 
@@ -448,53 +438,17 @@ class Trainer:
                            + ("  (early stop)" if st.stopped_early else ""))
 
     # ----------------------------------------------------------------- evaluation
-    @torch.no_grad()
     def infer(self, fn, data: SplitArrays) -> torch.Tensor:  # type: ignore[no-untyped-def]
-        """``fn(batch)`` over every row of ``data`` in order (eval mode, no grad, autocast
-        as in training), concatenated on the CPU as float32."""
-        self.model.eval()
-        steps = None
-        if self.dist.enabled:  # each rank scores a contiguous shard; rows come back in order
-            lo, hi = distributed.shard_rows(len(data))
-            full, data = data, data.take(np.arange(lo, hi))
-            if distributed.any_sharded(self.model):
-                # lookups are collective: every rank makes the same number of calls, a rank
-                # out of rows scores filler rows and drops them
-                bs = self.tc.eval_batch_size
-                n = torch.tensor([-(-len(data) // bs)], device=self.device)
-                torch.distributed.all_reduce(n, op=torch.distributed.ReduceOp.MAX)
-                steps = int(n)
-                filler = full.take(np.arange(min(bs, len(full))))
-        out = []
-        loader = BatchLoader(data, self.tc.eval_batch_size, shuffle="none",
-                             prefetch=self.tc.prefetch)
-        batches = iter(loader)
-        for i in range(len(loader) if steps is None else steps):
-            keep = i < len(loader)
-            batch = next(batches) if keep else next(iter(BatchLoader(
-                filler, self.tc.eval_batch_size, shuffle="none", prefetch=0)))
-            batch = batch.to(self.device, non_blocking=True)
-            with torch.autocast(self.device.type, dtype=torch.bfloat16,
-                                enabled=self.tc.amp == "bf16"):
-                y = fn(batch).float()
-            if keep:
-                out.append(y)
-        if self.dist.enabled:
-            # the output width is needed even on a rank whose shard is empty
-            width = torch.tensor([out[0].shape[1] if out else -1], device=self.device)
-            torch.distributed.all_reduce(width, op=torch.distributed.ReduceOp.MAX)
-            local = torch.cat(out) if out else torch.empty(0, int(width), device=self.device)
-            return distributed.all_gather_rows(local).cpu()
-        return torch.cat(out).cpu() if out else torch.empty(0, 1)
+        """``fn(batch)`` over every row of ``data`` (see :meth:`Evaluator.infer`)."""
+        return self.evaluator.infer(fn, data)
 
     def predict_logits(self, data: SplitArrays) -> torch.Tensor:
         """Logits ``[N, T]`` for every row of ``data``, in order."""
-        return self.infer(self.model, data)
+        return self.evaluator.predict_logits(data)
 
     def evaluate(self, data: SplitArrays) -> dict[str, float]:
-        """The task's metrics of the current model on ``data`` (binary: AUC, LogLoss and
-        GAUC when groups exist; retrieval: Recall / NDCG @ K and a popularity baseline)."""
-        return self.task.evaluate(self.model, data, self.infer)
+        """The task's metrics of the current model on ``data``."""
+        return self.evaluator.evaluate(data)
 
     # ---------------------------------------------------------------- checkpoints
     def _window_now(self) -> tuple[float, int]:
@@ -573,16 +527,3 @@ def compile_dense(model: nn.Module) -> None:
             compile_dense(child)
         elif any(True for _ in child.parameters()):
             child.compile(dynamic=False)
-
-
-def headline_metrics(m: dict[str, float]) -> list[str]:
-    """The metric names worth printing from an evaluation, in a stable order."""
-    keys = ["auc", "logloss", "gauc"] + [k for k in m if k.startswith("auc_")]
-    keys += [k for k in m if k.split("@")[0] in
-                                         ("recall", "ndcg", "hitrate")] + ["mrr"]
-    keys += [k for k in m if k.startswith("pop_recall@")]
-    return [k for k in keys if k in m]
-
-
-def probabilities(logits: torch.Tensor) -> np.ndarray:
-    return torch.sigmoid(logits.double()).cpu().numpy()

@@ -1,0 +1,107 @@
+"""Scoring a model without a Trainer: inference over stored rows, logits, and the task's
+metrics. The Trainer evaluates through one; ``sampan eval``, ``predict``, ``compare`` and
+``export`` (through :class:`~sampan.train.experiment.RunArtifacts`) use one directly, with no
+optimizer, training loader or run directory.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from sampan import distributed
+from sampan.data.loader import BatchLoader
+from sampan.data.store import SplitArrays
+from sampan.errors import SampanError
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` -> ``cuda`` when there is a GPU; under a distributed launch a CUDA device is
+    the process's own GPU (``LOCAL_RANK``)."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise SampanError(f"train.device={name!r} but CUDA is not available on this machine; "
+                          "use train.device=cpu or auto")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise SampanError(f"train.device={name!r} but this machine has "
+                          f"{torch.cuda.device_count()} CUDA device(s): cuda:0 to "
+                          f"cuda:{torch.cuda.device_count() - 1}")
+    if dev.type == "cuda" and dev.index is None and distributed.context().enabled:
+        dev = torch.device("cuda", distributed.context().local_rank)
+    return dev
+
+
+class Evaluator:
+    """``model`` scored under ``task`` on ``device``: batches of ``eval_batch_size`` rows,
+    bf16 autocast with ``amp="bf16"`` (as in training), ``prefetch`` batches ahead."""
+
+    def __init__(self, model: nn.Module, task: Any, device: torch.device,
+                 eval_batch_size: int = 16384, amp: str = "none", prefetch: int = 2):
+        self.model, self.task, self.device = model, task, device
+        self.eval_batch_size, self.amp, self.prefetch = eval_batch_size, amp, prefetch
+        self.dist = distributed.context()
+
+    @torch.no_grad()
+    def infer(self, fn, data: SplitArrays) -> torch.Tensor:  # type: ignore[no-untyped-def]
+        """``fn(batch)`` over every row of ``data`` in order (eval mode, no grad, autocast
+        as in training), concatenated on the CPU as float32."""
+        self.model.eval()
+        steps = None
+        if self.dist.enabled:  # each rank scores a contiguous shard; rows come back in order
+            lo, hi = distributed.shard_rows(len(data))
+            full, data = data, data.take(np.arange(lo, hi))
+            if distributed.any_sharded(self.model):
+                # lookups are collective: every rank makes the same number of calls, a rank
+                # out of rows scores filler rows and drops them
+                bs = self.eval_batch_size
+                n = torch.tensor([-(-len(data) // bs)], device=self.device)
+                torch.distributed.all_reduce(n, op=torch.distributed.ReduceOp.MAX)
+                steps = int(n)
+                filler = full.take(np.arange(min(bs, len(full))))
+        out = []
+        loader = BatchLoader(data, self.eval_batch_size, shuffle="none", prefetch=self.prefetch)
+        batches = iter(loader)
+        for i in range(len(loader) if steps is None else steps):
+            keep = i < len(loader)
+            batch = next(batches) if keep else next(iter(BatchLoader(
+                filler, self.eval_batch_size, shuffle="none", prefetch=0)))
+            batch = batch.to(self.device, non_blocking=True)
+            with torch.autocast(self.device.type, dtype=torch.bfloat16,
+                                enabled=self.amp == "bf16"):
+                y = fn(batch).float()
+            if keep:
+                out.append(y)
+        if self.dist.enabled:
+            # the output width is needed even on a rank whose shard is empty
+            width = torch.tensor([out[0].shape[1] if out else -1], device=self.device)
+            torch.distributed.all_reduce(width, op=torch.distributed.ReduceOp.MAX)
+            local = torch.cat(out) if out else torch.empty(0, int(width), device=self.device)
+            return distributed.all_gather_rows(local).cpu()
+        return torch.cat(out).cpu() if out else torch.empty(0, 1)
+
+    def predict_logits(self, data: SplitArrays) -> torch.Tensor:
+        """Logits ``[N, T]`` for every row of ``data``, in order."""
+        return self.infer(self.model, data)
+
+    def evaluate(self, data: SplitArrays) -> dict[str, float]:
+        """The task's metrics of the model on ``data`` (binary: AUC, LogLoss and GAUC when
+        groups exist; retrieval: Recall / NDCG @ K and a popularity baseline)."""
+        return self.task.evaluate(self.model, data, self.infer)
+
+
+def headline_metrics(m: dict[str, float]) -> list[str]:
+    """The metric names worth printing from an evaluation, in a stable order."""
+    keys = ["auc", "logloss", "gauc"] + [k for k in m if k.startswith("auc_")]
+    keys += [k for k in m if k.split("@")[0] in
+                                         ("recall", "ndcg", "hitrate")] + ["mrr"]
+    keys += [k for k in m if k.startswith("pop_recall@")]
+    return [k for k in keys if k in m]
+
+
+def probabilities(logits: torch.Tensor) -> np.ndarray:
+    return torch.sigmoid(logits.double()).cpu().numpy()
