@@ -163,7 +163,7 @@ def intervals(suite: Suite, runs: dict[str, list[dict]]) -> dict[str, dict]:
     import numpy as np
     import torch
 
-    from sampan.train.metrics import auc_bootstrap
+    from sampan.metrics import auc_bootstrap
 
     boots: dict[str, dict[str, dict[int, np.ndarray]]] = {}
     for model, rs in runs.items():

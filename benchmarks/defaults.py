@@ -11,7 +11,7 @@ The baseline is ``sklearn.linear_model.LogisticRegression`` on one-hot categoric
 training value; unseen values get no column), multi-hot histories, and signed-log1p,
 standardised numerics with missing indicators, its ``C`` picked on the validation rows. Each
 model's test AUC is compared with it by the paired bootstrap of ``sampan compare``
-(:func:`sampan.train.metrics.paired_auc_comparison`, 1,000 resamples of the test rows).
+(:func:`sampan.metrics.paired_auc_comparison`, 1,000 resamples of the test rows).
 Lift efficiency is ``(AUC - 0.5) / (oracle AUC - 0.5)`` where the true probabilities are known.
 
 Usage (from the repository root)::
@@ -371,7 +371,7 @@ def run_sampan(ds: Dataset, model: str, run_root: Path) -> dict[str, Any]:
 def evaluate_dataset(ds: Dataset, run_root: Path, models: list[str] | None) -> dict[str, Any]:
     import torch
 
-    from sampan.train.metrics import auc, paired_auc_comparison
+    from sampan.metrics import auc, paired_auc_comparison
 
     tables = {s: pq.read_table(p) for s, p in ds.files.items()}
     print(f"== {ds.name}: {ds.about}", flush=True)

@@ -44,6 +44,7 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -362,6 +363,15 @@ def shard_bounds(rows: int, world: int) -> list[int]:
     return [rows * k // world for k in range(world + 1)]
 
 
+# A row-sharded tensor in a checkpoint: its rows are in part files (see
+# sampan.train.checkpoint, which writes and reads them)
+PART = "__rows_in_parts__"
+
+
+def placeholder(key: str, rows: int) -> dict[str, Any]:
+    return {PART: key, "rows": rows}
+
+
 def _sharded(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
     from sampan.embedding import EmbeddingCollection
 
@@ -384,8 +394,6 @@ def split_sharded_state(model: torch.nn.Module, obj: dict,
     ``opt``, of this rank) with this rank's rows of every row-sharded table, and their
     per-row optimizer state, replaced by placeholders; and those rows by key, for
     :func:`checkpoint.save_part`."""
-    from sampan.train.checkpoint import placeholder
-
     rows: dict[str, torch.Tensor] = {}
     sd = dict(obj["model"])
     sharded = _sharded(model)

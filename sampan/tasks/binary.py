@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sampan.data.loader import BatchLoader
-from sampan.train.metrics import MetricAccumulator
+from sampan.metrics import MetricAccumulator
 
 
 def binary_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -28,7 +28,7 @@ from torch import nn
 
 from sampan import distributed
 from sampan.data.store import SplitArrays
-from sampan.train.metrics import ranking_metrics
+from sampan.metrics import ranking_metrics
 
 
 def positive_rows(data: SplitArrays) -> np.ndarray:

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from sampan.distributed import PART, placeholder, shard_bounds  # noqa: F401  (ckpt.placeholder)
 from sampan.errors import CheckpointError, MissingPathError
 
 _MARK = b"\nsampan-sha256:"
@@ -128,8 +129,8 @@ def _torch_load(path: Path, device: Any, mmap: bool = False) -> Any:
 # files. The tag (step and a random id, the same on every rank) is new at every save, so a
 # save never overwrites a part that an existing checkpoint names. No process ever holds a
 # whole table; readers take the rows they need (memory-mapped, so a process reads only its
-# rows) or assemble whole tensors.
-PART = "__rows_in_parts__"
+# rows) or assemble whole tensors. The placeholder and the row bounds are defined with the
+# row sharding (:mod:`sampan.distributed`), which writes them.
 
 
 def part_name(path: str | Path, tag: str, rank: int, world: int) -> str:
@@ -170,10 +171,6 @@ def remove_parts(path: str | Path, keep: list[str] | tuple[str, ...] = ()) -> No
             old.unlink(missing_ok=True)
 
 
-def placeholder(key: str, rows: int) -> dict[str, Any]:
-    return {PART: key, "rows": rows}
-
-
 def load(path: str | Path, device: str | torch.device = "cpu",
          rows_of: Any = None) -> dict[str, Any]:
     """A checkpoint, with the tensors of row-sharded parts put back: whole, or, where
@@ -199,8 +196,6 @@ def load(path: str | Path, device: str | torch.device = "cpu",
                 missing = [str(f) for f in files if not f.exists()]
                 raise MissingPathError(
                     f"checkpoint {str(path)!r} is missing its parts {missing}") from None
-    from sampan.distributed import shard_bounds
-
     def fill(x: Any) -> Any:
         if isinstance(x, dict) and PART in x:
             key, n = x[PART], x["rows"]

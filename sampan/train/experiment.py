@@ -33,11 +33,11 @@ from sampan.embedding.collection import sharded_build
 from sampan.errors import DataError, ExistingPathError, MissingPathError, RunError
 from sampan.layers.kernels import KernelPlan
 from sampan.layers.kernels import apply as apply_kernels
+from sampan.metrics import auc, auc_bootstrap, paired_auc_comparison
 from sampan.models import build_model
 from sampan.tasks import make_task
 from sampan.train import checkpoint as ckpt
 from sampan.train.evaluate import Evaluator, headline_metrics, probabilities, resolve_device
-from sampan.train.metrics import auc, auc_bootstrap, paired_auc_comparison
 from sampan.train.trainer import BEST, LAST, Trainer
 from sampan.train.warm_start import fit_first_order
 

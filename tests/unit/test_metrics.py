@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sklearn.metrics import log_loss, roc_auc_score
 
-from sampan.train.metrics import MetricAccumulator, auc, gauc, logloss
+from sampan.metrics import MetricAccumulator, auc, gauc, logloss
 
 TOL = 1e-9
 
@@ -220,7 +220,7 @@ def _reference_ranking(scores, relevant, k):
 
 
 def test_ranking_metrics_hand_computed():
-    from sampan.train.metrics import ranking_metrics
+    from sampan.metrics import ranking_metrics
 
     s = torch.tensor([[0.9, 0.8, 0.1, 0.7], [0.2, 0.9, 0.5, 0.5], [0.1, 0.2, 0.3, 0.4]])
     r = torch.tensor([[False, True, False, True], [True, False, True, False],
@@ -238,7 +238,7 @@ def test_ranking_metrics_hand_computed():
 
 
 def test_ranking_metrics_match_reference_on_random_inputs():
-    from sampan.train.metrics import ranking_metrics
+    from sampan.metrics import ranking_metrics
 
     g = torch.Generator().manual_seed(0)
     for k in (1, 3, 10):
@@ -254,7 +254,7 @@ def test_ranking_metrics_match_reference_on_random_inputs():
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_auc_bootstrap_equals_auc_of_each_resample(seed) -> None:
-    from sampan.train.metrics import auc_bootstrap
+    from sampan.metrics import auc_bootstrap
 
     rng = np.random.default_rng(seed)
     n = 300
@@ -271,7 +271,7 @@ def test_auc_bootstrap_equals_auc_of_each_resample(seed) -> None:
 
 
 def test_auc_bootstrap_is_paired_and_spreads_like_the_standard_error() -> None:
-    from sampan.train.metrics import auc_bootstrap
+    from sampan.metrics import auc_bootstrap
 
     rng = np.random.default_rng(3)
     n = 2000
