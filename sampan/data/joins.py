@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sampan.config import DataConfig
+from sampan.data.hashing import ValueIndex, as_string
 from sampan.data.io import file_columns, iter_source
 from sampan.data.io.paths import expand_paths
 from sampan.data.rejects import RejectLog
@@ -43,8 +44,6 @@ class SideTable:
             dup = pc.filter(counts, pc.greater(counts.field("counts"), 1))[0]["values"]
             raise DataError(f"data.joins: key {key!r} of {join.path} is not unique "
                             f"(e.g. {dup.as_py()!r})")
-        from sampan.data.transforms import ValueIndex
-
         self.keys = key_text(keys)
         self.index = ValueIndex(self.keys)
         # Numbers of a side table are checked like those of the main file, but a bad one
@@ -68,8 +67,6 @@ class SideTable:
 def key_text(keys: pa.Array) -> pa.Array:
     """Join keys compared as text: trimmed, and 1.0 written as 1 (numbers read as floats)."""
     if pa.types.is_floating(keys.type) or pa.types.is_integer(keys.type):
-        from sampan.data.transforms import as_string
-
         return as_string(keys)
     text = pc.utf8_trim_whitespace(keys.cast(pa.string()))
     as_num = pc.match_substring_regex(text, r"^-?\d+\.0+$")

@@ -32,14 +32,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sampan.config import FeaturesConfig
+from sampan.data.hashing import stable_hash
+from sampan.data.lists import ListEncoder
 from sampan.data.sources import ColumnRoles, DataError
-from sampan.data.transforms import (
-    CategoricalEncoder,
-    ListEncoder,
-    NotFittedError,
-    NumericEncoder,
-    stable_hash,
-)
+from sampan.data.transforms import CategoricalEncoder, NotFittedError, NumericEncoder
 from sampan.schema import DataSchema, SequenceFeatureSpec, SparseFeatureSpec
 
 PIPELINE_FILE = "pipeline.json"

@@ -2,7 +2,8 @@
 
 Fitted state ends in ``_``, is set only by fitting, and is saved as JSON plus ``.npy`` files
 (never pickle). ``transform`` before fitting raises :class:`NotFittedError`. Every method works
-on whole Arrow / NumPy columns; nothing loops over rows in Python.
+on whole Arrow / NumPy columns; nothing loops over rows in Python. Hashing lives in
+:mod:`~sampan.data.hashing`, list features in :mod:`~sampan.data.lists`.
 """
 
 from __future__ import annotations
@@ -14,145 +15,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sampan.config import CategoricalFeature, ListFeature, NumericFeature
+from sampan.config import CategoricalFeature, NumericFeature
+from sampan.data.hashing import ValueIndex, as_string, stable_hash  # noqa: F401  (importable from here)
 
 PAD_ID = 0
 OOV_ID = 1
 FIRST_VOCAB_ID = 2
 
-_FNV_OFFSET = np.uint64(0xCBF29CE484222325)
-_FNV_PRIME = np.uint64(0x100000001B3)
-
-
 class NotFittedError(RuntimeError):
     """``transform`` was called before the transform was fitted."""
-
-
-def stable_hash(values: pa.Array, seed: int = 0) -> np.ndarray:
-    """64-bit FNV-1a of each string's UTF-8 bytes, finished with a splitmix64 mix.
-
-    Stable across processes, platforms and Python versions (unlike ``hash()``). Nulls hash
-    like the empty string. Vectorised over rows; the Python loop runs over byte positions.
-
-    >>> int(stable_hash(pa.array(["a"]))[0]) == int(stable_hash(pa.array(["a"]))[0])
-    True
-    """
-    arr = values.cast(pa.large_string()) if not pa.types.is_large_string(values.type) else values
-    arr = pc.fill_null(arr, "")
-    if isinstance(arr, pa.ChunkedArray):
-        arr = arr.combine_chunks()
-    n = len(arr)
-    bufs = arr.buffers()
-    offsets = np.frombuffer(bufs[1], dtype=np.int64, count=arr.offset + n + 1)[arr.offset:]
-    data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.empty(0, np.uint8)
-    starts = offsets[:-1]
-    lens = offsets[1:] - starts
-    seed_mix = np.uint64((seed * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF)
-    h = np.full(n, _FNV_OFFSET ^ seed_mix, dtype=np.uint64)
-    maxlen = int(lens.max()) if n else 0
-    with np.errstate(over="ignore"):
-        rows = np.arange(n)
-        for j in range(maxlen):
-            rows = rows[lens[rows] > j]  # strings still longer than j bytes
-            h[rows] = (h[rows] ^ data[starts[rows] + j].astype(np.uint64)) * _FNV_PRIME
-        # splitmix64 finaliser: spreads low-entropy FNV states before the modulo.
-        h ^= h >> np.uint64(30)
-        h *= np.uint64(0xBF58476D1CE4E5B9)
-        h ^= h >> np.uint64(27)
-        h *= np.uint64(0x94D049BB133111EB)
-        h ^= h >> np.uint64(31)
-    return h
-
-
-def as_string(values: pa.Array) -> pa.Array:
-    """Categorical ids may come from numeric columns (e.g. an integer count used as a category)."""
-    if pa.types.is_string(values.type) or pa.types.is_large_string(values.type):
-        return values
-    if pa.types.is_floating(values.type):
-        # 3.0 -> "3": integral floats read as the integers they were written as. Values
-        # beyond int64 precision, NaN and inf keep their float spelling.
-        x = values.cast(pa.float64())
-        integral = pc.and_(pc.is_finite(x), pc.less(pc.abs(x), 2.0**53))
-        integral = pc.and_(integral, pc.equal(pc.floor(x), x))
-        as_int = pc.if_else(integral, x, 0.0).cast(pa.int64())
-        return pc.if_else(integral, as_int.cast(pa.string()), x.cast(pa.string()))
-    return values.cast(pa.string())
-
-
-class ValueIndex:
-    """The position of each query string in a fixed array of distinct strings (``-1`` when
-    absent or null), without rebuilding a hash table of the whole set per call.
-
-    ``pc.index_in`` builds a hash table of the value set on every call: about 0.1 s for a
-    million values, paid per chunk when transforming and per request when serving. When
-    the set is much larger than the query, the set is instead indexed once (on first such
-    use) by the 64-bit :func:`stable_hash` of its values, sorted; a query is hashed, found
-    by binary search and confirmed by comparing the strings, so the answer is exact. Sets
-    where two different values share a hash (odds ~n²/2⁶⁵) always use ``pc.index_in``.
-
-    >>> ValueIndex(pa.array(["a", "b", ""])).positions(pa.array(["b", "z", None, ""])).tolist()
-    [1, -1, -1, 2]
-    """
-
-    SMALL = 2048  # below this, index_in's own table costs less than hashing the query
-    RATIO = 3  # the hashed path pays off once the set has RATIO x the query's values
-
-    def __init__(self, values: pa.Array):
-        if isinstance(values, pa.ChunkedArray):
-            values = values.combine_chunks()
-        self.values = values.cast(pa.string())
-        self._hashes: np.ndarray | None = None  # sorted
-        self._order: np.ndarray | None = None
-        self._collides = False
-
-    def __len__(self) -> int:
-        return len(self.values)
-
-    def _hashed(self, queries: int) -> bool:
-        n = len(self.values)
-        if self._collides or n <= max(self.SMALL, self.RATIO * queries):
-            return False
-        if self._hashes is None:
-            h = stable_hash(self.values)
-            order = np.argsort(h, kind="stable")
-            h = h[order]
-            if (h[1:] == h[:-1]).any():
-                self._collides = True
-                return False
-            self._order, self._hashes = order, h  # _hashes last: it marks the index ready
-        return True
-
-    def prepare(self, queries: int = 1) -> None:
-        """Build now what a lookup of ``queries`` values would build on first use (a
-        server does this at start-up rather than in its first request)."""
-        self._hashed(queries)
-
-    def positions(self, query: pa.Array) -> np.ndarray:
-        """``int64 [len(query)]``: each value's position in the set, ``-1`` if absent."""
-        if isinstance(query, pa.ChunkedArray):
-            query = query.combine_chunks()
-        query = query.cast(pa.string())
-        if not self._hashed(len(query)):
-            idx = pc.index_in(query, value_set=self.values, skip_nulls=True)
-            return pc.fill_null(idx, -1).to_numpy(zero_copy_only=False).astype(np.int64)
-        hashes, order = self._hashes, self._order
-        h = stable_hash(query)
-        pos = np.minimum(np.searchsorted(hashes, h), len(hashes) - 1)
-        cand = order[pos]
-        hit = hashes[pos] == h
-        hit &= pc.is_valid(query).to_numpy(zero_copy_only=False)
-        rows = np.flatnonzero(hit)
-        if len(rows):  # the hash agrees: confirm with the strings themselves
-            same = pc.equal(pc.take(self.values, pa.array(cand[rows])),
-                            pc.take(query, pa.array(rows)))
-            hit[rows] = pc.fill_null(same, False).to_numpy(zero_copy_only=False)
-        return np.where(hit, cand, -1).astype(np.int64)
-
-    def take_indices(self, query: pa.Array) -> pa.Array:
-        """:meth:`positions` as an Arrow index array with nulls where absent (for
-        ``pc.take``, which then gives nulls)."""
-        pos = self.positions(query)
-        return pa.array(pos, type=pa.int64(), mask=pos < 0)
 
 
 class CategoricalEncoder:
@@ -340,129 +211,6 @@ class Reservoir:
 
     def values(self) -> np.ndarray:
         return self.vals
-
-
-def split_lists(values: pa.Array, spec: ListFeature) -> pa.ListArray:
-    """A string column (delimited / free text) or a list column -> ``list<string>``, with
-    missing values as empty lists and empty tokens dropped."""
-    if pa.types.is_list(values.type) or pa.types.is_large_list(values.type):
-        lists = pc.fill_null(values, pa.scalar([], values.type))
-        lists = lists.cast(pa.list_(pa.string()))
-    else:
-        text = pc.fill_null(as_string(values), "")
-        if spec.kind == "text" and spec.tokenizer == "jieba":
-            lists = _jieba_tokens(text)
-        elif spec.kind == "text":
-            lists = pc.split_pattern_regex(pc.utf8_lower(text), r"[^\pL\pN_]+")  # Unicode
-        else:
-            lists = pc.split_pattern(text, spec.delimiter)
-    flat = pc.list_flatten(lists)
-    is_list = pa.types.is_list(values.type) or pa.types.is_large_list(values.type)
-    if spec.kind == "sequence" and is_list:
-        # positions matter (an item history and its category history must stay aligned):
-        # a missing element of a list is kept, as the missing value
-        return pa.ListArray.from_arrays(lists.offsets, pc.fill_null(flat, ""))
-    keep = pc.fill_null(pc.not_equal(flat, ""), False).to_numpy(zero_copy_only=False)
-    if keep.all():
-        return lists
-    rows = pc.list_parent_indices(lists).to_numpy()
-    counts = np.bincount(rows[keep], minlength=len(lists))
-    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
-    return pa.ListArray.from_arrays(pa.array(offsets), pc.filter(flat, pa.array(keep)))
-
-
-def _jieba_tokens(text: pa.Array) -> pa.ListArray:
-    try:
-        import jieba
-    except ImportError:
-        raise ImportError("tokenizer: jieba needs the jieba package: pip install jieba") from None
-    # jieba segments one string at a time: this is the one per-row Python loop, and only
-    # for Chinese text features.
-    return pa.array([[t for t in jieba.lcut(s) if t.strip()] for s in text.to_pylist()],
-                    pa.list_(pa.string()))
-
-
-def pad_ids(flat_ids: np.ndarray, counts: np.ndarray, max_len: int) -> np.ndarray:
-    """Per-row id lists -> ``[N, max_len]``: the last ``max_len`` ids of each row, right-
-    aligned, left-padded with 0 (so the most recent event is always the last column).
-
-    >>> pad_ids(np.array([5, 6, 7, 8]), np.array([3, 0, 1]), 2).tolist()
-    [[6, 7], [0, 0], [0, 8]]
-    """
-    n = len(counts)
-    ends = np.cumsum(counts)
-    take = np.minimum(counts, max_len)
-    first = ends - take
-    pad = max_len - take
-    col = np.arange(max_len)[None, :]
-    valid = col >= pad[:, None]
-    src = first[:, None] + col - pad[:, None]
-    out = np.zeros((n, max_len), dtype=np.int64)
-    out[valid] = flat_ids[src[valid]]
-    return out
-
-
-class ListEncoder:
-    """A list feature -> ids ``[N, max_len]`` through its own or a shared vocabulary.
-
-    A shared vocabulary (``share: item_id``) also counts the list's values when it is fitted,
-    so items seen only in histories still get ids.
-
-    >>> enc = ListEncoder(ListFeature(name="g", kind="bag", delimiter="|", max_len=3))
-    >>> enc.partial_fit(pa.array(["a|b", "b", None])); enc.finalize()
-    >>> enc.transform(pa.array(["b|a", "zz|b|a|b", None])).tolist()
-    [[0, 2, 3], [2, 3, 2], [0, 0, 0]]
-    """
-
-    def __init__(self, spec: ListFeature, shared: CategoricalEncoder | None = None):
-        self.spec = spec
-        self.vocab = shared if shared is not None else CategoricalEncoder(spec.as_categorical())
-        self.owns_vocab = shared is None
-        self.lengths_: dict[str, float] | None = None
-        self._len_sum = 0
-        self._len_max = 0
-        self._rows = 0
-
-    def partial_fit(self, values: pa.Array) -> None:
-        lists = split_lists(values, self.spec)
-        lens = pc.list_value_length(lists).to_numpy(zero_copy_only=False)
-        self._len_sum += int(lens.sum())
-        self._len_max = max(self._len_max, int(lens.max()) if len(lens) else 0)
-        self._rows += len(lens)
-        self.vocab.partial_fit(pc.list_flatten(lists))
-
-    def finalize(self) -> None:
-        if self.owns_vocab:
-            self.vocab.finalize()
-        self.lengths_ = {"mean": self._len_sum / self._rows if self._rows else 0.0,
-                         "max": self._len_max}
-
-    @property
-    def cardinality(self) -> int:
-        return self.vocab.cardinality
-
-    def transform(self, values: pa.Array) -> np.ndarray:
-        if self.lengths_ is None:
-            raise NotFittedError(f"list feature {self.spec.name!r} is not fitted")
-        lists = split_lists(values, self.spec)
-        ids = self.vocab.transform(pc.list_flatten(lists))
-        counts = pc.list_value_length(lists).to_numpy(zero_copy_only=False).astype(np.int64)
-        return pad_ids(ids, counts, self.spec.max_len)
-
-    def state(self, directory: Path) -> dict[str, Any]:
-        if self.lengths_ is None:
-            raise NotFittedError(f"list feature {self.spec.name!r} is not fitted")
-        return {"spec": self.spec.model_dump(mode="json"), "lengths": self.lengths_,
-                "vocab": self.vocab.state(directory) if self.owns_vocab else None}
-
-    @classmethod
-    def from_state(cls, d: dict[str, Any], directory: Path,
-                   shared: CategoricalEncoder | None) -> ListEncoder:
-        enc = cls(ListFeature.model_validate(d["spec"]), shared)
-        if d["vocab"] is not None:
-            enc.vocab = CategoricalEncoder.from_state(d["vocab"], directory)
-        enc.lengths_ = d["lengths"]
-        return enc
 
 
 class NumericEncoder:

@@ -12,16 +12,10 @@ import pytest
 from pydantic import ValidationError
 
 from sampan.config import CategoricalFeature, ConfigError, FeaturesConfig, ListFeature, load_config
+from sampan.data.hashing import stable_hash
+from sampan.data.lists import ListEncoder, pad_ids, split_lists
 from sampan.data.pipeline import FeaturePipeline
-from sampan.data.transforms import (
-    CategoricalEncoder,
-    ListEncoder,
-    NotFittedError,
-    Reservoir,
-    pad_ids,
-    split_lists,
-    stable_hash,
-)
+from sampan.data.transforms import CategoricalEncoder, NotFittedError, Reservoir
 from sampan.schema import SequenceFeatureSpec, SparseFeatureSpec
 
 SEQ = ListFeature(name="h", delimiter="|")

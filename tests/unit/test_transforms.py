@@ -487,7 +487,7 @@ def test_value_index_matches_index_in(size) -> None:
 
 
 def test_value_index_falls_back_when_two_values_share_a_hash(monkeypatch) -> None:
-    import sampan.data.transforms as T
+    import sampan.data.hashing as T  # where ValueIndex and stable_hash live
 
     real = T.stable_hash
     # a hash with 7 values: any large set collides, so the index must use index_in
