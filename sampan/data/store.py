@@ -1,4 +1,5 @@
-"""The processed dataset on disk, and the one function that builds it from raw files.
+"""Building the processed dataset from raw files (:func:`build_store`); reading it is
+:mod:`sampan.data.arrays` (:class:`Store`, :class:`SplitArrays`, importable from here).
 
 Layout of ``<run>/data``::
 
@@ -20,7 +21,6 @@ import errno
 import json
 import shutil
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,94 +30,12 @@ from rich.console import Console
 from rich.table import Table
 
 from sampan.config import ExperimentConfig
+from sampan.data.arrays import FIELDS, SPLITS, SplitArrays, Store  # noqa: F401  (importable from here)
 from sampan.data.pipeline import FeaturePipeline
 from sampan.data.sources import LINE_COLUMN, DataError, RejectLog, expand_paths, read_source
 from sampan.data.splits import ROLE_CODES, Splitter, split_fractions
 from sampan.data.synthetic import iter_synthetic
 from sampan.schema import DataSchema
-
-SPLITS = ("train", "valid", "test")
-FIELDS = ("dense", "sparse", "labels", "group", "oracle")
-
-
-@dataclass
-class SplitArrays:
-    """Row-aligned arrays of one split (memory-mapped when loaded from disk)."""
-
-    dense: np.ndarray
-    sparse: np.ndarray
-    labels: np.ndarray | None = None
-    group: np.ndarray | None = None
-    oracle: np.ndarray | None = None
-    sequences: dict[str, np.ndarray] | None = None  # name -> [N, L] int64, 0 = padding
-    line: np.ndarray | None = None  # source line numbers (files read for eval / predict)
-
-    def __len__(self) -> int:
-        return int(self.sparse.shape[0])
-
-    def take(self, rows: np.ndarray) -> SplitArrays:
-        """The rows ``rows`` (indices or a boolean mask) of every array, as a new in-memory
-        split."""
-        def pick(a: np.ndarray | None) -> np.ndarray | None:
-            return None if a is None else np.ascontiguousarray(a[rows])
-
-        return SplitArrays(dense=pick(self.dense), sparse=pick(self.sparse),
-                           labels=pick(self.labels), group=pick(self.group),
-                           oracle=pick(self.oracle), line=pick(self.line),
-                           sequences={k: pick(v) for k, v in self.sequences.items()}
-                           if self.sequences else None)
-
-    @classmethod
-    def load(cls, directory: Path, mmap: bool = True) -> SplitArrays:
-        mode = "r" if mmap else None
-        arrays = {f: np.load(directory / f"{f}.npy", mmap_mode=mode, allow_pickle=False)
-                  for f in FIELDS if (directory / f"{f}.npy").exists()}
-        seqs = {p.name[4:-4]: np.load(p, mmap_mode=mode, allow_pickle=False)
-                for p in sorted(directory.glob("seq_*.npy"))}
-        return cls(**arrays, sequences=seqs or None)
-
-    @classmethod
-    def concat(cls, parts: list[dict[str, np.ndarray]], oracle: str | None) -> SplitArrays:
-        def cat(key: str) -> np.ndarray | None:
-            if not parts or key not in parts[0]:
-                return None
-            return np.concatenate([p[key] for p in parts])
-
-        if not parts:
-            raise DataError("no rows left to use after reading the input")
-        seqs = {k: np.concatenate([p["sequences"][k] for p in parts])
-                for k in parts[0].get("sequences", {})}
-        return cls(dense=cat("dense"), sparse=cat("sparse"), labels=cat("labels"),
-                   group=cat("group"), oracle=cat(oracle) if oracle else None,
-                   sequences=seqs or None)
-
-
-@dataclass
-class Store:
-    """An opened processed dataset: schema, pipeline and the three splits."""
-
-    root: Path
-    manifest: dict[str, Any]
-
-    @classmethod
-    def open(cls, root: str | Path) -> Store:
-        root = Path(root)
-        path = root / "manifest.json"
-        if not path.exists():
-            raise DataError(f"{root} holds no processed data (no manifest.json)")
-        return cls(root, json.loads(path.read_text()))
-
-    @property
-    def schema(self) -> DataSchema:
-        return DataSchema.from_json(self.manifest["schema"])
-
-    def split(self, name: str) -> SplitArrays | None:
-        if self.manifest["splits"][name]["rows"] == 0:
-            return None
-        return SplitArrays.load(self.root / name)
-
-    def pipeline(self) -> FeaturePipeline:
-        return FeaturePipeline.load(self.root / "pipeline")
 
 
 def _source_tables(cfg: ExperimentConfig, spec: str | list[str] | None,
