@@ -31,12 +31,11 @@ from sampan.data.sources import RejectLog
 from sampan.data.store import SplitArrays, Store, build_store, iter_transformed, transform_files
 from sampan.embedding.collection import sharded_build
 from sampan.errors import DataError, ExistingPathError, MissingPathError, RunError
-from sampan.layers.kernels import KernelPlan
-from sampan.layers.kernels import apply as apply_kernels
 from sampan.metrics import auc, auc_bootstrap, paired_auc_comparison
 from sampan.models import build_model
 from sampan.tasks import make_task
 from sampan.train import checkpoint as ckpt
+from sampan.train.compute import apply_saved
 from sampan.train.evaluate import Evaluator, headline_metrics, probabilities, resolve_device
 from sampan.train.trainer import BEST, LAST, Trainer
 from sampan.train.warm_start import fit_first_order
@@ -282,9 +281,8 @@ class RunArtifacts:
         tc = self.cfg.train
         device = resolve_device(tc.device)
         self.model.to(device)
-        kernels = self.run / "kernels.json"
-        if device.type == "cpu" and kernels.exists():  # the GEMM paths the run measured
-            apply_kernels(self.model, KernelPlan.from_json(json.loads(kernels.read_text())))
+        if device.type == "cpu":  # the GEMM paths the run measured
+            apply_saved(self.model, self.run)
         # a retrieval task reads its item corpus from the train split
         task = make_task(self.model, self.store.split("train") or self._empty())
         self.evaluator = Evaluator(self.model, task, device, tc.eval_batch_size, tc.amp,

@@ -8,11 +8,9 @@ Behaviour comes from ``TrainConfig`` flags, never from subclasses.
 from __future__ import annotations
 
 import copy
-import json
 import math
 import secrets
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +24,11 @@ from sampan.config import ConfigError, ExperimentConfig, dump_config
 from sampan.data.loader import Batch, BatchLoader
 from sampan.data.store import SplitArrays
 from sampan.embedding import EmbeddingCollection, make_sparse_optimizer
-from sampan.errors import DivergenceError
 from sampan.layers.embed import first_order_part
-from sampan.layers.kernels import KernelPlan, plan_kernels
-from sampan.layers.kernels import apply as apply_kernels
 from sampan.tasks import make_task
 from sampan.train import checkpoint as ckpt
+from sampan.train import guard
+from sampan.train.compute import compile_dense, plan_for
 from sampan.train.evaluate import (  # noqa: F401  (importable from here as before)
     Evaluator,
     headline_metrics,
@@ -41,36 +38,7 @@ from sampan.train.evaluate import (  # noqa: F401  (importable from here as befo
 from sampan.train.logging import MetricsLog, make_progress
 from sampan.train.plan import plan_training
 from sampan.train.schedules import lr_factor
-
-LAST = "last.pt"
-BEST = "best.pt"
-START = "start.pt"  # the state before the first step: what a divergence before last.pt
-#                     goes back to; removed when the first last.pt is written
-
-
-@dataclass
-class TrainState:
-    """Counters that say where training is; saved in every checkpoint."""
-
-    step: int = 0
-    epoch: int = 0
-    batch: int = 0  # next batch index within `epoch`
-    best: float | None = None
-    best_step: int = 0
-    bad_evals: int = 0
-    stopped_early: bool = False
-    history: list[dict[str, Any]] = field(default_factory=list)
-    lr_scale: float = 1.0  # halved by each recovery from a divergence
-    recoveries: int = 0
-    seconds: float = 0.0  # training time so far, across resumes
-    window: tuple[float, int] = (0.0, 0)  # loss sum and steps since the last log record
-
-
-MAX_RECOVERIES = 3
-
-
-class _Diverged(Exception):
-    """Raised inside the loop; :meth:`Trainer.fit` recovers or stops."""
+from sampan.train.state import BEST, LAST, START, TrainState  # noqa: F401  (importable here)
 
 
 class Trainer:
@@ -109,7 +77,7 @@ class Trainer:
                                   pin_memory=self.device.type == "cuda", drop_singleton=True,
                                   rank=self.dist.rank, world=self.dist.world)
         self.total_steps = self.tc.max_steps or self.tc.epochs * len(self.loader)
-        self.kernels = self._plan_kernels(log_metrics)
+        self.kernels = plan_for(self, log_metrics)
         self.evaluator = Evaluator(self.model, self.task, self.device, self.tc.eval_batch_size,
                                    self.tc.amp, self.tc.prefetch)
         if self.tc.compile:  # after the kernels are set: compiled graphs guard on them
@@ -136,32 +104,6 @@ class Trainer:
         self.explode_at = 3.0 * self.reference_loss + 1.0
         self._window: tuple[torch.Tensor | None, int] = (None, 0)  # the loop's log window
         self._fit_t0 = time.perf_counter()  # reset by fit()
-
-    def _plan_kernels(self, measure: bool) -> KernelPlan | None:
-        """Each linear layer's CPU GEMM path (see :mod:`sampan.layers.kernels`): the run's
-        own choice when it has one (a resumed run computes as before), else measured on a
-        training batch (rank 0 decides for every process) and saved with the run."""
-        saved = self.run_dir / "kernels.json"
-        if self.device.type != "cpu":
-            return None
-        if saved.exists():
-            plan = KernelPlan.from_json(json.loads(saved.read_text()))
-            apply_kernels(self.model, plan)
-            return plan
-        if not measure or not len(self.train_data):
-            return None
-        rows = min(self.tc.batch_size // self.dist.world, len(self.train_data))
-        batch = next(iter(BatchLoader(self.train_data.take(np.arange(rows)), rows,
-                                      shuffle="none", prefetch=0)))
-        plan = plan_kernels(self.model, self.tc.kernels,
-                            lambda: self.task.loss(self.model, batch))
-        if self.dist.enabled:  # every process computes with rank 0's choice
-            plan = KernelPlan.from_json(distributed.broadcast_object(plan.to_json()))
-            apply_kernels(self.model, plan)
-        if self.dist.is_main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            saved.write_text(json.dumps(plan.to_json(), indent=1))
-        return plan
 
     def describe_plan(self) -> list[str]:
         """What the run chose for the ``auto`` values, and why (one line each)."""
@@ -266,8 +208,8 @@ class Trainer:
                             self.valid_data is not None:
                         self._evaluate_and_track()  # max_steps ended before any evaluation
                     break
-                except _Diverged as e:
-                    self._recover(str(e))
+                except guard.Diverged as e:
+                    guard.recover(self, str(e))
                     progress.update(bar, completed=self.state.step)
             self.state.seconds += time.perf_counter() - self._fit_t0
         if self.metrics is not None:
@@ -302,7 +244,7 @@ class Trainer:
                     if self.dist.enabled:  # the global-batch loss, summed over ranks
                         torch.distributed.all_reduce(loss_sum)
                     mean_loss = (loss_sum / loss_n).item()  # the only host sync, every N
-                    self._check_loss(mean_loss, loss_n)
+                    guard.check_loss(self, mean_loss, loss_n)
                     if self.metrics is not None:
                         self.metrics.write({
                             "step": st.step, "epoch": st.epoch, "split": "train",
@@ -330,71 +272,6 @@ class Trainer:
                 st.batch = 0
             self.save_checkpoint()
 
-    # ------------------------------------------------------------ divergence guard
-    def _check_loss(self, mean_loss: float, steps: int) -> None:
-        if not math.isfinite(mean_loss):
-            raise _Diverged(f"the training loss of the last {steps} steps is {mean_loss}")
-        if mean_loss > self.explode_at:
-            raise _Diverged(
-                f"the training loss of the last {steps} steps is {mean_loss:.4g}, above "
-                f"{self.explode_at:.3g} (3 x the base-rate loss {self.reference_loss:.3g} + 1)")
-
-    def _check_finite(self) -> None:
-        """Every parameter and buffer finite, on every process (before a checkpoint is
-        written, so a checkpoint never holds a diverged model)."""
-        bad = [k for k, v in self.model.state_dict().items()
-               if v.is_floating_point() and not bool(torch.isfinite(v).all())]
-        flag = torch.tensor([float(bool(bad))])
-        if self.dist.enabled:
-            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-        if flag.item():
-            raise _Diverged("non-finite values in " + (", ".join(bad[:3]) if bad
-                                                         else "another process's parameters"))
-
-    def _check_valid(self, m: dict[str, float]) -> None:
-        if "logloss" not in m or self.valid_data is None or self.valid_data.labels is None:
-            return
-        base = self.task.reference_loss(self.valid_data, self.tc.batch_size)
-        # far above: an overfitted, over-confident model can reach 3 x; 5 x is broken
-        if not math.isfinite(m["logloss"]) or m["logloss"] > 5.0 * base:
-            raise _Diverged(f"the validation LogLoss is {m['logloss']:.4g}, above 5 x the "
-                            f"base-rate LogLoss {base:.3g}")
-
-    def _recover(self, reason: str) -> None:
-        """Back to ``last.pt`` with the learning rates halved, or :class:`DivergenceError`."""
-        st = self.state
-        last = self.run_dir / "checkpoints" / LAST
-        if not last.exists():
-            last = self.run_dir / "checkpoints" / START
-        lr_now = self.tc.lr * st.lr_scale
-        if self.tc.on_divergence == "stop" or st.recoveries >= MAX_RECOVERIES \
-                or not last.exists():
-            why = ("train.on_divergence is 'stop'" if self.tc.on_divergence == "stop" else
-                   f"{st.recoveries} recoveries with halved learning rates did not help")
-            kept = f"; the last good state is kept in {last}" if last.exists() else ""
-            if self.metrics is not None:
-                self.metrics.write({"step": st.step, "epoch": st.epoch, "split": "divergence",
-                                    "reason": reason, "action": "stop"})
-                self.metrics.close()
-            raise DivergenceError(
-                f"training diverged at step {st.step}: {reason} ({why}){kept}. Try a lower "
-                f"train.lr (now {lr_now:.3g}), train.clip_grad_norm, or standardized numeric "
-                "features.")
-        keep = (st.best, st.best_step, st.recoveries + 1, st.lr_scale * 0.5, st.step,
-                st.seconds)
-        self._restore(last, quiet=True)
-        st = self.state
-        st.best, st.best_step, st.recoveries, st.lr_scale, at, st.seconds = keep
-        st.bad_evals, st.stopped_early = 0, False
-        msg = (f"[yellow]diverged at step {at}[/]: {reason}; back to step {st.step} with the "
-               f"learning rates halved (train.lr now {self.tc.lr * st.lr_scale:.3g}; recovery "
-               f"{st.recoveries} of {MAX_RECOVERIES})")
-        self.console.print(msg)
-        if self.metrics is not None:
-            self.metrics.write({"step": st.step, "epoch": st.epoch, "split": "divergence",
-                                "at_step": at, "reason": reason, "action": "recover",
-                                "lr_scale": st.lr_scale})
-
     def _done(self) -> bool:
         st = self.state
         return st.stopped_early or (self.tc.max_steps is not None and st.step >= self.tc.max_steps)
@@ -410,7 +287,7 @@ class Trainer:
             raise ConfigError(
                 f"train.early_stopping.metric {self.metric!r} is not computed for this model "
                 f"and data; available: {sorted(k for k in m if k not in ('rows', 'queries'))}")
-        self._check_valid(m)
+        guard.check_valid(self, m)
         value = m.get(self.metric, math.nan)
         improved = st.best is None or (
             value > st.best + es.min_delta if self.maximize else value < st.best - es.min_delta)
@@ -466,7 +343,7 @@ class Trainer:
         non-finite is ever written: that is a divergence."""
         st = self.state
         distributed.broadcast_buffers(self.model)
-        self._check_finite()
+        guard.check_finite(self)
         start = self.run_dir / "checkpoints" / START
         if name == LAST and self.dist.is_main and start.exists():
             ckpt.remove_parts(start)  # last.pt is the state to come back to from now on
@@ -516,14 +393,3 @@ class Trainer:
         if not quiet:
             self.console.print(f"resumed from {path} at step {self.state.step} "
                                f"(epoch {self.state.epoch}, batch {self.state.batch})")
-
-
-def compile_dense(model: nn.Module) -> None:
-    """``torch.compile`` every child module that holds no embedding table, in place (so
-    state_dict keys do not change). The lookup (``torch.unique``, data-dependent shapes)
-    stays eager."""
-    for child in model.children():
-        if any(isinstance(m, EmbeddingCollection) for m in child.modules()):
-            compile_dense(child)
-        elif any(True for _ in child.parameters()):
-            child.compile(dynamic=False)

@@ -1,0 +1,66 @@
+"""How the dense layers compute in a run: each linear layer's CPU GEMM path, measured once
+and kept with the run (see :mod:`sampan.layers.kernels`), and ``torch.compile``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+from torch import nn
+
+from sampan import distributed
+from sampan.data.loader import BatchLoader
+from sampan.embedding import EmbeddingCollection
+from sampan.layers.kernels import KernelPlan, plan_kernels
+from sampan.layers.kernels import apply as apply_kernels
+
+if TYPE_CHECKING:
+    from sampan.train.trainer import Trainer
+
+
+def apply_saved(model: nn.Module, run_dir: Path) -> KernelPlan | None:
+    """The kernels a run measured (``kernels.json``), applied to ``model``; None without."""
+    saved = run_dir / "kernels.json"
+    if not saved.exists():
+        return None
+    plan = KernelPlan.from_json(json.loads(saved.read_text()))
+    apply_kernels(model, plan)
+    return plan
+
+
+def plan_for(trainer: Trainer, measure: bool) -> KernelPlan | None:
+    """Each linear layer's CPU GEMM path (see :mod:`sampan.layers.kernels`): the run's
+    own choice when it has one (a resumed run computes as before), else measured on a
+    training batch (rank 0 decides for every process) and saved with the run."""
+    if trainer.device.type != "cpu":
+        return None
+    if (plan := apply_saved(trainer.model, trainer.run_dir)) is not None:
+        return plan
+    saved = trainer.run_dir / "kernels.json"
+    if not measure or not len(trainer.train_data):
+        return None
+    rows = min(trainer.tc.batch_size // trainer.dist.world, len(trainer.train_data))
+    batch = next(iter(BatchLoader(trainer.train_data.take(np.arange(rows)), rows,
+                                  shuffle="none", prefetch=0)))
+    plan = plan_kernels(trainer.model, trainer.tc.kernels,
+                        lambda: trainer.task.loss(trainer.model, batch))
+    if trainer.dist.enabled:  # every process computes with rank 0's choice
+        plan = KernelPlan.from_json(distributed.broadcast_object(plan.to_json()))
+        apply_kernels(trainer.model, plan)
+    if trainer.dist.is_main:
+        trainer.run_dir.mkdir(parents=True, exist_ok=True)
+        saved.write_text(json.dumps(plan.to_json(), indent=1))
+    return plan
+
+
+def compile_dense(model: nn.Module) -> None:
+    """``torch.compile`` every child module that holds no embedding table, in place (so
+    state_dict keys do not change). The lookup (``torch.unique``, data-dependent shapes)
+    stays eager."""
+    for child in model.children():
+        if any(isinstance(m, EmbeddingCollection) for m in child.modules()):
+            compile_dense(child)
+        elif any(True for _ in child.parameters()):
+            child.compile(dynamic=False)

@@ -1,0 +1,92 @@
+"""The divergence guard: a non-finite or exploding training loss, a validation LogLoss far
+above the base rate's, or a non-finite parameter before a checkpoint is a divergence; the
+trainer then goes back to its last good state with halved learning rates (at most
+``MAX_RECOVERIES`` times), or stops with :class:`~sampan.errors.DivergenceError`
+(``train.on_divergence``)."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+
+from sampan.errors import DivergenceError
+from sampan.train.state import LAST, START
+
+if TYPE_CHECKING:
+    from sampan.train.trainer import Trainer
+
+MAX_RECOVERIES = 3
+
+
+class Diverged(Exception):
+    """Raised inside the loop; :meth:`Trainer.fit` recovers or stops."""
+
+
+def check_loss(trainer: Trainer, mean_loss: float, steps: int) -> None:
+    if not math.isfinite(mean_loss):
+        raise Diverged(f"the training loss of the last {steps} steps is {mean_loss}")
+    if mean_loss > trainer.explode_at:
+        raise Diverged(
+            f"the training loss of the last {steps} steps is {mean_loss:.4g}, above "
+            f"{trainer.explode_at:.3g} (3 x the base-rate loss {trainer.reference_loss:.3g} + 1)")
+
+
+def check_finite(trainer: Trainer) -> None:
+    """Every parameter and buffer finite, on every process (before a checkpoint is
+    written, so a checkpoint never holds a diverged model)."""
+    bad = [k for k, v in trainer.model.state_dict().items()
+           if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    flag = torch.tensor([float(bool(bad))])
+    if trainer.dist.enabled:
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+    if flag.item():
+        raise Diverged("non-finite values in " + (", ".join(bad[:3]) if bad
+                                                  else "another process's parameters"))
+
+
+def check_valid(trainer: Trainer, m: dict[str, float]) -> None:
+    if "logloss" not in m or trainer.valid_data is None or trainer.valid_data.labels is None:
+        return
+    base = trainer.task.reference_loss(trainer.valid_data, trainer.tc.batch_size)
+    # far above: an overfitted, over-confident model can reach 3 x; 5 x is broken
+    if not math.isfinite(m["logloss"]) or m["logloss"] > 5.0 * base:
+        raise Diverged(f"the validation LogLoss is {m['logloss']:.4g}, above 5 x the "
+                       f"base-rate LogLoss {base:.3g}")
+
+
+def recover(trainer: Trainer, reason: str) -> None:
+    """Back to ``last.pt`` with the learning rates halved, or :class:`DivergenceError`."""
+    st = trainer.state
+    last = trainer.run_dir / "checkpoints" / LAST
+    if not last.exists():
+        last = trainer.run_dir / "checkpoints" / START
+    lr_now = trainer.tc.lr * st.lr_scale
+    if trainer.tc.on_divergence == "stop" or st.recoveries >= MAX_RECOVERIES \
+            or not last.exists():
+        why = ("train.on_divergence is 'stop'" if trainer.tc.on_divergence == "stop" else
+               f"{st.recoveries} recoveries with halved learning rates did not help")
+        kept = f"; the last good state is kept in {last}" if last.exists() else ""
+        if trainer.metrics is not None:
+            trainer.metrics.write({"step": st.step, "epoch": st.epoch, "split": "divergence",
+                                   "reason": reason, "action": "stop"})
+            trainer.metrics.close()
+        raise DivergenceError(
+            f"training diverged at step {st.step}: {reason} ({why}){kept}. Try a lower "
+            f"train.lr (now {lr_now:.3g}), train.clip_grad_norm, or standardized numeric "
+            "features.")
+    keep = (st.best, st.best_step, st.recoveries + 1, st.lr_scale * 0.5, st.step,
+            st.seconds)
+    trainer._restore(last, quiet=True)
+    st = trainer.state
+    st.best, st.best_step, st.recoveries, st.lr_scale, at, st.seconds = keep
+    st.bad_evals, st.stopped_early = 0, False
+    msg = (f"[yellow]diverged at step {at}[/]: {reason}; back to step {st.step} with the "
+           f"learning rates halved (train.lr now {trainer.tc.lr * st.lr_scale:.3g}; recovery "
+           f"{st.recoveries} of {MAX_RECOVERIES})")
+    trainer.console.print(msg)
+    if trainer.metrics is not None:
+        trainer.metrics.write({"step": st.step, "epoch": st.epoch, "split": "divergence",
+                               "at_step": at, "reason": reason, "action": "recover",
+                               "lr_scale": st.lr_scale})
