@@ -57,9 +57,10 @@ class DIEN(nn.Module):
     """``Batch -> [B, T]``: MLP over ``[e_1 .. e_F', evolved interest, sum of the history,
     that sum times the target, dense]`` (the last two as in the authors' implementation).
 
-    ``target`` and ``history`` resolve as in DIN. During training the model leaves its
-    auxiliary loss (next-behaviour prediction against in-batch negatives, weighted by
-    ``aux_loss_weight``) in ``self.aux_loss``, where the trainer adds it to the task loss.
+    ``target`` and ``history`` resolve as in DIN. In training, :meth:`forward_with_aux` also
+    returns the auxiliary loss (next-behaviour prediction against in-batch negatives,
+    weighted by ``aux_loss_weight``), which the task adds to its loss; ``forward`` is the
+    scoring graph.
     """
 
     class Config(ModelConfig):
@@ -87,13 +88,17 @@ class DIEN(nn.Module):
         self.aux = MLP(2 * d, cfg.aux_mlp, out=1, act="relu")
         self.mlp = MLP((schema.num_fields() + 2) * d + schema.num_dense, cfg.mlp,
                        out=schema.num_tasks, dropout=cfg.dropout, act=cfg.activation)
-        self.aux_loss: torch.Tensor | None = None
 
     def output_bias(self) -> list[tuple[nn.Parameter, int]]:
         """The parameter added unchanged to each logit (the task starts it at the base rate)."""
         return self.mlp.output_bias()
 
     def forward(self, batch: Batch) -> torch.Tensor:
+        return self.forward_with_aux(batch)[0]
+
+    def forward_with_aux(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(logits [B, 1], auxiliary loss)``: the loss only in training with
+        ``aux_loss_weight > 0`` (see :mod:`sampan.tasks.base`)."""
         e, hist = embed_fields(self.embedding, batch, self.schema, attend=(self.history,))
         lengths = batch.lengths(self.history)
         x = right_align(hist[self.history], lengths)  # [B, L, D], real events first
@@ -106,13 +111,13 @@ class DIEN(nn.Module):
         target = e[:, self.target_idx]
         a = self.attention.softmax(target, states, mask)
         interest = self.evolution(states, a, mask)
-        if self.training and self.aux_weight > 0:
-            self.aux_loss = self.aux_weight * self._aux_loss(states, x, mask)
+        aux = self.aux_weight * self._aux_loss(states, x, mask) \
+            if self.training and self.aux_weight > 0 else None
         # as in the authors' code: the history sum and its product with the target join the
         # evolved interest
         hist_sum = (x * mask.unsqueeze(-1).to(x.dtype)).sum(dim=1)
         return self.mlp(torch.cat([e.flatten(1), interest, hist_sum, hist_sum * target,
-                                   batch.dense], dim=1))
+                                   batch.dense], dim=1)), aux
 
     def _aux_loss(self, states: torch.Tensor, x: torch.Tensor,
                   mask: torch.Tensor) -> torch.Tensor:

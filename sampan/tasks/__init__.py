@@ -5,8 +5,9 @@ its task with a ``task`` attribute (``"binary"`` when absent): CTR, sequence and
 models are ``binary`` (one sigmoid cross-entropy per label), ``two_tower`` is ``retrieval``
 (in-batch sampled softmax; Recall/NDCG@K over the item corpus).
 
-A model may also leave an auxiliary loss (DIEN's next-behaviour loss) in ``model.aux_loss``
-during its training forward; :func:`pop_aux_loss` hands it to the task's loss.
+The contract between them is declared in :mod:`sampan.tasks.base` (:class:`Task`,
+:class:`RetrievalModel`, ``forward_with_aux`` for an auxiliary loss) and checked when the
+task is made.
 """
 
 from __future__ import annotations
@@ -16,31 +17,27 @@ from typing import Any
 import torch
 from torch import nn
 
+from sampan.errors import ConfigError
+from sampan.tasks.base import RetrievalModel, Task, model_outputs, require
 from sampan.tasks.binary import BinaryTask, binary_loss
 
 
-def pop_aux_loss(model: nn.Module) -> torch.Tensor | None:
-    """The auxiliary loss the last training forward left on ``model`` (cleared on read)."""
-    aux = getattr(model, "aux_loss", None)
-    if aux is not None:
-        model.aux_loss = None
-    return aux
-
-
-def make_task(model: nn.Module, train: Any = None) -> Any:
-    """The task object for ``model``; ``train`` (a SplitArrays) is needed by retrieval (item
-    corpus, popularity, already-seen items)."""
+def make_task(model: nn.Module, train: Any = None) -> Task:
+    """The task object for ``model``, checked against the model contract of its task;
+    ``train`` (a SplitArrays) is needed by retrieval (item corpus, popularity, already-seen
+    items)."""
     kind = getattr(model, "task", "binary")
     if kind == "binary":
         return BinaryTask()
     if kind == "retrieval":
         from sampan.tasks.retrieval import RetrievalTask
 
+        require(model, RetrievalModel)
         if train is None:
             raise ValueError("a retrieval task needs the train split (the item corpus)")
         return RetrievalTask(model, train)
-    raise ValueError(f"model {type(model).__name__} declares unknown task {kind!r}; "
-                     "expected 'binary' or 'retrieval'")
+    raise ConfigError(f"model {type(model).__name__} declares unknown task {kind!r}; "
+                      "expected 'binary' or 'retrieval'")
 
 
 def training_loss(model: nn.Module, batch: Any, task: Any = None) -> torch.Tensor:
@@ -48,4 +45,5 @@ def training_loss(model: nn.Module, batch: Any, task: Any = None) -> torch.Tenso
     return (task or make_task(model)).loss(model, batch)
 
 
-__all__ = ["BinaryTask", "binary_loss", "make_task", "pop_aux_loss", "training_loss"]
+__all__ = ["BinaryTask", "RetrievalModel", "Task", "binary_loss", "make_task", "model_outputs",
+           "training_loss"]

@@ -12,6 +12,7 @@ from torch import nn
 
 from sampan.data.loader import BatchLoader
 from sampan.metrics import MetricAccumulator
+from sampan.tasks.base import model_outputs
 
 
 def binary_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -66,10 +67,8 @@ class BinaryTask:
         return train
 
     def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
-        from sampan.tasks import pop_aux_loss
-
-        loss = binary_loss(model(batch), batch.labels)
-        aux = pop_aux_loss(model)
+        logits, aux = model_outputs(model, batch)
+        loss = binary_loss(logits, batch.labels)
         return loss if aux is None else loss + aux
 
     def evaluate(self, model: nn.Module, data: Any,
