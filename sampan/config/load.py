@@ -143,6 +143,8 @@ def load_config(
     # section, against the named model's own options (so a misspelt key gets that model's
     # nearest key), then everything else with it in place
     plugins = raw.get("plugins") or []
+    if isinstance(plugins, str):
+        plugins = [plugins]
     if not isinstance(plugins, list):
         raise ConfigError(f"plugins: expected a list of .py files or module names, got "
                           f"{plugins!r}")

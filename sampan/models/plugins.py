@@ -59,9 +59,13 @@ def load(entry: str, base: Path | None = None) -> str:
         sys.modules[name] = module
         try:
             spec.loader.exec_module(module)
-        except BaseException:
+        except (KeyboardInterrupt, SystemExit):
             del sys.modules[name]
-            raise  # the user's code failed: its own traceback says where
+            raise
+        except Exception as e:  # the user's file: say where, keep the cause chained
+            del sys.modules[name]
+            raise ConfigError(f"plugins: importing {path} failed: {_where(e, path)}; run "
+                              f"`python {path}` to see the whole traceback") from e
     else:
         try:
             module = importlib.import_module(key)
@@ -69,9 +73,24 @@ def load(entry: str, base: Path | None = None) -> str:
             if e.name and key.startswith(e.name):
                 raise ConfigError(f"plugins: no module named {key!r} (is it installed, or on "
                                   "PYTHONPATH?)") from None
-            raise
+            raise ConfigError(f"plugins: importing {key} failed: {_where(e, None)}") from e
+        except Exception as e:
+            raise ConfigError(f"plugins: importing {key} failed: {_where(e, None)}") from e
     _LOADED[key] = module
     return key
+
+
+def _where(e: BaseException, path: Path | None) -> str:
+    """``Kind: message (file:line)`` of an exception raised while importing a plugin."""
+    if isinstance(e, SyntaxError):
+        return f"SyntaxError: {e.msg} ({e.filename}:{e.lineno})"
+    tb = e.__traceback__
+    line = None
+    while tb is not None:  # the deepest frame inside the plugin's own file
+        if path is None or Path(tb.tb_frame.f_code.co_filename) == path:
+            line = f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return f"{type(e).__name__}: {e}" + (f" ({line})" if line else "")
 
 
 def load_all(entries: list[str], base: Path | None = None) -> list[str]:

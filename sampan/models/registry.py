@@ -12,7 +12,7 @@ import difflib
 from collections.abc import Callable
 from typing import TypeVar
 
-from sampan.errors import UnknownModelError
+from sampan.errors import ConfigError, UnknownModelError
 
 T = TypeVar("T")
 
@@ -24,7 +24,10 @@ def register_model(name: str) -> Callable[[type[T]], type[T]]:
 
     def deco(cls: type[T]) -> type[T]:
         if name in _MODELS and _MODELS[name] is not cls:
-            raise ValueError(f"model name {name!r} is registered twice")
+            old = _MODELS[name]
+            raise ConfigError(f"model name {name!r} is registered twice: by "
+                              f"{old.__module__}.{old.__qualname__} and "
+                              f"{cls.__module__}.{cls.__qualname__}; choose another name")
         if not hasattr(cls, "Config"):
             raise TypeError(f"model {cls.__name__} must define a nested pydantic `Config` class")
         cls.name = name  # type: ignore[attr-defined]
@@ -41,7 +44,8 @@ def get_model_class(name: str) -> type:
         near = difflib.get_close_matches(name, list(_MODELS), n=1)
         hint = f" Did you mean {near[0]!r}?" if near else ""
         raise UnknownModelError(
-            f"unknown model {name!r}.{hint} Known models: {', '.join(sorted(_MODELS))}"
+            f"unknown model {name!r}.{hint} Known models: {', '.join(sorted(_MODELS))} (a "
+            "model of your own: list its file under `plugins:`)"
         )
     return _MODELS[name]
 

@@ -177,7 +177,9 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path | None = None,
     train_time = state.seconds  # across resumes
 
     results: dict[str, Any] = {"model": cfg.model.name, "steps": state.step,
-                               "best_step": state.best_step, "stopped_early": state.stopped_early,
+                               # without a validation split the final weights are kept
+                               "best_step": state.best_step if valid is not None else state.step,
+                               "stopped_early": state.stopped_early,
                                "train_seconds": round(train_time, 2)}
     if trainer.warm_start is not None:
         results["first_order_warm_start"] = trainer.warm_start
@@ -237,8 +239,9 @@ def print_placement(model: torch.nn.Module, console: Console) -> None:
 
 
 def print_results(results: dict[str, Any], console: Console) -> None:
-    table = Table(title=f"{results['model']}: best step {results['best_step']} of "
-                        f"{results['steps']}, {results['train_seconds']} s")
+    kept = (f"best step {results['best_step']} of {results['steps']}" if results.get("valid")
+            else f"final weights after {results['steps']} steps (no validation split)")
+    table = Table(title=f"{results['model']}: {kept}, {results['train_seconds']} s")
     splits = [s for s in ("valid", "test") if results.get(s)]
     cols = list(dict.fromkeys(k for s in splits for k in headline_metrics(results[s])))
     if any("oracle_auc" in results[s] for s in splits):

@@ -89,6 +89,25 @@ def test_check_model_passes_a_sound_model_and_names_what_a_broken_one_lacks(user
         check_model(get_model_class("frozen_ranker"))
 
 
+def test_a_plugin_that_fails_to_import_is_one_line_naming_file_and_line(tmp_path, user_file):
+    bad = tmp_path / "broken.py"
+    bad.write_text("x = 1\ndef f(:\n")
+    with pytest.raises(ConfigError, match=r"importing .*broken.py failed: SyntaxError: .*"
+                                          r"broken.py:2\)"):
+        load(str(bad))
+    missing = tmp_path / "needs.py"
+    missing.write_text("import not_a_real_package_xyz\n")
+    with pytest.raises(ConfigError, match=r"ModuleNotFoundError: No module named "
+                                          r"'not_a_real_package_xyz' \(.*needs.py:1\)"):
+        load(str(missing))
+    clash = tmp_path / "clash.py"
+    clash.write_text(textwrap.dedent(USER_MODELS).replace('register_model("sum_ranker")',
+                                                          'register_model("deepfm")'))
+    with pytest.raises(ConfigError, match=r"'deepfm' is registered twice: by "
+                                          r"sampan.models.deepfm.DeepFM and .*SumRanker"):
+        load(str(clash))
+
+
 def test_plugin_errors_are_config_errors(tmp_path):
     base = {"data": {"train": "x.csv"}, "features": {"categorical": ["a"]}}
     with pytest.raises(ConfigError, match="is not a file"):

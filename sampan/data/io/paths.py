@@ -30,7 +30,9 @@ def expand_paths(spec: str | list[str]) -> list[Path]:
         elif p.exists():
             out.append(p)
         else:
-            raise DataError(f"data file {item!r} does not exist")
+            hint = "" if any(c in item for c in "/\\.") else \
+                " (a processed split is named train, valid or test)"
+            raise DataError(f"data file {item!r} does not exist{hint}")
     return out
 
 
