@@ -1,18 +1,7 @@
-"""Building the processed dataset from raw files (:func:`build_store`); reading it is
-:mod:`sampan.data.arrays` (:class:`Store`, :class:`SplitArrays`, importable from here).
-
-Layout of ``<run>/data``::
-
-    manifest.json          schema, rows per split, sources, reject counts, what was fitted on
-    rejects.jsonl          every rejected raw row: file, line, reason, column, text
-    pipeline/              the fitted FeaturePipeline (pipeline.json + vocab .npy files)
-    train/ valid/ test/    one .npy per Batch field, rows aligned:
-        dense.npy  [N, Nd] float32      sparse.npy [N, F] int32 (int64 for > 2^31 ids)
-        labels.npy [N, T]  float32      group.npy  [N] int64   (when features.group is set)
-        oracle.npy [N]     float64      (when data.oracle_column is set)
-
-The arrays are opened memory-mapped, so the loader slices them without reading a whole
-split into memory.
+"""Building the processed dataset from raw files (:func:`build_store`) in one streaming pass:
+read, validate, split, fit the pipeline on train, transform, write. Its layout on disk and
+how it is read are described in :mod:`sampan.data.arrays` (:class:`Store`,
+:class:`SplitArrays`, importable from here).
 """
 
 from __future__ import annotations

@@ -1,23 +1,6 @@
-"""Writing bundles: what ``sampan export RUN_DIR --out BUNDLE`` writes (read by
-:mod:`sampan.bundle`).
-
-::
-
-    BUNDLE/
-      model.onnx | model.ts     the scoring graph (see sampan.export.graph)
-      pipeline/                 the fitted FeaturePipeline (pipeline.json + .npy vocabularies)
-      manifest.json             format, schema, input signature, config, metrics at export,
-                                parity check, library versions, sha256 of every other file,
-                                and the sha256 of the manifest itself
-
-Opening a bundle checks it whole: the manifest's own checksum, every listed file's sha256,
-that no listed path leaves the bundle, and that the bundle holds no file the manifest does
-not list (an edited pipeline whose entry was removed is refused, not served). Any failure
-is a :class:`~sampan.errors.BundleError` naming the file.
-
-The graph takes *transformed* tensors; raw records become tensors in the predictor through
-the same :class:`~sampan.data.pipeline.FeaturePipeline` code that prepared the training data,
-so training and serving cannot disagree on a feature.
+"""Writing bundles: what ``sampan export RUN_DIR --out BUNDLE`` writes. The layout and the
+checks a bundle passes when it is opened are described in :mod:`sampan.bundle`, the reader;
+the export is checked against PyTorch on the run's own rows before anything is written.
 """
 
 from __future__ import annotations

@@ -79,7 +79,9 @@ def fit_first_order(trainer: Trainer) -> dict[str, Any]:
     state = sub.fit()
     torch.set_rng_state(torch_state)
     copy_first_order(lr.features.to(trainer.device), target)
-    valid = sub.evaluate(trainer.valid_data) if trainer.valid_data is not None else {}
+    # the LR's validation metrics at its kept (best) step: recorded when it was evaluated
+    valid = next((r for r in state.history if r["split"] == "valid"
+                  and r["step"] == state.best_step), {})
     out = {"steps": state.step, "best_step": state.best_step,
            "seconds": round(time.perf_counter() - t0, 2),
            "valid": {k: v for k, v in valid.items() if k in ("auc", "logloss")}}
