@@ -9,7 +9,7 @@ Legend used in shapes across Sampan: ``B`` batch, ``F`` sparse fields, ``Nd`` de
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from sampan.errors import ConfigError
@@ -56,6 +56,9 @@ class TableSpec:
     dim: int
     features: tuple[str, ...]
     field: bool = True  # the table's first feature is a column of Batch.sparse
+    # where the table is allocated (None: torch's default device); "meta" defers it to a
+    # data-parallel strategy, which materialises each process's rows (see DataSchema)
+    device: str | None = None
 
 
 @dataclass
@@ -69,6 +72,15 @@ class DataSchema:
     sequences: list[SequenceFeatureSpec] = field(default_factory=list)
     # Tables of list features with their own vocabulary (not a column of Batch.sparse).
     own_tables: list[SparseFeatureSpec] = field(default_factory=list)
+    # Not data, never saved: where models built from this schema allocate their embedding
+    # tables (each TableSpec's device). A distributed run builds with "meta" (see
+    # :meth:`with_table_device`), so that no process allocates a whole table, and its
+    # strategy then materialises only the rows the process keeps.
+    table_device: str | None = field(default=None, compare=False, repr=False)
+
+    def with_table_device(self, device: str | None) -> DataSchema:
+        """This schema, with models built from it allocating their tables on ``device``."""
+        return replace(self, table_device=device)
 
     @property
     def num_dense(self) -> int:
@@ -108,10 +120,11 @@ class DataSchema:
                                  f"{sorted(known)}")
             if s.table != s.name:
                 shared.setdefault(s.table, []).append(s.name)
-        return [TableSpec(f.name, f.cardinality, dim, (f.name, *shared.get(f.name, [])))
-                for f in self.sparse] + \
-            [TableSpec(t.name, t.cardinality, dim, (t.name, *shared.get(t.name, [])), field=False)
-             for t in self.own_tables]
+        dev = self.table_device
+        return [TableSpec(f.name, f.cardinality, dim, (f.name, *shared.get(f.name, [])),
+                          device=dev) for f in self.sparse] + \
+            [TableSpec(t.name, t.cardinality, dim, (t.name, *shared.get(t.name, [])),
+                       field=False, device=dev) for t in self.own_tables]
 
     def history_and_target(self, model: str, history: str | None,
                            target: str | None) -> tuple[str, int]:
@@ -140,7 +153,9 @@ class DataSchema:
         return name, names.index(target)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        del d["table_device"]  # how this process builds, not what the data is
+        return d
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> DataSchema:

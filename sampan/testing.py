@@ -185,9 +185,26 @@ def check_state_dict_round_trip(model: type | str, **options: Any) -> None:
             f"{_cls(model).__name__}: a loaded state dict does not reproduce the outputs"
 
 
+def check_deferred_build_matches_plain(model: type | str, **options: Any) -> None:
+    """Built with its tables deferred (as a distributed run builds it) and then given its
+    values, the model equals a plain build, every tensor. A model that changes its tables'
+    values after building them (instead of ``EmbeddingCollection(..., zero_columns=)``)
+    fails here: its distributed runs would start from other values."""
+    from sampan.distributed.strategy import SingleProcess
+
+    build = builder(model, **options)
+    plain = build().state_dict()
+    deferred = SingleProcess().parallelize(
+        build(schema_for(model).with_table_device("meta"))).state_dict()
+    assert sorted(plain) == sorted(deferred), f"{_cls(model).__name__}: other tensors"
+    for k, v in plain.items():
+        assert torch.equal(v, deferred[k]), (
+            f"{_cls(model).__name__}: {k} differs between a plain and a deferred build")
+
+
 CHECKS = (check_output_and_loss, check_every_parameter_learns,
           check_training_step_is_deterministic, check_eval_is_deterministic,
-          check_state_dict_round_trip)
+          check_state_dict_round_trip, check_deferred_build_matches_plain)
 
 
 def check_model(model: type | str, **options: Any) -> None:

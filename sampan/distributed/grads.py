@@ -1,11 +1,10 @@
-"""Gradient reduction: dense gradients averaged in buckets, row gradients merged."""
+"""Gradient reduction: dense gradients summed over ranks in buckets."""
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
-from sampan.distributed.collectives import all_gather_rows
 from sampan.distributed.context import context
 
 
@@ -35,16 +34,3 @@ def average_gradients(params: list[torch.Tensor], bucket_bytes: int = 25 << 20) 
                 t.copy_(flat[offset: offset + t.numel()].view_as(t))
                 offset += t.numel()
             bucket, size = [], 0
-
-
-
-def merge_sparse(rows: torch.Tensor, grads: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """All ranks' ``(unique row ids [U], gradients [U, D])`` merged into one sum per row."""
-    if not context().enabled:
-        return rows, grads
-    all_rows = all_gather_rows(rows)
-    all_grads = all_gather_rows(grads)
-    uniq, inv = torch.unique(all_rows, return_inverse=True)
-    merged = torch.zeros(len(uniq), grads.shape[1], dtype=grads.dtype, device=grads.device)
-    merged.index_add_(0, inv, all_grads)
-    return uniq, merged

@@ -1,17 +1,39 @@
-"""Row-sharded tables: which rank owns which rows, and the all_to_all that fetches a
-batch's rows from their owners and sends the gradients back."""
+"""Embedding tables in a data-parallel run, applied to a built model from outside (as
+TorchRec's DistributedModelParallel does): :func:`distribute_embeddings` replaces every
+:class:`~sampan.embedding.EmbeddingCollection` of the model with
+
+* a :class:`ReplicatedCollection`: the whole table on every process; each step's row
+  gradients are all-gathered and merged, so every process applies the same sparse update
+  and the replicas stay equal;
+* or a :class:`RowShardedCollection`: process ``k`` of ``W`` holds rows
+  ``bounds[k]:bounds[k + 1]`` (and their optimizer state). A lookup sends each unique id to
+  its owner and gets the row back (``all_to_all`` both ways); the backward sends each row's
+  gradient to its owner, which alone updates it.
+
+A model built from a schema whose tables are deferred (``schema.with_table_device("meta")``)
+never allocates a whole table: each process materialises only the rows it keeps, with the
+values those rows have in a plain build.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
-from sampan.distributed.context import context
+from sampan.distributed.collectives import all_gather_rows
+from sampan.embedding.collection import EmbeddingCollection, merge_rows
 
 
-# ------------------------------------------------------------------ row-sharded tables
+def shard_bounds(rows: int, world: int) -> list[int]:
+    """Row boundaries of ``world`` contiguous shards of a ``rows``-row table."""
+    return [rows * k // world for k in range(world + 1)]
+
+
 @dataclass
 class _Route:
     """How one lookup's unique ids travelled: counts each way and the ids this rank
@@ -22,12 +44,12 @@ class _Route:
     served: torch.Tensor
 
 
-def fetch_rows(uniq: torch.Tensor, shard: torch.Tensor, bounds: list[int]
+def fetch_rows(uniq: torch.Tensor, shard: torch.Tensor, bounds: list[int], rank: int
                ) -> tuple[torch.Tensor, _Route]:
     """Rows ``[U, D]`` of the sorted unique global ids ``uniq`` from the ranks that own them
     (rank ``k`` holds rows ``bounds[k]:bounds[k + 1]`` in ``shard``): ids go out with one
     ``all_to_all``, rows come back with another."""
-    w = context().world
+    w = len(bounds) - 1
     owner = torch.bucketize(uniq, torch.tensor(bounds[1:], device=uniq.device), right=True)
     sent = torch.bincount(owner, minlength=w)
     received = torch.empty_like(sent)
@@ -35,7 +57,7 @@ def fetch_rows(uniq: torch.Tensor, shard: torch.Tensor, bounds: list[int]
     sent_l, received_l = sent.tolist(), received.tolist()
     served = torch.empty(sum(received_l), dtype=uniq.dtype, device=uniq.device)
     dist.all_to_all_single(served, uniq.contiguous(), received_l, sent_l)
-    rows_out = shard.index_select(0, served - bounds[context().rank])
+    rows_out = shard.index_select(0, served - bounds[rank])
     rows = torch.empty(len(uniq), shard.shape[1], dtype=shard.dtype, device=shard.device)
     dist.all_to_all_single(rows, rows_out.contiguous(), sent_l, received_l)
     return rows, _Route(sent_l, received_l, served)
@@ -49,6 +71,90 @@ def return_grads(grads: torch.Tensor, route: _Route) -> tuple[torch.Tensor, torc
     return route.served, back
 
 
-def shard_bounds(rows: int, world: int) -> list[int]:
-    """Row boundaries of ``world`` contiguous shards of a ``rows``-row table."""
-    return [rows * k // world for k in range(world + 1)]
+class ReplicatedCollection(EmbeddingCollection):
+    """The whole table on every process: the row gradients of all processes are merged
+    before the sparse update, so every replica takes the same one."""
+
+    def __init__(self, plain: EmbeddingCollection):
+        nn.Module.__init__(self)
+        self._copy_layout(plain)
+        self.weight = plain.weight if not plain.deferred else nn.Parameter(
+            plain.initial_rows(), requires_grad=False)
+
+    def pop_lookups(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every process's ``(row ids, gradients)`` merged: the same on every process (a
+        collective: every process calls it each step, with rows or without)."""
+        looks = self._take_grads()
+        ids = torch.cat([u for u, _ in looks]) if looks else \
+            torch.empty(0, dtype=torch.long, device=self.weight.device)
+        grads = torch.cat([g for _, g in looks]) if looks else self.weight.new_zeros(0, self.dim)
+        return merge_rows(all_gather_rows(ids), all_gather_rows(grads))
+
+
+class RowShardedCollection(EmbeddingCollection):
+    """Process ``rank``'s contiguous rows ``[lo, hi)`` of a fused table; ``weight`` is that
+    shard. Lookups take global row ids and fetch rows from their owners; :meth:`pop_lookups`
+    gives this process's rows (local indices) with the gradients every process sent them."""
+
+    def __init__(self, plain: EmbeddingCollection, rank: int, world: int):
+        nn.Module.__init__(self)
+        self._copy_layout(plain)
+        self.rank, self.world = rank, world
+        self.bounds = shard_bounds(self.num_rows, world)
+        self.lo, self.hi = self.bounds[rank], self.bounds[rank + 1]
+        rows = plain.initial_rows(self.lo, self.hi) if plain.deferred else \
+            plain.weight.detach()[self.lo: self.hi].clone()
+        self.weight = nn.Parameter(rows, requires_grad=False)
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any,
+                              **kwargs: Any) -> None:
+        # a state dict that holds the whole table: this process keeps its rows
+        key = prefix + "weight"
+        if key in state_dict and state_dict[key].shape[0] == self.num_rows:
+            state_dict = {**state_dict, key: state_dict[key][self.lo: self.hi]}
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def _gather(self, flat: torch.Tensor) -> torch.Tensor:
+        uniq, inverse = torch.unique(flat, return_inverse=True)
+        rows, route = fetch_rows(uniq, self.weight.detach(), self.bounds, self.rank)
+        if not (self.training and torch.is_grad_enabled()):
+            return rows.index_select(0, inverse)
+        return self._track(uniq, rows, inverse, route)
+
+    def pop_lookups(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """This process's rows (local indices) and the gradients sent to them (a
+        collective, like the lookups)."""
+        served, grads = [], []
+        for _, r, route in self._lookups:
+            ids, back = return_grads(r.grad if r.grad is not None else torch.zeros_like(r),
+                                     route)
+            served.append(ids)
+            grads.append(back)
+        self._lookups.clear()
+        if not served:
+            return None
+        return merge_rows(torch.cat(served) - self.lo, torch.cat(grads))
+
+
+def distribute_embeddings(model: nn.Module, shard: Callable[[int], bool], rank: int,
+                          world: int) -> nn.Module:
+    """Replace every plain :class:`EmbeddingCollection` of ``model`` (in place; a
+    collection given as the model is returned replaced) with a
+    :class:`RowShardedCollection` where ``shard(weight bytes)`` is true, else a
+    :class:`ReplicatedCollection`. Call before building optimizers."""
+    done: dict[int, EmbeddingCollection] = {}
+
+    def replaced(c: EmbeddingCollection) -> EmbeddingCollection:
+        if id(c) not in done:
+            nbytes = c.num_rows * c.dim * c.weight.element_size()
+            done[id(c)] = RowShardedCollection(c, rank, world) if shard(nbytes) else \
+                ReplicatedCollection(c)
+        return done[id(c)]
+
+    if type(model) is EmbeddingCollection:
+        return replaced(model)
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is EmbeddingCollection:
+                setattr(parent, name, replaced(child))
+    return model

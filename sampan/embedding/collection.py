@@ -16,8 +16,6 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -44,39 +42,25 @@ class _GatherRows(torch.autograd.Function):
         return out.index_add_(0, inverse, grad), None
 
 
-# Tables built while a rule is set (see sharded_build) keep only this process's rows.
-_SHARD_RULE: Callable[[int], tuple[int, int] | None] | None = None
 _INIT_BLOCK_ROWS = 1 << 16  # a multiple of 16: see _normal_rows
 
 
-@contextmanager
-def sharded_build(rule: Callable[[int], tuple[int, int] | None]) -> Iterator[None]:
-    """While active, every ``EmbeddingCollection`` built calls ``rule(weight bytes)``;
-    ``(rank, world)`` makes it allocate and initialise only that rank's contiguous rows,
-    with exactly the values those rows get in the whole table (a process never holds the
-    whole table); ``None`` builds the whole table."""
-    global _SHARD_RULE
-    previous, _SHARD_RULE = _SHARD_RULE, rule
-    try:
-        yield
-    finally:
-        _SHARD_RULE = previous
-
-
-def _normal_rows(rows: int, dim: int, std: float, lo: int, hi: int) -> torch.Tensor:
+def _normal_rows(rows: int, dim: int, std: float, lo: int, hi: int,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
     """Rows ``[lo, hi)`` of ``torch.empty(rows, dim).normal_(0, std)``, drawing the same
-    random stream (so the global generator ends in the same state) one block at a time.
+    random stream (so ``generator``, the global one by default, ends in the same state) one
+    block at a time: memory is one block and the rows kept, whatever the table's size.
 
     PyTorch's CPU ``normal_`` fills 16 values at a time; blocks of a multiple of 16 values
     continue the stream exactly, and the last block takes any remainder under 16 values.
     """
-    out = torch.empty(hi - lo, dim)
+    out = torch.empty(hi - lo, dim, device="cpu")  # (also under torch.device("meta"))
     start = 0
     while start < rows:
         end = min(start + _INIT_BLOCK_ROWS, rows)
         if (rows - end) * dim < 16:
             end = rows
-        block = torch.empty(end - start, dim).normal_(0.0, std)
+        block = torch.empty(end - start, dim, device="cpu").normal_(0.0, std, generator=generator)
         a, b = max(start, lo), min(end, hi)
         if a < b:
             out[a - lo: b - lo] = block[a - start: b - start]
@@ -84,20 +68,43 @@ def _normal_rows(rows: int, dim: int, std: float, lo: int, hi: int) -> torch.Ten
     return out
 
 
+def merge_rows(ids: torch.Tensor, grads: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(unique ids [U], summed gradients [U, D])`` of row gradients that may repeat ids."""
+    uniq, inv = torch.unique(ids, return_inverse=True)
+    merged = torch.zeros(len(uniq), grads.shape[1], dtype=grads.dtype, device=grads.device)
+    return uniq, merged.index_add_(0, inv, grads)
+
+
 class EmbeddingCollection(nn.Module):
     """One fused table for ``tables`` (all of one dim), looked up by ``ids [B, F]``.
 
     The weight is a ``Parameter`` with ``requires_grad=False``: dense optimizers skip it, and
-    its updates come only from a sparse optimizer reading :meth:`pop_lookups`.
+    its updates come only from a sparse optimizer reading :meth:`pop_lookups`. Its initial
+    values are ``normal(0, init_std)``, with the first ``zero_columns`` columns zero (the
+    first-order weights of :class:`~sampan.layers.embed.FeatureEmbedding`).
+
+    **Deferred tables.** Tables whose spec says ``device="meta"`` (see
+    :meth:`DataSchema.with_table_device <sampan.schema.DataSchema.with_table_device>`), or
+    built under ``with torch.device("meta")``, allocate nothing: the collection remembers
+    where the random stream stood and moves it on as drawing the table would (block by
+    block), so everything built after it gets the values it gets in a plain build.
+    :meth:`initial_rows` then gives any rows' initial values and :meth:`materialize_`
+    allocates the whole table; the data-parallel strategy (:mod:`sampan.distributed`) uses
+    them to give each process only the rows it keeps.
     """
 
-    def __init__(self, tables: list[TableSpec], init_std: float = 0.01):
+    def __init__(self, tables: list[TableSpec], init_std: float = 0.01,
+                 zero_columns: int = 0):
         super().__init__()
         dims = {t.dim for t in tables}
         if len(dims) != 1:
             raise ValueError(f"a fused EmbeddingCollection needs one dim, got {sorted(dims)}")
+        devices = {t.device for t in tables}
+        if len(devices) != 1:
+            raise ValueError(f"a fused EmbeddingCollection lives on one device, got {devices}")
         self.tables = list(tables)
         self.dim = dims.pop()
+        self.init_std, self.zero_columns = init_std, zero_columns
         rows = [t.rows for t in tables]
         self.num_rows = sum(rows)
         offsets = torch.tensor([0, *rows[:-1]], dtype=torch.int64).cumsum(0)
@@ -106,50 +113,54 @@ class EmbeddingCollection(nn.Module):
         # List features (sequences, bags) read their table by name.
         self.shared_offset = {name: int(offsets[i]) for i, t in enumerate(tables)
                               for name in (t.features if not t.field else t.features[1:])}
-        self.bounds: list[int] | None = None  # row shards of each rank, when row-sharded
-        shard = _SHARD_RULE(self.num_rows * self.dim * 4) if _SHARD_RULE else None
-        if shard is None:
-            self.weight = nn.Parameter(torch.empty(self.num_rows, self.dim),
-                                       requires_grad=False)
-            nn.init.normal_(self.weight, 0.0, init_std)
+        self.weight = nn.Parameter(torch.empty(self.num_rows, self.dim, device=devices.pop()),
+                                   requires_grad=False)
+        self._init_state: torch.Tensor | None = None
+        if self.weight.is_meta:  # deferred: see the class docstring
+            self._init_state = torch.get_rng_state()
+            _normal_rows(self.num_rows, self.dim, init_std, 0, 0)
         else:
-            from sampan.distributed import shard_bounds
-
-            rank, world = shard
-            self.bounds = shard_bounds(self.num_rows, world)
-            self.weight = nn.Parameter(_normal_rows(
-                self.num_rows, self.dim, init_std, self.bounds[rank], self.bounds[rank + 1]),
-                requires_grad=False)
+            nn.init.normal_(self.weight, 0.0, init_std)
+            with torch.no_grad():
+                self.weight[:, :zero_columns].zero_()
         self._lookups: list[tuple[Any, ...]] = []
 
-    # ------------------------------------------------------------------ row sharding
+    def _copy_layout(self, other: EmbeddingCollection) -> None:
+        """Take ``other``'s tables, offsets and initial values (for a module that replaces
+        it, e.g. one process's rows of it); the weight is the caller's to set."""
+        self.tables, self.dim, self.num_rows = other.tables, other.dim, other.num_rows
+        self.init_std, self.zero_columns = other.init_std, other.zero_columns
+        self.register_buffer("offsets", other.offsets, persistent=False)
+        self.shared_offset = other.shared_offset
+        self._init_state = other._init_state
+        self._lookups = []
+
+    # ------------------------------------------------------------ deferred tables
     @property
-    def sharded(self) -> bool:
-        return self.bounds is not None
+    def deferred(self) -> bool:
+        """Built on the meta device: no values yet (see :meth:`materialize_`)."""
+        return self.weight.is_meta
 
-    def shard_rows_(self, rank: int, world: int) -> EmbeddingCollection:
-        """Keep only this rank's contiguous rows (``weight`` becomes the local shard). Call
-        inside a process group, before building optimizers; lookups then fetch rows from
-        their owners and send gradients back (see :mod:`sampan.distributed`)."""
-        from sampan.distributed import shard_bounds
+    def initial_rows(self, lo: int = 0, hi: int | None = None) -> torch.Tensor:
+        """Rows ``[lo, hi)`` of a deferred table's initial values, on the CPU: exactly those
+        a plain build of the table draws. The global random stream is not touched."""
+        if self._init_state is None:
+            raise RuntimeError("initial_rows: this table was not built deferred (its values "
+                               "are in .weight)")
+        hi = self.num_rows if hi is None else hi
+        gen = torch.Generator()
+        gen.set_state(self._init_state)
+        rows = _normal_rows(self.num_rows, self.dim, self.init_std, lo, hi, generator=gen)
+        rows[:, : self.zero_columns] = 0.0
+        return rows
 
-        self.bounds = shard_bounds(self.num_rows, world)
-        lo, hi = self.bounds[rank], self.bounds[rank + 1]
-        self.weight = nn.Parameter(self.weight.detach()[lo:hi].clone(), requires_grad=False)
+    def materialize_(self) -> EmbeddingCollection:
+        """Allocate a deferred table whole, with its initial values (no-op otherwise)."""
+        if self.deferred:
+            self.weight = nn.Parameter(self.initial_rows(), requires_grad=False)
         return self
 
-    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any,
-                              **kwargs: Any) -> None:
-        # checkpoints hold the whole table: a row-sharded collection keeps its rows
-        key = prefix + "weight"
-        if self.sharded and key in state_dict and state_dict[key].shape[0] == self.num_rows:
-            from sampan.distributed import context
-
-            r = context().rank
-            state_dict = {**state_dict,
-                          key: state_dict[key][self.bounds[r]: self.bounds[r + 1]]}
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-
+    # ------------------------------------------------------------------- lookups
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """``ids [B, F]`` (each column in its feature's range) -> ``[B, F, D]``."""
         return self.lookup(ids)[0]
@@ -168,69 +179,42 @@ class EmbeddingCollection(nn.Module):
             parts.append((seq + self.shared_offset[name]).reshape(-1))
             shapes.append(tuple(seq.shape))
         flat = parts[0] if len(parts) == 1 else torch.cat(parts)
-        if self.sharded:
-            from sampan.distributed import fetch_rows
-
-            uniq, inverse = torch.unique(flat, return_inverse=True)
-            rows, route = fetch_rows(uniq, self.weight.detach(), self.bounds)
-            if self.training and torch.is_grad_enabled():
-                rows.requires_grad_()
-                self._lookups.append((uniq, rows, route))
-                out = _GatherRows.apply(rows, inverse)
-            else:
-                out = rows.index_select(0, inverse)
-        elif not (self.training and torch.is_grad_enabled()):
-            out = F.embedding(flat, self.weight)
-        else:
-            uniq, inverse = torch.unique(flat, return_inverse=True)
-            rows = self.weight.detach().index_select(0, uniq).requires_grad_()
-            self._lookups.append((uniq, rows))
-            out = _GatherRows.apply(rows, inverse)
+        out = self._gather(flat)
         chunks = out.split([p.numel() for p in parts]) if len(parts) > 1 else [out]
         views = [c.view(*shape, self.dim) for c, shape in zip(chunks, shapes, strict=True)]
         return views[0], dict(zip((sequences or {}).keys(), views[1:], strict=True))
+
+    def _gather(self, flat: torch.Tensor) -> torch.Tensor:
+        """Rows ``[N, D]`` of the global row ids ``flat``; in training, the unique rows'
+        gradients are kept for :meth:`pop_lookups`."""
+        if not (self.training and torch.is_grad_enabled()):
+            return F.embedding(flat, self.weight)
+        uniq, inverse = torch.unique(flat, return_inverse=True)
+        return self._track(uniq, self.weight.detach().index_select(0, uniq), inverse)
+
+    def _track(self, uniq: torch.Tensor, rows: torch.Tensor, inverse: torch.Tensor,
+               *extra: Any) -> torch.Tensor:
+        """``rows[inverse]``, keeping ``rows`` (of the unique ids ``uniq``; and ``extra``,
+        for a subclass) so their gradients reach :meth:`pop_lookups`."""
+        rows.requires_grad_()
+        self._lookups.append((uniq, rows, *extra))
+        return _GatherRows.apply(rows, inverse)
+
+    def _take_grads(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The ``(unique ids, row gradients)`` of every lookup since the last call."""
+        looks = [(look[0], look[1].grad) for look in self._lookups if look[1].grad is not None]
+        self._lookups.clear()
+        return looks
 
     def pop_lookups(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Unique row ids ``[U]`` and their summed gradients ``[U, D]`` since the last call.
 
         Several lookups in one step are merged so each row is updated once.
         """
-        from sampan import distributed
-
-        if self.sharded:  # gradients go back to the rows' owners; local row indices out
-            served, grads = [], []
-            for _, r, route in self._lookups:
-                g = r.grad if r.grad is not None else torch.zeros_like(r)
-                ids, back = distributed.return_grads(g, route)
-                served.append(ids)
-                grads.append(back)
-            self._lookups.clear()
-            if not served:
-                return None
-            ids = torch.cat(served) - self.bounds[distributed.context().rank]
-            uniq, inv = torch.unique(ids, return_inverse=True)
-            merged = self.weight.new_zeros(len(uniq), self.dim)
-            merged.index_add_(0, inv, torch.cat(grads))
-            return uniq, merged
-        looks = [(u, r.grad) for u, r in self._lookups if r.grad is not None]
-        self._lookups.clear()
-
-        if distributed.context().enabled:  # replicated table: every rank, same update
-            if not looks:
-                looks = [(torch.empty(0, dtype=torch.long, device=self.weight.device),
-                          self.weight.new_zeros(0, self.dim))]
-            return distributed.merge_sparse(torch.cat([u for u, _ in looks]),
-                                            torch.cat([g for _, g in looks]))
-        if not looks:
-            return None
-        if len(looks) == 1:
-            return looks[0]
-        ids = torch.cat([u for u, _ in looks])
-        grads = torch.cat([g for _, g in looks])
-        uniq, inv = torch.unique(ids, return_inverse=True)
-        merged = torch.zeros(len(uniq), self.dim, dtype=grads.dtype, device=grads.device)
-        merged.index_add_(0, inv, grads)
-        return uniq, merged
+        looks = self._take_grads()
+        if len(looks) <= 1:
+            return looks[0] if looks else None
+        return merge_rows(torch.cat([u for u, _ in looks]), torch.cat([g for _, g in looks]))
 
     def clear_lookups(self) -> None:
         """Forget pending gradients (e.g. after a step skipped for a non-finite loss)."""

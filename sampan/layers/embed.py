@@ -37,9 +37,9 @@ class FeatureEmbedding(nn.Module):
         self.dim = dim
         self.schema = schema
         self.tasks = schema.num_tasks if first_order else 0
-        self.embedding = EmbeddingCollection(schema.tables(self.tasks + dim), init_std)
-        with torch.no_grad():
-            self.embedding.weight[:, : self.tasks].zero_()
+        # the first-order weights start at zero
+        self.embedding = EmbeddingCollection(schema.tables(self.tasks + dim), init_std,
+                                             zero_columns=self.tasks)
         nd = schema.num_dense
         self.dense_linear = nn.Linear(nd, self.tasks, bias=False) if nd and first_order \
             else None

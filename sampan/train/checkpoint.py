@@ -18,13 +18,14 @@ from __future__ import annotations
 import hashlib
 import os
 import random
+import secrets
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from sampan.distributed import PART, placeholder, shard_bounds  # noqa: F401  (ckpt.placeholder)
+from sampan.distributed.sharded_embedding import RowShardedCollection, shard_bounds
 from sampan.errors import CheckpointError, MissingPathError
 
 _MARK = b"\nsampan-sha256:"
@@ -122,15 +123,96 @@ def _torch_load(path: Path, device: Any, mmap: bool = False) -> Any:
 
 
 # ----------------------------------------------------------------- row-sharded parts
-# A distributed run with row-sharded tables writes each table's rows (and their optimizer
-# state) where they live: process k of W writes ``<name>.<tag>.part<k>-of-<W>.pt`` holding
-# ``{"rows": {key: its rows}}``, and rank 0 then writes ``<name>.pt`` with a placeholder
-# ``{PART: key, "rows": total rows}`` in place of each such tensor and ``"parts"`` naming the
-# files. The tag (step and a random id, the same on every rank) is new at every save, so a
-# save never overwrites a part that an existing checkpoint names. No process ever holds a
-# whole table; readers take the rows they need (memory-mapped, so a process reads only its
-# rows) or assemble whole tensors. The placeholder and the row bounds are defined with the
-# row sharding (:mod:`sampan.distributed`), which writes them.
+# The one place that knows the part-file protocol. A distributed run with row-sharded
+# tables writes each table's rows (and their optimizer state) where they live: process k of
+# W writes ``<name>.<tag>.part<k>-of-<W>.pt`` holding ``{"rows": {key: its rows}}``, and
+# rank 0 then writes ``<name>.pt`` with a placeholder ``{PART: key, "rows": total rows}`` in
+# place of each such tensor and ``"parts"`` naming the files. The tag (step and a random id,
+# the same on every rank) is new at every save, so a save never overwrites a part that an
+# existing checkpoint names. No process ever holds a whole table; readers take the rows they
+# need (memory-mapped, so a process reads only its rows) or assemble whole tensors. Part keys
+# are ``model/<state-dict key>`` and ``sparse_opt/<param index>/<state name>``.
+PART = "__rows_in_parts__"
+
+
+def placeholder(key: str, rows: int) -> dict[str, Any]:
+    return {PART: key, "rows": rows}
+
+
+def _sharded(model: torch.nn.Module) -> list[tuple[str, RowShardedCollection]]:
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, RowShardedCollection)]
+
+
+def _weight_key(name: str) -> str:
+    """A table's state-dict key (its part key is ``model/`` + it)."""
+    return f"{name}.weight" if name else "weight"
+
+
+def _sharded_params(model: torch.nn.Module, opt: torch.optim.Optimizer | None
+                    ) -> dict[int, RowShardedCollection]:
+    """The sparse optimizer's parameter index -> the row-sharded table it is."""
+    tables = {id(m.weight): m for _, m in _sharded(model)}
+    params = [] if opt is None else [p for g in opt.param_groups for p in g["params"]]
+    return {i: tables[id(p)] for i, p in enumerate(params) if id(p) in tables}
+
+
+def split_sharded_state(model: torch.nn.Module, obj: dict,
+                        opt: torch.optim.Optimizer | None = None) -> tuple[dict, dict]:
+    """A checkpoint ``obj`` (``"model"`` and maybe ``"sparse_opt"``, the state dict of
+    ``opt``, of this rank) with this rank's rows of every row-sharded table, and their
+    per-row optimizer state, replaced by placeholders; and those rows by part key, for
+    :func:`save_part`."""
+    rows: dict[str, torch.Tensor] = {}
+    sd = dict(obj["model"])
+    for name, m in _sharded(model):
+        w = _weight_key(name)
+        rows[f"model/{w}"] = sd[w]
+        sd[w] = placeholder(f"model/{w}", m.num_rows)
+    out = {**obj, "model": sd}
+    opt_sd = obj.get("sparse_opt")
+    if opt_sd is not None:
+        state = dict(opt_sd["state"])
+        for i, m in _sharded_params(model, opt).items():
+            if i not in state:
+                continue
+            entry = dict(state[i])
+            for k, v in entry.items():
+                if torch.is_tensor(v) and v.dim() and v.shape[0] == m.hi - m.lo:
+                    rows[f"sparse_opt/{i}/{k}"] = v
+                    entry[k] = placeholder(f"sparse_opt/{i}/{k}", m.num_rows)
+            state[i] = entry
+        out["sparse_opt"] = {**opt_sd, "state": state}
+    return out, rows
+
+
+def local_rows_of(model: torch.nn.Module,  # type: ignore[no-untyped-def]
+                  opt: torch.optim.Optimizer | None = None):
+    """For :func:`load`: this rank's ``(lo, hi)`` of each row-sharded table and of its
+    optimizer state, so a process reads only its rows; ``None`` when nothing is sharded."""
+    sharded = _sharded(model)
+    if not sharded:
+        return None
+    want = {f"model/{_weight_key(name)}": (m.lo, m.hi, m.num_rows) for name, m in sharded}
+    for i, m in _sharded_params(model, opt).items():
+        want[f"sparse_opt/{i}"] = (m.lo, m.hi, m.num_rows)
+
+    def rows_of(key: str, total: int) -> tuple[int, int] | None:
+        got = want.get(key) or want.get(key.rsplit("/", 1)[0])
+        return got[:2] if got is not None and got[2] == total else None
+
+    return rows_of
+
+
+def shard_optimizer_state_dict(sd: dict, opt: torch.optim.Optimizer,
+                               model: torch.nn.Module) -> dict:
+    """A whole-table optimizer state dict cut to this rank's rows (before loading it, so the
+    whole state never reaches the device); unchanged when nothing is sharded."""
+    state = dict(sd["state"])
+    for i, m in _sharded_params(model, opt).items():
+        if i in state:
+            state[i] = {k: v[m.lo: m.hi].clone() if torch.is_tensor(v) and v.dim() and
+                        v.shape[0] == m.num_rows else v for k, v in state[i].items()}
+    return {**sd, "state": state}
 
 
 def part_name(path: str | Path, tag: str, rank: int, world: int) -> str:
@@ -169,6 +251,28 @@ def remove_parts(path: str | Path, keep: list[str] | tuple[str, ...] = ()) -> No
     for old in path.parent.glob(f"{path.stem}.*.part*-of-*.pt"):
         if old.name not in keep:
             old.unlink(missing_ok=True)
+
+
+def save_run_checkpoint(obj: dict[str, Any], path: str | Path, model: torch.nn.Module,
+                        sparse_opt: torch.optim.Optimizer | None, strategy: Any,
+                        tag: str) -> Path:
+    """Write a training checkpoint (collective: every process calls it). Rank 0 writes
+    ``path``; with row-sharded tables each process first writes its rows and their
+    optimizer state to a part file of its own (``tag`` plus a random id names the parts),
+    so no process ever holds a whole table."""
+    path = Path(path)
+    if _sharded(model):
+        obj, rows = split_sharded_state(model, obj, sparse_opt)
+        tag = str(strategy.broadcast(f"{tag}-{secrets.token_hex(4)}"))  # new at every save
+        save_part(rows, path, tag, strategy.rank, strategy.world)
+        strategy.barrier()
+        if strategy.is_main:
+            save_with_parts(obj, path, tag, strategy.world)
+    elif strategy.is_main:
+        save_atomic(obj, path)
+        remove_parts(path)  # those of a row-sharded run this one resumed
+    strategy.barrier()
+    return path
 
 
 def load(path: str | Path, device: str | torch.device = "cpu",

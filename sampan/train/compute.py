@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 from torch import nn
 
-from sampan import distributed
 from sampan.data.loader import BatchLoader
 from sampan.embedding import EmbeddingCollection
 from sampan.layers.kernels import KernelPlan, plan_kernels
@@ -41,15 +40,15 @@ def plan_for(trainer: Trainer, measure: bool) -> KernelPlan | None:
     saved = trainer.run_dir / "kernels.json"
     if not measure or not len(trainer.train_data):
         return None
-    rows = min(trainer.tc.batch_size // trainer.dist.world, len(trainer.train_data))
+    rows = min(trainer.tc.batch_size // trainer.strategy.world, len(trainer.train_data))
     batch = next(iter(BatchLoader(trainer.train_data.take(np.arange(rows)), rows,
                                   shuffle="none", prefetch=0)))
     plan = plan_kernels(trainer.model, trainer.tc.kernels,
                         lambda: trainer.task.loss(trainer.model, batch))
-    if trainer.dist.enabled:  # every process computes with rank 0's choice
-        plan = KernelPlan.from_json(distributed.broadcast_object(plan.to_json()))
+    if trainer.strategy.enabled:  # every process computes with rank 0's choice
+        plan = KernelPlan.from_json(trainer.strategy.broadcast(plan.to_json()))
         apply_kernels(trainer.model, plan)
-    if trainer.dist.is_main:
+    if trainer.strategy.is_main:
         trainer.run_dir.mkdir(parents=True, exist_ok=True)
         saved.write_text(json.dumps(plan.to_json(), indent=1))
     return plan

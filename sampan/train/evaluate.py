@@ -12,9 +12,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from sampan import distributed
 from sampan.data.loader import BatchLoader
 from sampan.data.store import SplitArrays
+from sampan.distributed.context import context
+from sampan.distributed.sharded_embedding import RowShardedCollection
+from sampan.distributed.strategy import SingleProcess, strategy_for
 from sampan.errors import SampanError
 
 
@@ -31,20 +33,23 @@ def resolve_device(name: str) -> torch.device:
         raise SampanError(f"train.device={name!r} but this machine has "
                           f"{torch.cuda.device_count()} CUDA device(s): cuda:0 to "
                           f"cuda:{torch.cuda.device_count() - 1}")
-    if dev.type == "cuda" and dev.index is None and distributed.context().enabled:
-        dev = torch.device("cuda", distributed.context().local_rank)
+    if dev.type == "cuda" and dev.index is None and context().enabled:
+        dev = torch.device("cuda", context().local_rank)
     return dev
 
 
 class Evaluator:
     """``model`` scored under ``task`` on ``device``: batches of ``eval_batch_size`` rows,
-    bf16 autocast with ``amp="bf16"`` (as in training), ``prefetch`` batches ahead."""
+    bf16 autocast with ``amp="bf16"`` (as in training), ``prefetch`` batches ahead. Under a
+    data-parallel ``strategy`` each process scores its share of the rows and every process
+    gets all of them back, in order."""
 
     def __init__(self, model: nn.Module, task: Any, device: torch.device,
-                 eval_batch_size: int = 16384, amp: str = "none", prefetch: int = 2):
+                 eval_batch_size: int = 16384, amp: str = "none", prefetch: int = 2,
+                 strategy: SingleProcess | None = None):
         self.model, self.task, self.device = model, task, device
         self.eval_batch_size, self.amp, self.prefetch = eval_batch_size, amp, prefetch
-        self.dist = distributed.context()
+        self.strategy = strategy or strategy_for()
 
     @torch.no_grad()
     def infer(self, fn, data: SplitArrays) -> torch.Tensor:  # type: ignore[no-untyped-def]
@@ -52,16 +57,15 @@ class Evaluator:
         as in training), concatenated on the CPU as float32."""
         self.model.eval()
         steps = None
-        if self.dist.enabled:  # each rank scores a contiguous shard; rows come back in order
-            lo, hi = distributed.shard_rows(len(data))
+        st = self.strategy
+        if st.enabled:  # each rank scores a contiguous shard; rows come back in order
+            lo, hi = st.shard(len(data))
             full, data = data, data.take(np.arange(lo, hi))
-            if distributed.any_sharded(self.model):
+            if any(isinstance(m, RowShardedCollection) for m in self.model.modules()):
                 # lookups are collective: every rank makes the same number of calls, a rank
                 # out of rows scores filler rows and drops them
                 bs = self.eval_batch_size
-                n = torch.tensor([-(-len(data) // bs)], device=self.device)
-                torch.distributed.all_reduce(n, op=torch.distributed.ReduceOp.MAX)
-                steps = int(n)
+                steps = st.max_int(-(-len(data) // bs))
                 filler = full.take(np.arange(min(bs, len(full))))
         out = []
         loader = BatchLoader(data, self.eval_batch_size, shuffle="none", prefetch=self.prefetch)
@@ -76,12 +80,11 @@ class Evaluator:
                 y = fn(batch).float()
             if keep:
                 out.append(y)
-        if self.dist.enabled:
+        if st.enabled:
             # the output width is needed even on a rank whose shard is empty
-            width = torch.tensor([out[0].shape[1] if out else -1], device=self.device)
-            torch.distributed.all_reduce(width, op=torch.distributed.ReduceOp.MAX)
-            local = torch.cat(out) if out else torch.empty(0, int(width), device=self.device)
-            return distributed.all_gather_rows(local).cpu()
+            width = st.max_int(out[0].shape[1] if out else -1)
+            local = torch.cat(out) if out else torch.empty(0, width, device=self.device)
+            return st.gather_rows(local).cpu()
         return torch.cat(out).cpu() if out else torch.empty(0, 1)
 
     def predict_logits(self, data: SplitArrays) -> torch.Tensor:

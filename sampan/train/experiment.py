@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ from sampan import distributed
 from sampan.config import ExperimentConfig, dump_config, load_config
 from sampan.data.sources import RejectLog
 from sampan.data.store import SplitArrays, Store, build_store, iter_transformed, transform_files
-from sampan.embedding.collection import sharded_build
+from sampan.distributed.strategy import SingleProcess, strategy_for
 from sampan.errors import DataError, ExistingPathError, MissingPathError, RunError
 from sampan.metrics import auc, auc_bootstrap, paired_auc_comparison
 from sampan.models import build_model
@@ -146,25 +146,25 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path | None = None,
     if train is None:
         raise DataError("the train split is empty; check data.split")
 
+    strategy = strategy_for(cfg.train)
     torch.manual_seed(cfg.seed)  # model init depends only on the seed (same on every rank)
-    if dist.enabled:
-        # row-sharded tables are built as this rank's rows only (never the whole table)
-        with sharded_build(placement_rule(cfg, dist)):
-            model = build_model(cfg.model, store.schema)
-        torch.manual_seed(cfg.seed + dist.rank)  # dropout masks differ between ranks
-        if cfg.train.sync_batch_norm and (n_bn := distributed.sync_batch_norm_(model)):
-            console.print(f"batch norm: {n_bn} layer(s) normalised over the global batch")
-        print_placement(model, console)
-    else:
-        model = build_model(cfg.model, store.schema)
+    # a distributed build defers the tables (no process allocates a whole one); the
+    # strategy then gives each process the rows it keeps
+    model = build_model(cfg.model, store.schema.with_table_device(strategy.table_device))
     n_params = sum(p.numel() for p in model.parameters())
+    model = strategy.parallelize(model)
+    if strategy.enabled:
+        torch.manual_seed(cfg.seed + strategy.rank)  # dropout masks differ between ranks
+        if n_bn := strategy.synced_batch_norms:
+            console.print(f"batch norm: {n_bn} layer(s) normalised over the global batch")
+        print_placement(strategy, model, console)
     console.print(f"model {cfg.model.name}: {n_params:,} parameters on "
                   f"{cfg.train.device if cfg.train.device != 'auto' else 'auto device'}")
-    trainer = Trainer(model, cfg, run, train, valid, console=console)
-    if dist.enabled:
-        console.print(f"distributed: {dist.world} processes, global batch "
-                      f"{trainer.tc.batch_size} ({trainer.tc.batch_size // dist.world} per "
-                      "process)")
+    trainer = Trainer(model, cfg, run, train, valid, console=console, strategy=strategy)
+    if strategy.enabled:
+        console.print(f"distributed: {strategy.world} processes, global batch "
+                      f"{trainer.tc.batch_size} ({trainer.tc.batch_size // strategy.world} "
+                      "per process)")
     for line in trainer.describe_plan():
         console.print(f"schedule: {line}")
     if trainer.kernels is not None:
@@ -203,38 +203,15 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path | None = None,
     return results
 
 
-def placement_rule(cfg: ExperimentConfig, dist: Any) -> Callable[[int], tuple[int, int] | None]:
-    """Which fused tables are row-sharded (see ``train.embedding_placement``): given a
-    table's weight bytes, ``(rank, world)`` to shard it, ``None`` to replicate it."""
-    def rule(nbytes: int) -> tuple[int, int] | None:
-        how = cfg.train.embedding_placement
-        if how == "row_sharded" or (how == "auto" and nbytes >= cfg.train.shard_min_bytes):
-            return dist.rank, dist.world
-        return None
-    return rule
-
-
-def print_placement(model: torch.nn.Module, console: Console) -> None:
+def print_placement(strategy: SingleProcess, model: torch.nn.Module,
+                    console: Console) -> None:
     """The embedding placement plan of a distributed run: every table, its size, where it
     lives."""
-    from sampan.embedding import EmbeddingCollection
-
     table = Table(title="embedding placement")
     for col in ("table", "rows", "dim", "bytes", "placement"):
         table.add_column(col, justify="left" if col in ("table", "placement") else "right")
-    for c in (m for m in model.modules() if isinstance(m, EmbeddingCollection)):
-        start = 0
-        for t in c.tables:
-            if c.sharded:
-                owners = sorted({k for k in range(len(c.bounds) - 1)
-                                 if c.bounds[k] < start + t.rows and c.bounds[k + 1] > start})
-                where = (f"row-sharded: rank {owners[0]}" if len(owners) == 1 else
-                         f"row-sharded: ranks {owners[0]}-{owners[-1]}")
-            else:
-                where = "replicated (sparse gradients all-gathered)"
-            table.add_row(t.name, f"{t.rows:,}", str(c.dim),
-                          f"{t.rows * c.dim * c.weight.element_size():,}", where)
-            start += t.rows
+    for name, rows, dim, nbytes, where in strategy.describe(model):
+        table.add_row(name, f"{rows:,}", str(dim), f"{nbytes:,}", where)
     console.print(table)
 
 

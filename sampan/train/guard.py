@@ -38,10 +38,7 @@ def check_finite(trainer: Trainer) -> None:
     written, so a checkpoint never holds a diverged model)."""
     bad = [k for k, v in trainer.model.state_dict().items()
            if v.is_floating_point() and not bool(torch.isfinite(v).all())]
-    flag = torch.tensor([float(bool(bad))])
-    if trainer.dist.enabled:
-        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-    if flag.item():
+    if trainer.strategy.any(bool(bad)):
         raise Diverged("non-finite values in " + (", ".join(bad[:3]) if bad
                                                   else "another process's parameters"))
 

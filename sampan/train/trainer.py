@@ -1,15 +1,17 @@
 """Trainer: the training loop, evaluation, early stopping and checkpoints.
 
 The step order is the whole algorithm and is visible in :meth:`Trainer._train_step`:
-autocast -> forward -> loss -> backward -> clip -> sparse step -> dense step -> zero grads.
-Behaviour comes from ``TrainConfig`` flags, never from subclasses.
+autocast -> forward -> loss -> backward -> reduce -> clip -> sparse step -> dense step -> zero
+grads. Behaviour comes from ``TrainConfig`` flags, never from subclasses. The loop is
+single-process code: wherever processes must agree (gradients, the logged loss, decisions,
+checkpoints) it asks its strategy (:mod:`sampan.distributed.strategy`), which a single
+process's makes a no-op.
 """
 
 from __future__ import annotations
 
 import copy
 import math
-import secrets
 import time
 from pathlib import Path
 from typing import Any
@@ -19,10 +21,10 @@ import torch
 from rich.console import Console
 from torch import nn
 
-from sampan import distributed
 from sampan.config import ConfigError, ExperimentConfig, dump_config
 from sampan.data.loader import Batch, BatchLoader
 from sampan.data.store import SplitArrays
+from sampan.distributed.strategy import SingleProcess, strategy_for
 from sampan.embedding import EmbeddingCollection, make_sparse_optimizer
 from sampan.layers.embed import first_order_part
 from sampan.tasks import make_task
@@ -44,6 +46,10 @@ from sampan.train.state import BEST, LAST, START, TrainState  # noqa: F401  (imp
 class Trainer:
     """Trains ``model`` on ``train`` and evaluates on ``valid``, writing into ``run_dir``.
 
+    ``strategy`` says how the run spreads over processes (by default the launch's: see
+    :func:`~sampan.distributed.strategy.strategy_for`); the Trainer first applies its
+    ``parallelize`` to ``model`` (which a model already prepared by it passes unchanged).
+
     Example::
 
         trainer = Trainer(model, cfg, run_dir, train_split, valid_split)
@@ -53,33 +59,34 @@ class Trainer:
 
     def __init__(self, model: nn.Module, cfg: ExperimentConfig, run_dir: str | Path,
                  train: SplitArrays, valid: SplitArrays | None,
-                 console: Console | None = None, log_metrics: bool = True):
+                 console: Console | None = None, log_metrics: bool = True,
+                 strategy: SingleProcess | None = None):
         self.cfg = cfg
         self.tc = cfg.train
         self.run_dir = Path(run_dir)
         self.console = console or Console()
         self.device = resolve_device(self.tc.device)
-        self.model = model.to(self.device)
+        self.strategy = strategy = strategy or strategy_for(cfg.train)
+        self.model = model = strategy.parallelize(model).to(self.device)
         self.task = make_task(model, train)
         train = self.task.training_rows(train)
         self.train_data, self.valid_data = train, valid
-        self.dist = distributed.context()
         self.plan = plan_training(
             cfg.train, len(train), None if valid is None or valid.labels is None
-            else np.asarray(valid.labels), self.task.default_metric, self.dist.world,
+            else np.asarray(valid.labels), self.task.default_metric, strategy.world,
             first_order=first_order_part(model) is not None)
         self.tc = self.plan.train  # every `auto` resolved from the data
-        if self.dist.enabled and self.tc.batch_size < 2 * self.dist.world:
+        if strategy.enabled and self.tc.batch_size < 2 * strategy.world:
             raise ConfigError(f"train.batch_size {self.tc.batch_size} (the global batch) must "
-                             f"give each of the {self.dist.world} processes two rows or more")
+                             f"give each of the {strategy.world} processes two rows or more")
         self.loader = BatchLoader(train, self.tc.batch_size, shuffle=self.tc.shuffle,
                                   seed=cfg.seed, prefetch=self.tc.prefetch,
                                   pin_memory=self.device.type == "cuda", drop_singleton=True,
-                                  rank=self.dist.rank, world=self.dist.world)
+                                  rank=strategy.rank, world=strategy.world)
         self.total_steps = self.tc.max_steps or self.tc.epochs * len(self.loader)
         self.kernels = plan_for(self, log_metrics)
         self.evaluator = Evaluator(self.model, self.task, self.device, self.tc.eval_batch_size,
-                                   self.tc.amp, self.tc.prefetch)
+                                   self.tc.amp, self.tc.prefetch, strategy)
         if self.tc.compile:  # after the kernels are set: compiled graphs guard on them
             compile_dense(self.model)
 
@@ -92,7 +99,7 @@ class Trainer:
         self.base_lrs = [[g["lr"] for g in o.param_groups] for o in self._optimizers()]
         self.state = TrainState()
         self.metrics = MetricsLog(self.run_dir, self.tc.tensorboard and log_metrics,
-                                  self.console) if log_metrics and self.dist.is_main else None
+                                  self.console) if log_metrics and strategy.is_main else None
         self.log_metrics = log_metrics
         self.metric = self.tc.early_stopping.metric or self.task.default_metric
         self.maximize = self.metric != "logloss"
@@ -110,28 +117,14 @@ class Trainer:
         return [f"{k}: {why}" for k, why in self.plan.reasons.items()]
 
     def _write(self, name: str, obj: dict[str, Any]) -> Path:
-        """Write ``checkpoints/<name>`` (collective: call on every rank). Rank 0 writes it;
-        with row-sharded tables each process first writes its rows and their optimizer
-        state to a part file of its own, so no process ever holds a whole table."""
-        path = self.run_dir / "checkpoints" / name
-        if distributed.any_sharded(self.model):
-            obj, rows = distributed.split_sharded_state(self.model, obj, self.sparse_opt)
-            tag = str(distributed.broadcast_object(
-                f"step{self.state.step}-{secrets.token_hex(4)}"))  # new at every save
-            ckpt.save_part(rows, path, tag, self.dist.rank, self.dist.world)
-            self.dist.barrier()
-            if self.dist.is_main:
-                ckpt.save_with_parts(obj, path, tag, self.dist.world)
-        elif self.dist.is_main:
-            ckpt.save_atomic(obj, path)
-            ckpt.remove_parts(path)  # those of a row-sharded run this one resumed
-        self.dist.barrier()
-        return path
+        """Write ``checkpoints/<name>`` (collective: every process calls it)."""
+        return ckpt.save_run_checkpoint(obj, self.run_dir / "checkpoints" / name, self.model,
+                                        self.sparse_opt, self.strategy, f"step{self.state.step}")
 
     def _read(self, name: str) -> dict[str, Any]:
         """``checkpoints/<name>`` with this process's rows of row-sharded tables only."""
         return ckpt.load(self.run_dir / "checkpoints" / name, "cpu",
-                         distributed.local_rows_of(self.model, self.sparse_opt))
+                         ckpt.local_rows_of(self.model, self.sparse_opt))
 
     def _dense_optimizer(self) -> torch.optim.Optimizer | None:
         if not self.dense_params:
@@ -164,7 +157,7 @@ class Trainer:
                             enabled=self.tc.amp == "bf16"):
             loss = self.task.loss(self.model, batch)
         (loss * weight if weight != 1.0 else loss).backward()
-        distributed.average_gradients(self.dense_params)  # no-op in a single process
+        self.strategy.reduce_gradients(self.dense_params)  # a single process's: no-op
         if self.tc.clip_grad_norm is not None and self.dense_params:
             # Clips the dense parameters; embedding rows are bounded by their optimizer.
             torch.nn.utils.clip_grad_norm_(self.dense_params, self.tc.clip_grad_norm)
@@ -197,7 +190,7 @@ class Trainer:
                 self._evaluate_and_track()  # the LR it starts as is the floor of the run
             if self.tc.on_divergence == "recover":
                 self.save_checkpoint(START)  # the first good state to come back to
-        progress = make_progress(self.console, self.tc.progress and self.dist.is_main)
+        progress = make_progress(self.console, self.tc.progress and self.strategy.is_main)
         with progress:
             bar = progress.add_task("train", total=self.total_steps, completed=self.state.step,
                                     loss="-", speed="-")
@@ -231,8 +224,8 @@ class Trainer:
             self._window = (loss_sum, loss_n)
             for batch in self.loader:
                 batch = batch.to(self.device, non_blocking=True)
-                weight = 1.0 if not self.dist.enabled else \
-                    batch.size / self.loader.global_rows(st.batch)
+                weight = self.strategy.batch_weight(batch.size,
+                                                    self.loader.global_rows(st.batch))
                 loss_sum += self._train_step(batch, weight)
                 loss_n += 1
                 self._window = (loss_sum, loss_n)
@@ -240,9 +233,8 @@ class Trainer:
                 st.step += 1
                 st.batch += 1
                 if st.step % self.tc.log_every_steps == 0 or st.batch == n_batches:
-                    speed = seen * self.dist.world / max(time.perf_counter() - t0, 1e-9)
-                    if self.dist.enabled:  # the global-batch loss, summed over ranks
-                        torch.distributed.all_reduce(loss_sum)
+                    speed = seen * self.strategy.world / max(time.perf_counter() - t0, 1e-9)
+                    self.strategy.sum_(loss_sum)  # the global-batch loss
                     mean_loss = (loss_sum / loss_n).item()  # the only host sync, every N
                     guard.check_loss(self, mean_loss, loss_n)
                     if self.metrics is not None:
@@ -280,7 +272,7 @@ class Trainer:
         st = self.state
         if self.valid_data is None:
             return
-        distributed.broadcast_buffers(self.model)
+        self.strategy.sync_buffers(self.model)
         m = self.evaluate(self.valid_data)
         es = self.tc.early_stopping
         if self.metric not in m:
@@ -291,7 +283,7 @@ class Trainer:
         value = m.get(self.metric, math.nan)
         improved = st.best is None or (
             value > st.best + es.min_delta if self.maximize else value < st.best - es.min_delta)
-        improved = bool(distributed.broadcast_object(improved))  # one decision for all ranks
+        improved = bool(self.strategy.broadcast(improved))  # one decision for all ranks
         if improved and not math.isnan(value):
             st.best, st.best_step, st.bad_evals = value, st.step, 0
             # each rank keeps its own rows (loading accepts them), and writes them to best.pt
@@ -332,20 +324,19 @@ class Trainer:
         loss_sum, n = self._window
         if not n or loss_sum is None:
             return (0.0, 0)
-        total = loss_sum.clone()
-        if self.dist.enabled:  # what the next log record would sum over ranks
-            torch.distributed.all_reduce(total)
-            total /= self.dist.world  # restored on every rank, summed again at logging
+        # what the next log record would sum over processes: restored on every process,
+        # summed again at logging
+        total = self.strategy.sum_(loss_sum.clone()) / self.strategy.world
         return (float(total), int(n))
 
     def save_checkpoint(self, name: str = LAST) -> Path:
         """``last.pt``: everything a resumed run needs (see :meth:`_write`). Nothing
         non-finite is ever written: that is a divergence."""
         st = self.state
-        distributed.broadcast_buffers(self.model)
+        self.strategy.sync_buffers(self.model)
         guard.check_finite(self)
         start = self.run_dir / "checkpoints" / START
-        if name == LAST and self.dist.is_main and start.exists():
+        if name == LAST and self.strategy.is_main and start.exists():
             ckpt.remove_parts(start)  # last.pt is the state to come back to from now on
             start.unlink()
         return self._write(name, {
@@ -360,9 +351,9 @@ class Trainer:
                       "window": self._window_now()},
             "rng": ckpt.rng_state(),
             # every rank's own (dropout masks differ between ranks), for a resume on as many
-            "rng_ranks": distributed.gather_objects(ckpt.rng_state()),
+            "rng_ranks": self.strategy.gather(ckpt.rng_state()),
             "config": dump_config(self.cfg),
-            "world_size": self.dist.world,
+            "world_size": self.strategy.world,
         })
 
     def _restore(self, path: Path, quiet: bool = False) -> None:
@@ -371,7 +362,7 @@ class Trainer:
         c = self._read(path.name)
         self.model.load_state_dict(c["model"])
         if self.sparse_opt is not None:
-            self.sparse_opt.load_state_dict(distributed.shard_optimizer_state_dict(
+            self.sparse_opt.load_state_dict(ckpt.shard_optimizer_state_dict(
                 c["sparse_opt"], self.sparse_opt, self.model))
         if self.dense_opt is not None:
             self.dense_opt.load_state_dict(c["dense_opt"])
@@ -386,8 +377,8 @@ class Trainer:
         if (self.run_dir / "checkpoints" / BEST).exists():
             self.best_model = self._read(BEST)["model"]
         ranks = c.get("rng_ranks")
-        ckpt.set_rng_state(ranks[self.dist.rank] if ranks and len(ranks) == self.dist.world
-                           else c["rng"])
+        ckpt.set_rng_state(ranks[self.strategy.rank]
+                           if ranks and len(ranks) == self.strategy.world else c["rng"])
         if self.metrics is not None:
             self.metrics.truncate_after(self.state.step)
         if not quiet:

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from rich.console import Console
 
-from sampan import distributed
+from sampan.distributed.sharded_embedding import RowShardedCollection
 from sampan.layers.embed import FeatureEmbedding, first_order_part
 from sampan.models.lr import LR
 from sampan.train.trainer import Trainer
@@ -36,15 +36,19 @@ DIRNAME = "first_order"
 def copy_first_order(source: FeatureEmbedding, target: FeatureEmbedding) -> None:
     """Copy an LR's weights (bias, each id's weight, the numeric weights) into ``target``'s
     first-order terms; the latent vectors are left as they are."""
-    src, dst = source.embedding.weight, target.embedding.weight
-    table = target.embedding
-    if src.shape[0] != table.num_rows or source.tasks != target.tasks:
-        raise RuntimeError(f"first-order warm start: the LR has {src.shape[0]} rows x "
+    src_table, table = source.embedding, target.embedding
+    src, dst = src_table.weight, table.weight
+    if src_table.num_rows != table.num_rows or source.tasks != target.tasks:
+        raise RuntimeError(f"first-order warm start: the LR has {src_table.num_rows} rows x "
                            f"{source.tasks} tasks, the model {table.num_rows} x "
                            f"{target.tasks}; they must be built from the same schema")
-    if table.sharded:  # this process holds rows [lo, hi) of the model's table
-        rank = distributed.context().rank
-        src = src[table.bounds[rank]: table.bounds[rank + 1]]
+    # a row-sharded model holds rows [lo, hi): of a whole LR table, or the LR's same shard
+    if isinstance(table, RowShardedCollection) and \
+            not isinstance(src_table, RowShardedCollection):
+        src = src[table.lo: table.hi]
+    elif src.shape[0] != dst.shape[0]:
+        raise RuntimeError("first-order warm start: the LR's table is row-sharded and the "
+                           "model's is not")
     with torch.no_grad():
         dst[:, : target.tasks].copy_(src[:, : source.tasks])
         target.bias.copy_(source.bias)
@@ -75,7 +79,8 @@ def fit_first_order(trainer: Trainer) -> dict[str, Any]:
     torch_state = torch.get_rng_state()  # the model's own run draws what it would have drawn
     lr = LR(target.schema, lr_cfg.model)
     sub = Trainer(lr, lr_cfg, trainer.run_dir / DIRNAME, trainer.train_data,
-                  trainer.valid_data, console=Console(quiet=True))
+                  trainer.valid_data, console=Console(quiet=True),
+                  strategy=trainer.strategy)  # data-parallel as the model is
     state = sub.fit()
     torch.set_rng_state(torch_state)
     copy_first_order(lr.features.to(trainer.device), target)

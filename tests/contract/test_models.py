@@ -37,6 +37,11 @@ def test_state_dict_round_trip(name):
     testing.check_state_dict_round_trip(name, **OPTIONS.get(name, {}))
 
 
+def test_a_deferred_build_equals_a_plain_one(name):
+    # what a distributed run builds (tables on the meta device, then given their values)
+    testing.check_deferred_build_matches_plain(name, **OPTIONS.get(name, {}))
+
+
 def test_model_name_equals_file_stem(name):
     cls = get_model_class(name)
     assert cls.__module__ == f"sampan.models.{name}"

@@ -91,7 +91,7 @@ def grads_and_eval(model, batch, weight, out):
     metrics = trainer.evaluate(data())
     return {"dense": {n: p.grad.clone() for n, p in model.named_parameters()
                       if p.requires_grad}, "rows": rows, "sparse": g, "metrics": metrics,
-            "bounds": coll.bounds, "buffers": buffers}
+            "bounds": getattr(coll, "bounds", None), "buffers": buffers}
 
 
 def worker(rank, port, out, placement="replicated"):
@@ -108,13 +108,12 @@ def worker(rank, port, out, placement="replicated"):
         batch = next(iter(loader))
         weight = batch.size / loader.global_rows(0)
         model = tiny_model()
-        assert distributed.sync_batch_norm_(model) == 4
-        if placement == "row_sharded":
-            from sampan.embedding import EmbeddingCollection
-
-            for m in model.modules():
-                if isinstance(m, EmbeddingCollection):
-                    m.shard_rows_(rank, 2)
+        # applied from outside, as a run does: tables replicated or row-sharded, batch norm
+        # over the global batch
+        strategy = distributed.DataParallel(distributed.context(),
+                                            lambda nbytes: placement == "row_sharded")
+        model = strategy.parallelize(model)
+        assert strategy.synced_batch_norms == 4
         result = grads_and_eval(model, batch, weight, out / f"r{rank}.pt")
         # the rows this rank's forward saw, to compare with the whole table's
         with torch.no_grad():
@@ -185,7 +184,7 @@ def two_tower_step(batch, weight):
     train = data(n)
     train.sparse = np.stack([g.integers(2, 20, n), g.integers(2, 9, n)], 1)
     train.labels = np.ones((n, 1), np.float32)
-    model = two_tower_model()
+    model = distributed.strategy_for().parallelize(two_tower_model())
     task = make_task(model, train)
     loss = task.loss(model, batch)
     (loss * weight).backward()

@@ -192,30 +192,36 @@ def test_optimizer_state_dict_round_trip_continues_identically():
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_sharded_build_holds_exactly_its_rows_of_the_whole_table(monkeypatch, world) -> None:
-    """A table built as one rank's shard has the values of those rows in the whole table
-    (drawn block by block from the same random stream), and leaves the generator where
-    building the whole table leaves it."""
+    """A table built deferred (on the meta device) and then given one rank's rows has the
+    values of those rows in the whole table (drawn block by block from the same random
+    stream), and leaves the generator where building the whole table leaves it."""
+    import dataclasses
     import itertools
 
     import sampan.embedding.collection as C
+    from sampan.distributed import RowShardedCollection, distribute_embeddings
     from sampan.schema import TableSpec
 
     monkeypatch.setattr(C, "_INIT_BLOCK_ROWS", 32)  # many blocks, small remainders
     for rows, dim in itertools.product([1, 31, 33, 65, 129, 1000], [1, 3, 16, 17]):
         tables = [TableSpec("a", rows, dim, ("a",))]
+        deferred = [dataclasses.replace(t, device="meta") for t in tables]
         torch.manual_seed(1)
         whole = C.EmbeddingCollection(tables, 0.1)
         after = torch.rand(3)
         for r in range(world):
             torch.manual_seed(1)
-            with C.sharded_build(lambda nbytes, r=r: (r, world)):
-                shard = C.EmbeddingCollection(tables, 0.1)
+            built = C.EmbeddingCollection(deferred, 0.1)
+            assert built.deferred and built.weight.is_meta
             assert torch.equal(torch.rand(3), after)
+            shard = RowShardedCollection(built, r, world)
             lo, hi = shard.bounds[r], shard.bounds[r + 1]
             assert shard.weight.shape == (hi - lo, dim)
             assert torch.equal(shard.weight, whole.weight[lo:hi]), (rows, dim, r)
     # the rule sees the table's bytes and may keep a table whole
     seen = []
-    with C.sharded_build(lambda nbytes: seen.append(nbytes)):
-        whole = C.EmbeddingCollection([TableSpec("a", 10, 4, ("a",))])
-    assert seen == [10 * 4 * 4] and not whole.sharded and whole.weight.shape == (10, 4)
+    whole = distribute_embeddings(C.EmbeddingCollection([TableSpec("a", 10, 4, ("a",),
+                                                                   device="meta")]),
+                                  lambda nbytes: seen.append(nbytes), 0, 2)
+    assert seen == [10 * 4 * 4] and not isinstance(whole, RowShardedCollection) and \
+        whole.weight.shape == (10, 4)

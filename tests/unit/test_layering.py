@@ -11,7 +11,7 @@ from tests.conftest import ROOT
 
 SAMPAN = ROOT / "sampan"
 # upward imports that docs/architecture.md names as still to be removed (issue 15)
-KNOWN = {("embedding", "distributed"), ("config", "models")}
+KNOWN = {("config", "models")}
 
 
 def layers() -> list[set[str]]:
