@@ -1,7 +1,7 @@
 """The model contract, for built-in models and for yours.
 
 Every registered model is checked by these functions in Sampan's own test suite; run them on
-a model you wrote (see :mod:`sampan.models.plugins`) before you train it::
+a model you wrote (see :mod:`sampan.config.plugins`) before you train it::
 
     from sampan.testing import check_model
     check_model(MyRanker)                       # or check_model("my_ranker", hidden=8)

@@ -56,7 +56,7 @@ class ExperimentConfig(_Strict):
     @field_validator("plugins", mode="after")
     @classmethod
     def _load_plugins(cls, v: list[str]) -> list[str]:
-        from sampan.models.plugins import load_all
+        from sampan.config.plugins import load_all
 
         return load_all(v)
 
@@ -66,7 +66,7 @@ class ExperimentConfig(_Strict):
         """The model section is validated against the named model's own options, however
         the config is built (YAML, ``load_config``, or ``model_validate`` from Python): a
         misspelt or foreign key is an error, never dropped."""
-        from sampan.models.registry import UnknownModelError, get_model_class
+        from sampan.config.registry import UnknownModelError, get_model_class
 
         if isinstance(v, ModelConfig):
             if type(v) is not ModelConfig:

@@ -137,7 +137,7 @@ def load_config(
     for item in overrides or []:
         apply_override(raw, item)
 
-    from sampan.models.registry import UnknownModelError, get_model_class
+    from sampan.config.registry import UnknownModelError, get_model_class
 
     # the user's own models first (they may be what model.name names), then the model
     # section, against the named model's own options (so a misspelt key gets that model's
@@ -148,7 +148,7 @@ def load_config(
     if not isinstance(plugins, list):
         raise ConfigError(f"plugins: expected a list of .py files or module names, got "
                           f"{plugins!r}")
-    from sampan.models.plugins import load_all
+    from sampan.config.plugins import load_all
 
     raw["plugins"] = load_all(plugins, base=base)
     model_raw = raw.get("model") or {}

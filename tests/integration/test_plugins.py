@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from sampan.config import ConfigError, load_config
+from sampan.config.plugins import load
 from sampan.models import get_model_class
-from sampan.models.plugins import load
 from sampan.testing import check_model
 from tests.conftest import ROOT
 from tests.integration.test_defaults import small_csv
@@ -69,7 +69,7 @@ class FrozenRanker(SumRanker):
 @pytest.fixture
 def user_file(tmp_path):
     """The user's file; its models leave the process-wide registry after the test."""
-    from sampan.models import plugins, registry
+    from sampan.config import plugins, registry
 
     models, loaded = dict(registry._MODELS), dict(plugins._LOADED)
     path = tmp_path / "my_models.py"
