@@ -55,11 +55,24 @@ class SyncBatchNorm(torch.nn.BatchNorm1d):
 
 
 def sync_batch_norm_(module: torch.nn.Module) -> int:
-    """Make every ``BatchNorm1d`` in ``module`` a :class:`SyncBatchNorm` (in place, the same
-    parameter and buffer tensors); returns how many."""
-    count = 0
-    for m in module.modules():
-        if type(m) is torch.nn.BatchNorm1d:
-            m.__class__ = SyncBatchNorm  # adds no state: only forward differs
-            count += 1
-    return count
+    """Replace every ``BatchNorm1d`` in ``module`` with a :class:`SyncBatchNorm` holding the
+    same parameter and buffer tensors (in place: checkpoints and exports do not change);
+    returns how many."""
+    done: dict[int, SyncBatchNorm] = {}
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is torch.nn.BatchNorm1d:
+                if id(child) not in done:
+                    done[id(child)] = _synced(child)
+                setattr(parent, name, done[id(child)])
+    return len(done)
+
+
+def _synced(bn: torch.nn.BatchNorm1d) -> SyncBatchNorm:
+    new = SyncBatchNorm(bn.num_features, bn.eps, bn.momentum, bn.affine,
+                        bn.track_running_stats, device="meta")
+    for name, p in bn.named_parameters(recurse=False):
+        setattr(new, name, p)
+    for name, b in bn.named_buffers(recurse=False):
+        setattr(new, name, b)
+    return new.train(bn.training)
