@@ -8,7 +8,8 @@
 # go to a private --target on PYTHONPATH with the repository, so every step runs Sampan
 # from source. Steps: the GPU tests (same numbers as on CPU, bf16 autocast), training
 # throughput on CUDA at batch 16384 for DeepFM, DCNv2 and DIN with plain PyTorch beside it,
-# and the embedding lookup + row-update bandwidth against the GPU's copy bandwidth.
+# the embedding lookup + row-update bandwidth against the GPU's copy bandwidth, and the
+# dynamic table's key -> row map (throughput, evictions, memory).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DRY=0
@@ -35,10 +36,10 @@ if [ "$DRY" = 1 ]; then
     echo "dry run: the emulated GPU image sees packages the image lacks" >&2
     exit 1
   fi
-  DEVICE=cpu BATCH=512 STEPS=6 ROWS=200000
+  DEVICE=cpu BATCH=512 STEPS=6 ROWS=200000 DYN="--quick"
 else
   export PYTHONPATH="$WORK/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
-  DEVICE=cuda BATCH=16384 STEPS=30 ROWS=4000000
+  DEVICE=cuda BATCH=16384 STEPS=30 ROWS=4000000 DYN="--stream 20000000"
 fi
 export PYTHONUNBUFFERED=1
 "$PY" - <<'PYEOF' | tee "$OUT/device.txt"
@@ -58,4 +59,6 @@ timeout 270 "$PY" benchmarks/train_throughput.py --device "$DEVICE" --batch "$BA
     | tee "$OUT/train_throughput_gpu.txt" | tail -n 12
 timeout 60 "$PY" benchmarks/embedding_bandwidth.py --device "$DEVICE" --batch "$BATCH" \
     --rows "$ROWS" --json "$OUT/embedding_bandwidth.json" 2>&1 | tee "$OUT/embedding.txt"
+timeout 120 "$PY" benchmarks/dynamic_embedding.py --device "$DEVICE" $DYN \
+    --out "$OUT/dynamic_embedding.json" 2>&1 | tee "$OUT/dynamic_embedding.txt" | tail -n 12
 echo "results in $OUT"

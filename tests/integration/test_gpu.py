@@ -42,3 +42,22 @@ def test_training_on_cuda_matches_cpu(tmp_path):
 def test_bf16_on_cuda_trains(tmp_path):
     cfg = load_config(raw=tiny_config(tmp_path, rows=2000, device="cuda", amp="bf16"))
     assert run_experiment(cfg, run_dir=tmp_path / "bf16")["test"]["auc"] > 0.55
+
+
+def test_dynamic_key_index_on_cuda_matches_cpu():
+    import numpy as np
+
+    from sampan.embedding.dynamic import KeyIndex
+
+    g = np.random.default_rng(0)
+    stream = [torch.from_numpy(g.zipf(1.2, 4096).astype(np.int64) * 7919) for _ in range(60)]
+    out = {}
+    for device in ("cpu", "cuda"):
+        idx = KeyIndex(3000, min_count=2, policy="lfu", evict_fraction=0.05, device=device)
+        rows = [idx.admit(b.to(device), s) for s, b in enumerate(stream)]
+        out[device] = ([r.cpu() for r, _ in rows], [f.cpu() for _, f in rows],
+                       idx.find(torch.cat(stream).to(device)).cpu())
+    for a, b in zip(out["cpu"][0] + out["cpu"][1], out["cuda"][0] + out["cuda"][1],
+                    strict=True):
+        assert torch.equal(torch.sort(a).values, torch.sort(b).values)
+    assert torch.equal(out["cpu"][2] > 0, out["cuda"][2] > 0)

@@ -1,0 +1,310 @@
+"""A collision-free map from 64-bit keys to embedding rows, for ID spaces with no fitted
+vocabulary: admission, eviction and a fixed memory cap (the dynamic tables of issue 16).
+
+:class:`KeyIndex` gives every admitted key a row of its own in ``[1, capacity]``; row 0 is
+the shared default row that keys not admitted (or evicted) read. It is all tensor
+operations (CPU or GPU, no per-key Python):
+
+* **the map** is an open-addressing hash table (linear probing, at most half full) whose
+  slots hold a key and its row side by side (one cache line; row 0: empty, -1: deleted). A
+  batch of keys probes all at once: the home slot first (where most keys end), then 8
+  neighbouring slots per round, each round on the keys still searching;
+* **admission**: a new key gets a row once it has been seen ``min_count`` times (counted
+  in a count-min sketch of 4 x ``sketch_width`` counters, all halved after every
+  ``sketch_width / 2`` sightings, so a key must come back before its count fades), and then
+  with probability ``probability`` (a hash of the key and the step, so a resumed run makes
+  the same draws);
+* **eviction**: when a new key needs a row and none is free, the least recently used
+  (``lru``), least frequently used (``lfu``; ties by recency) or, with ``ttl``, the rows
+  unseen for ``ttl_steps`` first (then by recency) give theirs up, at least
+  ``evict_fraction`` of the capacity at a time. The choice is exact: a sampled threshold
+  narrows the candidates in one pass, then the lowest are taken from those. Rows the
+  current batch uses are never evicted. The freed rows are returned, for their owner to
+  re-initialise the weights and reset the optimizer state before reuse.
+
+Memory is fixed by ``capacity`` (about ``capacity * 88`` bytes plus the sketch), however
+many distinct keys stream through. The map changes only in :meth:`KeyIndex.admit`, which
+the training step calls in its own thread: no lookup ever reads a row while it is freed.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+_WINDOW = 8  # slots looked at per probe round: 8 int64 keys are one or two cache lines
+_MAX_FILL = 0.75  # full + deleted slots over all slots: rebuilt above it
+_NEVER = torch.iinfo(torch.int64).max  # the stamp of a free row: never evicted, never seen
+_LOW32 = 0xFFFFFFFF
+_SKETCH_SALTS = (0, 0x5BD1E995, 0x27D4EB2F, 0x165667B1)  # one hash per count-min row
+
+
+def _srl(x: torch.Tensor, s: int) -> torch.Tensor:
+    """Logical right shift of int64 (torch's ``>>`` is arithmetic)."""
+    return (x >> s) & ((1 << (64 - s)) - 1)
+
+
+def mix64(x: torch.Tensor) -> torch.Tensor:
+    """splitmix64's finaliser over int64 (wrapping arithmetic): a bijection whose bits all
+    depend on every input bit."""
+    x = x + (-7046029254386353131)  # 0x9E3779B97F4A7C15
+    x = (x ^ _srl(x, 30)) * (-4658895280553007687)  # 0xBF58476D1CE4E5B9
+    x = (x ^ _srl(x, 27)) * (-7723592293110705685)  # 0x94D049BB133111EB
+    return x ^ _srl(x, 31)
+
+
+class KeyIndex(nn.Module):
+    """Map int64 keys to rows ``[1, capacity]`` (0: not admitted); see the module docstring.
+
+    Each row has a *stamp*, its eviction priority (lowest first): the step it was last seen
+    (``lru``, ``ttl``), or its use count above the low 32 bits of that step (``lfu``).
+
+    >>> idx = KeyIndex(capacity=2)
+    >>> idx.admit(torch.tensor([10, 7, 10]), step=1)[0].tolist()  # new keys: rows in key order
+    [2, 1, 2]
+    >>> idx.find(torch.tensor([7, 99])).tolist()         # 99: never seen
+    [1, 0]
+    >>> rows, freed = idx.admit(torch.tensor([5]), step=2)  # full: the LFU row (7's) gives way
+    >>> rows.tolist(), freed.tolist(), idx.find(torch.tensor([7, 10])).tolist()
+    ([1], [1], [0, 2])
+    """
+
+    def __init__(self, capacity: int, *, min_count: int = 1, probability: float = 1.0,
+                 policy: Literal["lru", "lfu", "ttl"] = "lfu", ttl_steps: int | None = None,
+                 evict_fraction: float = 0.01, sketch_width: int = 1 << 20,
+                 device: str | torch.device | None = None):
+        super().__init__()
+        if capacity < 1:
+            raise ValueError(f"capacity must be 1 or more, got {capacity}")
+        if policy not in ("lru", "lfu", "ttl"):
+            raise ValueError(f"policy must be lru, lfu or ttl, got {policy!r}")
+        if policy == "ttl" and not ttl_steps:
+            raise ValueError("policy ttl needs ttl_steps (steps a row may go unseen)")
+        if not 0.0 < probability <= 1.0:
+            raise ValueError(f"probability must be in (0, 1], got {probability}")
+        self.capacity, self.min_count, self.probability = capacity, min_count, probability
+        self.policy, self.ttl_steps = policy, ttl_steps
+        self.evict_batch = max(1, int(evict_fraction * capacity))
+        slots = 1 << max(4, (2 * capacity - 1).bit_length())  # at most half full when full
+        self.mask = slots - 1
+        i64 = torch.int64
+        # the map (rebuilt from the rows when loaded, so not saved): [key, row] per slot
+        self.register_buffer("slots", torch.zeros(slots, 2, dtype=i64, device=device),
+                             persistent=False)
+        self.used_slots = 0  # full + deleted
+        # per row: its key and its stamp; free rows, a stack popped from the top (1 first)
+        self.register_buffer("row_key", torch.zeros(capacity + 1, dtype=i64, device=device))
+        self.register_buffer("row_stamp", torch.full((capacity + 1,), _NEVER, dtype=i64,
+                                                     device=device))
+        self.register_buffer("free", torch.arange(capacity, 0, -1, dtype=i64, device=device))
+        self.register_buffer("n_free", torch.tensor(capacity, dtype=i64))
+        width = 1 << max(4, (sketch_width - 1).bit_length()) if min_count > 1 else 1
+        self.register_buffer("sketch", torch.zeros(len(_SKETCH_SALTS), width, dtype=torch.int32,
+                                                   device=device))
+        self.register_buffer("sketch_total", torch.tensor(0, dtype=i64))
+        self.register_buffer("_window", torch.arange(_WINDOW, device=device), persistent=False)
+
+    # -------------------------------------------------------------------- queries
+    def __len__(self) -> int:
+        return self.capacity - int(self.n_free)
+
+    @property
+    def live(self) -> torch.Tensor:
+        """Which rows hold a key (``[capacity + 1]`` bool)."""
+        return self.row_stamp != _NEVER
+
+    def seen(self, rows: torch.Tensor) -> torch.Tensor:
+        """The step each of ``rows`` was last seen (its low 32 bits with ``lfu``)."""
+        st = self.row_stamp[rows]
+        return st & _LOW32 if self.policy == "lfu" else st
+
+    def _window_of(self, pos: torch.Tensor, first_round: bool) -> torch.Tensor:
+        """The slots a probe round reads: the home slot alone in the first round, then
+        ``_WINDOW`` neighbours at a time. ``[n, w]``."""
+        if first_round:
+            return pos[:, None]
+        return (pos[:, None] + self._window) & self.mask
+
+    def _probe(self, keys: torch.Tensor) -> torch.Tensor:
+        """The slot holding each key, or -1. A key sits before the first empty slot of its
+        probe sequence, so each round stops a key at its own slot or at an empty one."""
+        out = torch.full_like(keys, -1)
+        idx = torch.arange(len(keys), device=keys.device)
+        pos = mix64(keys) & self.mask
+        first_round = True
+        while len(idx):
+            win = self._window_of(pos, first_round)
+            kr = self.slots[win]  # [n, w, 2]
+            row = kr[..., 1]
+            hit = (kr[..., 0] == keys[:, None]) & (row > 0)
+            stop = hit | (row == 0)
+            first = stop.to(torch.uint8).argmax(1, keepdim=True)
+            at = win.gather(1, first).squeeze(1)
+            found = hit.gather(1, first).squeeze(1)
+            out[idx[found]] = at[found]
+            go = ~stop.any(1)
+            idx, keys = idx[go], keys[go]
+            pos = (pos[go] + win.shape[1]) & self.mask
+            first_round = False
+        return out
+
+    def find(self, keys: torch.Tensor) -> torch.Tensor:
+        """Rows of ``keys`` (any shape), 0 for keys without one; changes nothing."""
+        uniq, inv = torch.unique(keys.reshape(-1), return_inverse=True)
+        slot = self._probe(uniq)
+        rows = torch.where(slot >= 0, self.slots[slot.clamp_min(0), 1], 0)
+        return rows[inv].view(keys.shape)
+
+    # -------------------------------------------------------------------- training
+    def admit(self, keys: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The training lookup: rows of ``keys`` (any shape; 0 where not admitted) after
+        counting them, admitting the new keys that pass and evicting rows to make room;
+        and the rows freed on the way (to re-initialise before use: some may be given to
+        new keys of this very batch)."""
+        uniq, inv, cnt = torch.unique(keys.reshape(-1), return_inverse=True,
+                                      return_counts=True)
+        slot = self._probe(uniq)
+        hit = slot >= 0
+        rows = torch.where(hit, self.slots[slot.clamp_min(0), 1], 0)
+        known = rows[hit]
+        self._stamp(known, cnt[hit], step, old=self.row_stamp[known])
+        freed = torch.empty(0, dtype=torch.long, device=keys.device)
+        new = (~hit).nonzero().squeeze(1)
+        if len(new):
+            new = new[self._admitted(uniq[new], cnt[new], step)]
+            short = len(new) - int(self.n_free)
+            if short > 0:
+                freed = self.evict(max(short, self.evict_batch), step, keep=known)
+            take = min(len(new), int(self.n_free))  # the rest stay out this time
+            new = new[:take]
+            n = int(self.n_free)
+            got = self.free[n - take: n].flip(0)
+            self.n_free -= take
+            self._insert(uniq[new], got)
+            self.row_key[got] = uniq[new]
+            self._stamp(got, cnt[new], step)
+            rows[new] = got
+        return rows[inv].view(keys.shape), freed
+
+    def _stamp(self, rows: torch.Tensor, times: torch.Tensor, step: int,
+               old: torch.Tensor | None = None) -> None:
+        """``rows`` used ``times`` more times at ``step`` (``old``: their stamps, None for
+        rows just given out)."""
+        if self.policy != "lfu":
+            self.row_stamp[rows] = step
+            return
+        count = times if old is None else (old >> 32) + times
+        self.row_stamp[rows] = (count.clamp_max(2**31 - 1) << 32) + (step & _LOW32)
+
+    def _admitted(self, keys: torch.Tensor, counts: torch.Tensor, step: int) -> torch.Tensor:
+        """Which of the new ``keys`` (seen ``counts`` times in this batch) get a row."""
+        ok = torch.ones(len(keys), dtype=torch.bool, device=keys.device)
+        if self.min_count > 1:  # count-min: the least of the key's counters
+            w = self.sketch.shape[1] - 1
+            est = None
+            for r, salt in enumerate(_SKETCH_SALTS):
+                h = mix64(keys ^ salt) & w
+                self.sketch[r].index_add_(0, h, counts.int())
+                est = self.sketch[r][h] if est is None else torch.minimum(est, self.sketch[r][h])
+            ok &= est >= self.min_count
+            self.sketch_total += int(counts.sum())
+            if int(self.sketch_total) > (w + 1) // 2:  # aging: old counts fade
+                self.sketch.div_(2, rounding_mode="floor")
+                self.sketch_total.zero_()
+        if self.probability < 1.0:
+            salt = mix64(torch.tensor(step, dtype=torch.int64, device=keys.device))
+            u = _srl(mix64(keys ^ salt), 11).double() / 2.0**53
+            ok &= u < self.probability
+        return ok
+
+    def _insert(self, keys: torch.Tensor, rows: torch.Tensor) -> None:
+        """Put absent, distinct ``keys`` in the map, at the first free (empty or deleted)
+        slot of each's probe sequence. Keys that reach the same slot in one round all
+        write their key there; the one whose key stays takes the slot, the others go on
+        from it. (Which one wins changes where a key sits, never its row.)"""
+        if self.used_slots + len(keys) > _MAX_FILL * (self.mask + 1):
+            self._rebuild()
+        pos = mix64(keys) & self.mask
+        first_round = True
+        while len(keys):
+            win = self._window_of(pos, first_round)
+            free = self.slots[win, 1] <= 0
+            has = free.any(1)
+            at = win.gather(1, free.to(torch.uint8).argmax(1, keepdim=True)).squeeze(1)
+            cand = has.nonzero().squeeze(1)
+            self.slots[at[cand], 0] = keys[cand]
+            won = cand[self.slots[at[cand], 0] == keys[cand]]
+            slots = at[won]
+            self.used_slots += int((self.slots[slots, 1] == 0).sum())
+            self.slots[slots, 1] = rows[won]
+            left = torch.ones(len(keys), dtype=torch.bool, device=keys.device)
+            left[won] = False
+            # the losers look again from the slot they lost (now full), the rest further on
+            pos = torch.where(has, at, (pos + win.shape[1]) & self.mask)
+            keys, rows, pos = keys[left], rows[left], pos[left]
+            first_round = False
+
+    def evict(self, n: int, step: int, keep: torch.Tensor | None = None) -> torch.Tensor:
+        """Free up to ``n`` rows by the policy, never one of ``keep`` (by default the rows
+        seen at ``step``); returns them. They go on the free stack, their keys leave the
+        map."""
+        if keep is None:
+            keep = (self.live & (self.seen(slice(None)) == step)).nonzero().squeeze(1)
+        n = min(n, len(self) - len(keep))
+        if n <= 0:
+            return torch.empty(0, dtype=torch.long, device=self.row_stamp.device)
+        kept = self.row_stamp[keep]
+        self.row_stamp[keep] = _NEVER
+        victims = self._lowest(n, step)
+        self.row_stamp[keep] = kept
+        return self._free(victims)
+
+    def _lowest(self, n: int, step: int) -> torch.Tensor:
+        """The ``n`` rows of lowest stamp (ties in any order). On a large table a threshold
+        from a sample first keeps only the rows at or under it (one pass), then the lowest
+        of those are taken: the same rows as a sort of the whole table would give."""
+        stamps = self.row_stamp
+        if len(stamps) > 1 << 20 and n < len(stamps) >> 5:
+            gen = torch.Generator(device=stamps.device).manual_seed(step)
+            sample = stamps[torch.randint(0, len(stamps), (1 << 16,), generator=gen,
+                                          device=stamps.device)]
+            k = min(len(sample), int(len(sample) * (2.0 * n / len(stamps) + 0.01)) + 1)
+            cut = sample.kthvalue(k).values
+            cand = (stamps <= cut).nonzero().squeeze(1)
+            if len(cand) >= n:
+                return cand[torch.topk(stamps[cand], n, largest=False).indices]
+        return torch.topk(stamps, n, largest=False).indices
+
+    def expire(self, step: int) -> torch.Tensor:
+        """With ``ttl``: free every row unseen for more than ``ttl_steps``; returns them."""
+        if not self.ttl_steps:
+            return torch.empty(0, dtype=torch.long, device=self.row_stamp.device)
+        old = (self.live & (self.seen(slice(None)) < step - self.ttl_steps)).nonzero()
+        return self._free(old.squeeze(1))
+
+    def _free(self, victims: torch.Tensor) -> torch.Tensor:
+        self.slots[self._probe(self.row_key[victims]), 1] = -1
+        self.row_key[victims], self.row_stamp[victims] = 0, _NEVER
+        n = int(self.n_free)
+        self.free[n: n + len(victims)] = victims.flip(0)  # the first victim is reused first
+        self.n_free += len(victims)
+        return victims
+
+    def _rebuild(self) -> None:
+        """The map again from the live rows (drops the deleted slots)."""
+        self.slots.zero_()
+        self.used_slots = 0
+        live = self.live.nonzero().squeeze(1)
+        if len(live):
+            self._insert(self.row_key[live], live)
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any,
+                              **kwargs: Any) -> None:
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        self._rebuild()
+
+    def extra_repr(self) -> str:
+        return (f"capacity={self.capacity}, live={len(self)}, policy={self.policy}, "
+                f"min_count={self.min_count}, probability={self.probability}")

@@ -1,0 +1,174 @@
+"""KeyIndex, the key -> row map of dynamic tables: collision-free while the capacity allows,
+admission by count and by probability, eviction by LRU / LFU / TTL that never takes a row
+the batch uses, and an exact resume from its state dict."""
+
+import numpy as np
+import pytest
+import torch
+
+from sampan.embedding.dynamic import KeyIndex
+
+
+def invariants(idx: KeyIndex) -> dict[int, int]:
+    """The live key -> row map, checked: one row per key, the map and the rows agree, the
+    free stack holds exactly the other rows, ``find`` reads the same."""
+    live = idx.live.nonzero().squeeze(1)
+    keys = idx.row_key[live]
+    assert len(live) == len(idx) <= idx.capacity
+    assert len(torch.unique(keys)) == len(keys), "two rows hold one key"
+    assert not bool(idx.live[0]), "the default row was given to a key"
+    free = idx.free[: int(idx.n_free)]
+    assert sorted(free.tolist() + live.tolist()) == list(range(1, idx.capacity + 1))
+    assert torch.equal(idx.find(keys), live)
+    return dict(zip(keys.tolist(), live.tolist(), strict=True))
+
+
+def test_distinct_keys_never_share_a_row_while_the_capacity_allows():
+    n = 10_000_000
+    g = torch.Generator().manual_seed(0)
+    # 10 M distinct keys over the whole int64 range, extremes included, in batches of 100k
+    keys = torch.unique(torch.randint(-2**63, 2**63 - 1, (n + n // 50,), generator=g))[:n]
+    keys[:3] = torch.tensor([-2**63, 2**63 - 1, 0])
+    keys = keys[torch.randperm(n, generator=g)]
+    idx = KeyIndex(n)
+    rows = torch.cat([idx.admit(b, step=i)[0] for i, b in enumerate(keys.split(100_000))])
+    assert len(idx) == n and int(rows.min()) == 1 and int(rows.max()) == n
+    assert len(torch.unique(rows)) == n, "distinct keys share a row"
+    assert torch.equal(idx.find(keys), rows)
+    assert torch.equal(idx.admit(keys[:100_000], step=999)[0], rows[:100_000])  # stable
+
+
+def test_find_changes_nothing_and_unknown_keys_read_the_default_row():
+    idx = KeyIndex(100)
+    rows, _ = idx.admit(torch.tensor([[5, 6], [5, -1]]), step=1)
+    assert rows.shape == (2, 2) and rows[0, 0] == rows[1, 0]
+    assert len(set(rows.flatten().tolist())) == 3
+    before = {k: v.clone() for k, v in idx.state_dict().items()}
+    assert idx.find(torch.tensor([5, 7, -1])).tolist() == [int(rows[0, 0]), 0, int(rows[1, 1])]
+    for k, v in idx.state_dict().items():
+        assert torch.equal(v, before[k]), k
+
+
+def test_admission_by_count_waits_for_min_count_sightings():
+    idx = KeyIndex(1000, min_count=3)
+    seen = torch.tensor([1, 2, 2, 3, 3, 3])
+    rows, _ = idx.admit(seen, step=1)
+    got = dict(zip(seen.tolist(), rows.tolist(), strict=True))
+    assert got[1] == 0 and got[2] == 0 and got[3] > 0  # 3 times in one batch is enough
+    assert idx.admit(torch.tensor([2]), step=2)[0].item() > 0  # its third sighting
+    assert idx.admit(torch.tensor([1]), step=3)[0].item() == 0  # its second
+    invariants(idx)
+
+
+def test_admission_by_probability_admits_that_share_and_the_same_on_a_rerun():
+    keys = torch.arange(20_000)
+    a, b = KeyIndex(50_000, probability=0.25), KeyIndex(50_000, probability=0.25)
+    ra, rb = a.admit(keys, step=7)[0], b.admit(keys, step=7)[0]
+    assert torch.equal(ra, rb)  # a hash of key and step: the same draws again
+    share = (ra > 0).float().mean().item()
+    assert abs(share - 0.25) < 4 * (0.25 * 0.75 / 20_000) ** 0.5, share
+    # refused keys get another draw at another step
+    again = a.admit(keys[ra == 0], step=8)[0]
+    assert 0.15 < (again > 0).float().mean().item() < 0.35
+
+
+@pytest.mark.parametrize("policy", ["lru", "lfu", "ttl"])
+def test_eviction_frees_the_rows_the_policy_names_and_never_this_batchs(policy):
+    idx = KeyIndex(10, policy=policy, ttl_steps=5, evict_fraction=0.0)
+    for k in range(10):  # key k first seen at step k
+        idx.admit(torch.tensor([k]), step=k)
+    for s, k in enumerate([3, 3, 3, 7], start=10):  # 3 and 7 seen again, and often
+        idx.admit(torch.tensor([k]), step=s)
+    before = invariants(idx)
+    batch = torch.tensor([0, 100, 101])  # key 0 (seen once, longest ago) is in this batch
+    rows, freed = idx.admit(batch, step=20)
+    after = invariants(idx)
+    assert len(freed) == 2 and set(rows[1:].tolist()) == set(freed.tolist())
+    assert after[0] == before[0], "a row of the batch was evicted"
+    # lru / ttl: the least recently seen; lfu: the fewest uses, the least recent of those
+    assert sorted(set(before) - set(after)) == [1, 2]
+    idx.admit(torch.tensor([3, 7]), step=21)
+    idx.admit(torch.tensor([200]), step=22)
+    assert sorted(set(after) - set(invariants(idx))) == [4]
+    if policy == "ttl":
+        expired = idx.expire(step=27)  # unseen for more than 5 steps: all but 200
+        assert sorted(invariants(idx)) == [200] and len(expired) == 9
+
+
+def test_lfu_never_evicts_this_batchs_rows_even_when_they_are_the_least_used():
+    idx = KeyIndex(4, policy="lfu", evict_fraction=0.0)
+    idx.admit(torch.tensor([1, 1, 1, 2, 2, 2, 3, 4]), step=0)  # 1 and 2 used three times
+    rows, freed = idx.admit(torch.tensor([3, 4, 5, 6]), step=1)  # 3 and 4: the least used
+    assert bool((rows > 0).all()) and sorted(invariants(idx)) == [3, 4, 5, 6]
+    assert len(freed) == 2
+
+
+def test_lfu_and_lru_differ_where_frequency_and_recency_disagree():
+    def victim(policy):
+        idx = KeyIndex(3, policy=policy, evict_fraction=0.0)
+        idx.admit(torch.tensor([1, 1, 1, 1, 2, 3]), step=0)  # 1 four times
+        idx.admit(torch.tensor([2]), step=1)
+        idx.admit(torch.tensor([3]), step=2)  # 1 is now the least recent
+        before = invariants(idx)
+        idx.admit(torch.tensor([9]), step=3)
+        return sorted(set(before) - set(invariants(idx)))
+
+    assert victim("lru") == [1] and victim("lfu") == [2]
+
+
+def test_a_random_stream_keeps_the_map_consistent_through_evictions_and_rebuilds():
+    g = np.random.default_rng(0)
+    idx = KeyIndex(500, policy="lru", evict_fraction=0.05)
+    slots = idx.mask + 1
+    for step in range(300):
+        keys = torch.from_numpy(g.zipf(1.3, 256).astype(np.int64) * 7919 - 10**6)
+        rows, freed = idx.admit(keys, step)
+        assert bool((rows > 0).all()), "a key of the batch went without a row"
+        m = invariants(idx)
+        assert [m[k] for k in keys.tolist()] == rows.tolist()
+        assert idx.used_slots <= 0.75 * slots + 256
+    assert idx.mask + 1 == slots  # rebuilt in place, never grown
+
+
+def test_state_dict_resumes_exactly():
+    g = np.random.default_rng(1)
+    stream = [torch.from_numpy(g.zipf(1.2, 300).astype(np.int64)) for _ in range(40)]
+
+    def make():
+        return KeyIndex(200, min_count=2, probability=0.8, policy="lfu", evict_fraction=0.1,
+                        sketch_width=256)
+
+    straight, first = make(), make()
+    for s, b in enumerate(stream[:20]):
+        straight.admit(b, s)
+        first.admit(b, s)
+    resumed = make()
+    resumed.load_state_dict(first.state_dict())
+    for s, b in enumerate(stream[20:], start=20):
+        ra, fa = straight.admit(b, s)
+        rb, fb = resumed.admit(b, s)
+        assert torch.equal(ra, rb) and torch.equal(fa, fb), s
+    assert invariants(straight) == invariants(resumed)
+
+
+def test_bad_options_are_named():
+    with pytest.raises(ValueError, match="capacity"):
+        KeyIndex(0)
+    with pytest.raises(ValueError, match="policy"):
+        KeyIndex(5, policy="fifo")
+    with pytest.raises(ValueError, match="ttl_steps"):
+        KeyIndex(5, policy="ttl")
+    with pytest.raises(ValueError, match="probability"):
+        KeyIndex(5, probability=0.0)
+
+
+@pytest.mark.parametrize("spread", [10, 10**12])  # many ties, few ties
+def test_the_sampled_eviction_threshold_picks_exactly_the_lowest_rows(spread):
+    idx = KeyIndex(1 << 21)  # large enough for the sampled path
+    g = torch.Generator().manual_seed(spread)
+    idx.row_stamp.copy_(torch.randint(0, spread, idx.row_stamp.shape, generator=g))
+    for n in (1, 1000, 30_000):
+        got = idx._lowest(n, step=n)
+        assert len(torch.unique(got)) == n
+        want = torch.sort(idx.row_stamp).values[:n]
+        assert torch.equal(torch.sort(idx.row_stamp[got]).values, want), n
