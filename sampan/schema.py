@@ -16,11 +16,29 @@ from sampan.errors import ConfigError
 
 
 @dataclass(frozen=True)
+class DynamicSpec:
+    """A dynamic table: no fitted vocabulary; the feature's values are 64-bit keys (0:
+    padding), and a key gets a row of the table's ``capacity`` when it is admitted (seen
+    ``min_count`` times, then with ``probability``), losing it to eviction (``policy``
+    ``lfu``, ``lru`` or ``ttl`` with ``ttl_steps``) when the table is full. Row 0 is the
+    shared default row of every key without one. See :mod:`sampan.embedding.dynamic`."""
+
+    capacity: int
+    min_count: int = 1
+    probability: float = 1.0
+    policy: str = "lfu"
+    ttl_steps: int | None = None
+    evict_fraction: float = 0.01
+
+
+@dataclass(frozen=True)
 class SparseFeatureSpec:
-    """One categorical field after encoding: ids are in ``[0, cardinality)``."""
+    """One categorical field after encoding: ids are in ``[0, cardinality)``; with
+    ``dynamic``, 64-bit keys mapped to the ``cardinality = capacity + 1`` rows."""
 
     name: str
     cardinality: int
+    dynamic: DynamicSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -59,6 +77,7 @@ class TableSpec:
     # where the table is allocated (None: torch's default device); "meta" defers it to a
     # data-parallel strategy, which materialises each process's rows (see DataSchema)
     device: str | None = None
+    dynamic: DynamicSpec | None = None  # rows = capacity + 1, keys mapped to them
 
 
 @dataclass
@@ -122,9 +141,9 @@ class DataSchema:
                 shared.setdefault(s.table, []).append(s.name)
         dev = self.table_device
         return [TableSpec(f.name, f.cardinality, dim, (f.name, *shared.get(f.name, [])),
-                          device=dev) for f in self.sparse] + \
+                          device=dev, dynamic=f.dynamic) for f in self.sparse] + \
             [TableSpec(t.name, t.cardinality, dim, (t.name, *shared.get(t.name, [])),
-                       field=False, device=dev) for t in self.own_tables]
+                       field=False, device=dev, dynamic=t.dynamic) for t in self.own_tables]
 
     def history_and_target(self, model: str, history: str | None,
                            target: str | None) -> tuple[str, int]:
@@ -161,9 +180,15 @@ class DataSchema:
     def from_json(cls, d: dict[str, Any]) -> DataSchema:
         return cls(
             dense=list(d["dense"]),
-            sparse=[SparseFeatureSpec(**s) for s in d["sparse"]],
+            sparse=[_sparse_spec(s) for s in d["sparse"]],
             labels=list(d["labels"]),
             has_group=bool(d.get("has_group", False)),
             sequences=[SequenceFeatureSpec(**s) for s in d.get("sequences", [])],
-            own_tables=[SparseFeatureSpec(**s) for s in d.get("own_tables", [])],
+            own_tables=[_sparse_spec(s) for s in d.get("own_tables", [])],
         )
+
+
+def _sparse_spec(d: dict[str, Any]) -> SparseFeatureSpec:
+    dyn = d.get("dynamic")
+    return SparseFeatureSpec(d["name"], d["cardinality"],
+                             DynamicSpec(**dyn) if dyn is not None else None)

@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sampan.embedding.dynamic import KeyIndex
+from sampan.errors import ConfigError
 from sampan.schema import TableSpec
 
 
@@ -91,6 +93,15 @@ class EmbeddingCollection(nn.Module):
     :meth:`initial_rows` then gives any rows' initial values and :meth:`materialize_`
     allocates the whole table; the data-parallel strategy (:mod:`sampan.distributed`) uses
     them to give each process only the rows it keeps.
+
+    **Dynamic tables.** A table whose spec has ``dynamic`` is looked up by 64-bit keys, not
+    ids: its :class:`~sampan.embedding.dynamic.KeyIndex` (in ``self.dynamic[name]``) maps
+    them to its rows, admitting and evicting keys in training lookups and only reading in
+    evaluation. Row 0 of such a table is the default row of every key without one (and of
+    key 0, padding); it is never updated. A row freed by eviction is drawn again from the
+    initial distribution before its new key uses it, and :meth:`pop_reset_rows` tells the
+    sparse optimizer to reset its state. The step of admission and eviction advances at
+    every :meth:`pop_lookups` (one per optimizer step).
     """
 
     def __init__(self, tables: list[TableSpec], init_std: float = 0.01,
@@ -113,6 +124,7 @@ class EmbeddingCollection(nn.Module):
         # List features (sequences, bags) read their table by name.
         self.shared_offset = {name: int(offsets[i]) for i, t in enumerate(tables)
                               for name in (t.features if not t.field else t.features[1:])}
+        self._dynamic_tables(offsets)
         self.weight = nn.Parameter(torch.empty(self.num_rows, self.dim, device=devices.pop()),
                                    requires_grad=False)
         self._init_state: torch.Tensor | None = None
@@ -125,6 +137,31 @@ class EmbeddingCollection(nn.Module):
                 self.weight[:, :zero_columns].zero_()
         self._lookups: list[tuple[Any, ...]] = []
 
+    def _dynamic_tables(self, offsets: torch.Tensor) -> None:
+        """A KeyIndex per dynamic table, and where its keys are: columns of ``ids``,
+        sequences by name."""
+        self.dynamic = nn.ModuleDict()
+        self._dynamic_at: dict[str, tuple[int, list[int], list[str]]] = {}
+        col = 0
+        for i, t in enumerate(self.tables):
+            if t.dynamic is not None:
+                d = t.dynamic
+                if t.rows != d.capacity + 1:
+                    raise ValueError(f"dynamic table {t.name!r}: {t.rows} rows, expected its "
+                                     f"capacity + 1 = {d.capacity + 1} (row 0 is the default)")
+                self.dynamic[t.name] = KeyIndex(
+                    d.capacity, min_count=d.min_count, probability=d.probability,
+                    policy=d.policy, ttl_steps=d.ttl_steps,  # type: ignore[arg-type]
+                    evict_fraction=d.evict_fraction)
+                self._dynamic_at[t.name] = (int(offsets[i]), [col] if t.field else [],
+                                            list(t.features[1:] if t.field else t.features))
+            col += int(t.field)
+        self.register_buffer("frozen_rows", torch.tensor(
+            [at for at, _, _ in self._dynamic_at.values()], dtype=torch.int64), persistent=False)
+        if self._dynamic_at:
+            self.register_buffer("dynamic_step", torch.zeros((), dtype=torch.int64))
+        self._reset: list[torch.Tensor] = []
+
     def _copy_layout(self, other: EmbeddingCollection) -> None:
         """Take ``other``'s tables, offsets and initial values (for a module that replaces
         it, e.g. one process's rows of it); the weight is the caller's to set."""
@@ -134,6 +171,11 @@ class EmbeddingCollection(nn.Module):
         self.shared_offset = other.shared_offset
         self._init_state = other._init_state
         self._lookups = []
+        if other._dynamic_at:
+            raise ConfigError(f"dynamic tables train in one process for now: "
+                              f"{sorted(other._dynamic_at)} (drop --nproc-per-node)")
+        self.dynamic, self._dynamic_at, self._reset = nn.ModuleDict(), {}, []
+        self.register_buffer("frozen_rows", other.frozen_rows, persistent=False)
 
     # ------------------------------------------------------------ deferred tables
     @property
@@ -170,6 +212,8 @@ class EmbeddingCollection(nn.Module):
         """One gather for the sparse fields and the sequences:
         ``ids [B, F]`` -> ``[B, F, D]``, each ``sequences[name] [B, L]`` -> ``[B, L, D]``."""
         b, f = ids.shape
+        if self._dynamic_at:
+            ids, sequences = self._rows_of_keys(ids, sequences)
         parts = [(ids + self.offsets).reshape(-1)]
         shapes = [(b, f)]
         for name, seq in (sequences or {}).items():
@@ -183,6 +227,55 @@ class EmbeddingCollection(nn.Module):
         chunks = out.split([p.numel() for p in parts]) if len(parts) > 1 else [out]
         views = [c.view(*shape, self.dim) for c, shape in zip(chunks, shapes, strict=True)]
         return views[0], dict(zip((sequences or {}).keys(), views[1:], strict=True))
+
+    def _rows_of_keys(self, ids: torch.Tensor, sequences: dict[str, torch.Tensor] | None
+                      ) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
+        """``ids`` and ``sequences`` with every dynamic table's keys replaced by its rows
+        (one KeyIndex call per table for its columns and sequences together)."""
+        training = self.training and torch.is_grad_enabled()
+        ids = ids.clone()
+        seqs = dict(sequences or {})
+        for name, (offset, cols, names) in self._dynamic_at.items():
+            parts = [ids[:, c] for c in cols] + [seqs[n] for n in names if n in seqs]
+            if not parts:
+                continue
+            keys = torch.cat([p.reshape(-1) for p in parts])
+            real = keys != 0  # padding reads the default row
+            rows = torch.zeros_like(keys)
+            index = self.dynamic[name]
+            if training:
+                got, freed = index.admit(keys[real], int(self.dynamic_step))
+                if len(freed):
+                    self._renew(offset + freed)
+            else:
+                got = index.find(keys[real])
+            rows[real] = got
+            chunks = iter(rows.split([p.numel() for p in parts]))
+            for c in cols:
+                ids[:, c] = next(chunks)
+            for n in names:
+                if n in seqs:
+                    seqs[n] = next(chunks).view(seqs[n].shape)
+        return ids, (seqs if sequences is not None else None)
+
+    def _renew(self, rows: torch.Tensor) -> None:
+        """Rows given to new keys: drawn again from the initial distribution, and their
+        optimizer state to be reset (see :meth:`pop_reset_rows`)."""
+        fresh = torch.empty(len(rows), self.dim, device=self.weight.device).normal_(
+            0.0, self.init_std)
+        fresh[:, : self.zero_columns] = 0.0
+        with torch.no_grad():
+            self.weight.index_copy_(0, rows, fresh.to(self.weight.dtype))
+        self._reset.append(rows)
+
+    def pop_reset_rows(self) -> torch.Tensor | None:
+        """Rows whose optimizer state must start again (freed and given to new keys)
+        since the last call."""
+        if not self._reset:
+            return None
+        rows = torch.cat(self._reset)
+        self._reset.clear()
+        return rows
 
     def _gather(self, flat: torch.Tensor) -> torch.Tensor:
         """Rows ``[N, D]`` of the global row ids ``flat``; in training, the unique rows'
@@ -204,6 +297,10 @@ class EmbeddingCollection(nn.Module):
         """The ``(unique ids, row gradients)`` of every lookup since the last call."""
         looks = [(look[0], look[1].grad) for look in self._lookups if look[1].grad is not None]
         self._lookups.clear()
+        if self._dynamic_at:  # default rows are never updated; the step moves on
+            self.dynamic_step += 1
+            keep = [~torch.isin(u, self.frozen_rows) for u, _ in looks]
+            looks = [(u[k], g[k]) for (u, g), k in zip(looks, keep, strict=True)]
         return looks
 
     def pop_lookups(self) -> tuple[torch.Tensor, torch.Tensor] | None:

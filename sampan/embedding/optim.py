@@ -35,6 +35,9 @@ class _SparseRowOptimizer(torch.optim.Optimizer):
         by_param = {id(c.weight): c for c in self.collections}
         for group in self.param_groups:
             for p in group["params"]:
+                renewed = by_param[id(p)].pop_reset_rows()  # rows that changed hands
+                if renewed is not None and self.state[p]:
+                    self._reset_rows(p, renewed, group, self.state[p])
                 looked = by_param[id(p)].pop_lookups()
                 if looked is None:
                     continue
@@ -47,6 +50,17 @@ class _SparseRowOptimizer(torch.optim.Optimizer):
                     grad = grad.add(w, alpha=group["embedding_l2"])
                 self._update(p, w, rows, grad, group, self.state[p])
                 p.index_copy_(0, rows, w)
+
+    def _reset_rows(self, p: torch.Tensor, rows: torch.Tensor, group: dict[str, Any],
+                    state: dict[str, Any]) -> None:
+        """Per-row state of ``rows`` back to its initial value (a dynamic table's row given
+        to a new key)."""
+        for v in state.values():
+            if torch.is_tensor(v) and v.dim() and v.shape[0] == p.shape[0]:
+                v.index_fill_(0, rows, self._initial_state_value(group))
+
+    def _initial_state_value(self, group: dict[str, Any]) -> float:  # noqa: ARG002
+        return 0.0
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for c in self.collections:
@@ -94,6 +108,9 @@ class SparseAdagrad(_SparseRowOptimizer):
                  embedding_l2: float = 0.0):
         super().__init__(collections, {"lr": lr, "eps": eps, "embedding_l2": embedding_l2,
                                        "initial_accumulator_value": initial_accumulator_value})
+
+    def _initial_state_value(self, group: dict[str, Any]) -> float:
+        return group["initial_accumulator_value"]
 
     def _update(self, p, w, rows, grad, group, state):  # type: ignore[no-untyped-def]
         if not state:
