@@ -16,13 +16,51 @@ from sampan.config.base import _Strict
 
 
 # ------------------------------------------------------------------------------- features
+class DynamicAdmit(_Strict):
+    """When a new key gets a row: after ``min_count`` sightings, then with ``probability``."""
+
+    min_count: int = Field(1, ge=1, description="sightings before a key gets a row (counted "
+                           "in a fixed-size sketch, so old counts fade)")
+    probability: float = Field(1.0, gt=0.0, le=1.0, description="chance a key that passed "
+                               "min_count gets its row at a sighting")
+
+
+class DynamicEvict(_Strict):
+    """Which rows give way when the table is full."""
+
+    policy: Literal["lfu", "lru", "ttl"] = Field(
+        "lfu", description="lfu: the fewest uses (then the least recent); lru: the least "
+        "recently seen; ttl: rows unseen for ttl_steps first, then the least recent")
+    ttl_steps: int | None = Field(None, ge=1, description="ttl: training steps a row may go "
+                                  "unseen")
+    fraction: float = Field(0.01, gt=0.0, le=0.5, description="share of the capacity freed "
+                            "at a time when the table is full")
+
+    @model_validator(mode="after")
+    def _ttl_needs_steps(self) -> DynamicEvict:
+        if self.policy == "ttl" and self.ttl_steps is None:
+            raise ValueError("evict.policy ttl needs evict.ttl_steps")
+        return self
+
+
+class DynamicTable(_Strict):
+    """A dynamic embedding table: no vocabulary is fitted; each value becomes a stable 64-bit
+    key, and a key gets a row of its own among ``capacity`` when it is admitted, losing it
+    to eviction when the table is full. Keys without a row share one default row."""
+
+    capacity: int = Field(..., ge=1, description="rows for keys (plus one default row)")
+    admit: DynamicAdmit = Field(default_factory=DynamicAdmit)
+    evict: DynamicEvict = Field(default_factory=DynamicEvict)
+
+
 class CategoricalFeature(_Strict):
     """A categorical column mapped to ids of the fused embedding table.
 
     Ids: 0 is reserved (padding), 1 is the shared OOV id, vocabulary ids follow. Values seen
     fewer than ``min_count`` times in the train split, or beyond ``max_size``, are OOV. With
     ``hash_buckets > 0`` OOV values are spread over that many buckets by a stable hash instead
-    of sharing one id; with ``vocab: false`` every value is hashed.
+    of sharing one id; with ``vocab: false`` every value is hashed. With ``dynamic`` nothing
+    is fitted: the table admits and evicts values while it trains (see :class:`DynamicTable`).
     """
 
     name: str
@@ -40,9 +78,23 @@ class CategoricalFeature(_Strict):
     cross: list[str] | None = Field(
         None, description="columns whose values are crossed: the feature is a stable hash of "
         "the joined values into hash_buckets ids")
+    dynamic: DynamicTable | None = Field(
+        None, description="a dynamic table instead of a fitted vocabulary: {capacity: N, "
+        "admit: {min_count, probability}, evict: {policy, ttl_steps, fraction}}")
 
     @model_validator(mode="after")
     def _hash_or_vocab(self) -> CategoricalFeature:
+        if self.dynamic is not None:
+            fitted = [k for k, off in (("min_count", self.min_count == 1),
+                                       ("max_size", self.max_size is None),
+                                       ("hash_buckets", self.hash_buckets == 0),
+                                       ("vocab", self.vocab), ("cross", self.cross is None),
+                                       ("bucketize", self.bucketize == "none")) if not off]
+            if fitted:
+                hint = " (the admission count is dynamic.admit.min_count)" \
+                    if "min_count" in fitted else ""
+                raise ValueError(f"feature {self.name!r}: dynamic tables fit no vocabulary, "
+                                 f"so {', '.join(fitted)} cannot be set with dynamic{hint}")
         if self.cross is not None:
             if len(self.cross) < 2:
                 raise ValueError(f"feature {self.name!r}: cross needs two or more columns")
@@ -136,6 +188,15 @@ PACKAGE_FEATURE_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
+def _defaults_for(defaults: dict[str, Any], item: dict[str, Any]) -> dict[str, Any]:
+    """The defaults an entry takes: a dynamic table fits no vocabulary, so it takes none of
+    the vocabulary's (min_count, max_size, hash_buckets, vocab)."""
+    if item.get("dynamic") is None:
+        return defaults
+    return {k: v for k, v in defaults.items()
+            if k not in ("min_count", "max_size", "hash_buckets", "vocab")}
+
+
 class FeaturesConfig(_Strict):
     """Which columns are features and how they are encoded.
 
@@ -180,7 +241,7 @@ class FeaturesConfig(_Strict):
             if isinstance(items, list):
                 data[kind] = [
                     {**defaults, "name": it} if isinstance(it, str)
-                    else ({**defaults, **it} if isinstance(it, dict) else it)
+                    else ({**_defaults_for(defaults, it), **it} if isinstance(it, dict) else it)
                     for it in items
                 ]
         return data

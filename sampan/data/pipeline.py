@@ -36,7 +36,7 @@ from sampan.data.hashing import stable_hash
 from sampan.data.lists import ListEncoder
 from sampan.data.sources import ColumnRoles, DataError
 from sampan.data.transforms import CategoricalEncoder, NotFittedError, NumericEncoder
-from sampan.schema import DataSchema, SequenceFeatureSpec, SparseFeatureSpec
+from sampan.schema import DataSchema, DynamicSpec, SequenceFeatureSpec, SparseFeatureSpec
 
 PIPELINE_FILE = "pipeline.json"
 FORMAT_VERSION = 1
@@ -136,7 +136,11 @@ class FeaturePipeline:
         out: list[dict[str, Any]] = []
         for e in self.categorical:
             sp = e.spec
-            if sp.cross:
+            if sp.dynamic is not None:
+                d = sp.dynamic
+                how = (f"dynamic: keys to {d.capacity:,} rows, admitted at "
+                       f"{d.admit.min_count} sighting(s), evicted by {d.evict.policy}")
+            elif sp.cross:
                 how = f"cross of {'+'.join(sp.cross)}, hashed into {sp.hash_buckets:,}"
             elif sp.bucketize != "none":
                 how = f"{sp.buckets} quantile buckets" if sp.bucketize == "quantile" \
@@ -147,7 +151,7 @@ class FeaturePipeline:
                 how = f"vocab, min_count {sp.min_count}" + (
                     f", max_size {sp.max_size:,}" if sp.max_size else "") + (
                     f", OOV hashed into {sp.hash_buckets:,}" if sp.hash_buckets else "")
-            vocab = sp.vocab and sp.bucketize == "none" and not sp.cross
+            vocab = sp.vocab and sp.bucketize == "none" and not sp.cross and not sp.dynamic
             out.append({"feature": sp.name, "kind": "categorical", "min_count": sp.min_count,
                         "transform": how, "ids": e.cardinality,
                         "oov_share": round(e.oov_count_ / rows, 4) if vocab else None})
@@ -225,7 +229,8 @@ class FeaturePipeline:
     def schema(self) -> DataSchema:
         return DataSchema(
             dense=[e.spec.name for e in self.numeric],
-            sparse=[SparseFeatureSpec(e.spec.name, e.cardinality) for e in self.categorical],
+            sparse=[SparseFeatureSpec(e.spec.name, e.cardinality, dynamic_spec(e.spec))
+                    for e in self.categorical],
             labels=self.features.labels,
             has_group=self.features.group is not None,
             sequences=[SequenceFeatureSpec(e.spec.name, e.spec.max_len, e.spec.share or e.spec.name,
@@ -285,3 +290,12 @@ def _col(table: pa.Table, name: str) -> pa.Array:
     if name not in table.column_names:
         raise DataError(f"column {name!r} is missing; available: {table.column_names}")
     return table.column(name).combine_chunks()
+
+
+def dynamic_spec(spec: Any) -> DynamicSpec | None:
+    """The schema's description of a categorical feature's dynamic table, if it has one."""
+    d = spec.dynamic
+    if d is None:
+        return None
+    return DynamicSpec(d.capacity, d.admit.min_count, d.admit.probability, d.evict.policy,
+                       d.evict.ttl_steps, d.evict.fraction)

@@ -70,7 +70,7 @@ class CategoricalEncoder:
             self._sample.add(pc.drop_null(values.cast(pa.float64())).to_numpy(
                 zero_copy_only=False))
             return
-        if not self.spec.vocab:
+        if not self.spec.vocab or self.spec.dynamic is not None:
             return
         vc = pc.value_counts(pc.fill_null(self._prepare(values), ""))
         self._parts.append(pa.table({"v": vc.field("values"), "c": vc.field("counts")}))
@@ -94,7 +94,7 @@ class CategoricalEncoder:
             qs = np.quantile(x, np.arange(1, self.spec.buckets) / self.spec.buckets) \
                 if len(x) else np.array([])
             self.boundaries_ = np.unique(qs)
-        if not self.spec.vocab or self._sample is not None:
+        if not self.spec.vocab or self._sample is not None or self.spec.dynamic is not None:
             self.vocab_ = pa.array([], pa.string())
             self.counts_ = np.array([], dtype=np.int64)
             self.oov_count_ = 0
@@ -126,6 +126,8 @@ class CategoricalEncoder:
         self._check()
         if self.boundaries_ is not None:  # missing + len(boundaries) + 1 buckets
             return FIRST_VOCAB_ID + len(self.boundaries_) + 2
+        if self.spec.dynamic is not None:  # the default row, then the capacity
+            return self.spec.dynamic.capacity + 1
         return FIRST_VOCAB_ID + len(self.vocab_) + self.spec.hash_buckets
 
     def _check(self) -> None:
@@ -143,6 +145,10 @@ class CategoricalEncoder:
             ids[missing] = FIRST_VOCAB_ID
             return ids.astype(np.int64)
         values = pc.fill_null(self._prepare(values), "")
+        if self.spec.dynamic is not None:  # stable 64-bit keys; 0 is padding, never a key
+            keys = stable_hash(values, seed=0).view(np.int64)
+            keys[keys == 0] = 1
+            return keys
         if len(self.vocab_):
             ids = self.index.positions(values)
             known = ids >= 0

@@ -319,3 +319,9 @@ class EmbeddingCollection(nn.Module):
 
     def extra_repr(self) -> str:
         return f"features={len(self.tables)}, rows={self.num_rows}, dim={self.dim}"
+
+
+def dynamic_tables(model: nn.Module) -> list[str]:
+    """Names of the dynamic tables of every collection in ``model``."""
+    return sorted(name for m in model.modules() if isinstance(m, EmbeddingCollection)
+                  for name in m.dynamic)

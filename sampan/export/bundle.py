@@ -24,6 +24,7 @@ from sampan.bundle import (  # noqa: F401  (Bundle and the digests: importable f
     manifest_digest,
     sha256,
 )
+from sampan.embedding.collection import dynamic_tables
 from sampan.errors import BundleError, ConfigError, ExistingPathError, ExportError
 
 
@@ -61,6 +62,10 @@ def export_run(run_dir: str | Path, out: str | Path, fmt: str = "onnx",
             raise ExistingPathError(f"{out} exists and is not a Sampan bundle; not touching it")
     art = RunArtifacts(run_dir)
     model = art.model.eval().cpu()
+    if dynamic := dynamic_tables(model):
+        raise ExportError(f"{run_dir}: the model has dynamic tables ({', '.join(dynamic)}), "
+                          "which cannot be exported yet; use sampan eval / predict on the "
+                          "run, or a fitted vocabulary for a model to serve")
     schema = art.store.schema
     split = next(s for s in ("test", "valid", "train") if art.store.split(s) is not None)
     data = art.store.split(split)

@@ -49,6 +49,12 @@ def copy_first_order(source: FeatureEmbedding, target: FeatureEmbedding) -> None
     elif src.shape[0] != dst.shape[0]:
         raise RuntimeError("first-order warm start: the LR's table is row-sharded and the "
                            "model's is not")
+    # dynamic tables: the model takes the LR's keys -> rows (and its step), so that the
+    # rows copied are the same keys'
+    for name, index in table.dynamic.items():
+        index.load_state_dict(src_table.dynamic[name].state_dict())
+    if table.dynamic:
+        table.dynamic_step.copy_(src_table.dynamic_step)
     with torch.no_grad():
         dst[:, : target.tasks].copy_(src[:, : source.tasks])
         target.bias.copy_(source.bias)

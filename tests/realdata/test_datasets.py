@@ -82,6 +82,11 @@ def test_taobao_din_trains_on_built_samples(shared_data, tmp_path):
     results = run_experiment(cfg, run_dir=tmp_path / "run")
     assert results["test"]["gauc_groups"] > 0
     assert results["test"]["auc"] > 0.6
+    # the same with dynamic tables: rows given while it trains, histories sharing them
+    dyn = load_config(ROOT / "configs" / "taobao_din_dynamic.yaml", overrides=[
+        f"data.train={out}", f"output_dir={tmp_path}", *FAST])
+    assert dyn.features.categorical[1].dynamic.admit.min_count == 2
+    assert run_experiment(dyn, run_dir=tmp_path / "dynamic")["test"]["auc"] > 0.6
 
 
 def test_amazon_s3rec_sequences(shared_data, tmp_path):
