@@ -53,6 +53,8 @@ class CategoricalEncoder:
         self.oov_count_: int | None = None
         self.boundaries_: np.ndarray | None = None  # bucketize: quantile
         self._sample = Reservoir(seed=0) if spec.bucketize == "quantile" else None
+        # a dynamic feature in an export bundle: its table's keys -> rows, frozen (sorted)
+        self.frozen_: tuple[np.ndarray, np.ndarray] | None = None
 
     def _prepare(self, values: pa.Array) -> pa.Array:
         if self.spec.bucketize == "log_squared":
@@ -148,7 +150,7 @@ class CategoricalEncoder:
         if self.spec.dynamic is not None:  # stable 64-bit keys; 0 is padding, never a key
             keys = stable_hash(values, seed=0).view(np.int64)
             keys[keys == 0] = 1
-            return keys
+            return keys if self.frozen_ is None else self._frozen_rows(keys)
         if len(self.vocab_):
             ids = self.index.positions(values)
             known = ids >= 0
@@ -165,6 +167,14 @@ class CategoricalEncoder:
         else:
             ids[~known] = OOV_ID
         return ids
+
+    def _frozen_rows(self, keys: np.ndarray) -> np.ndarray:
+        """Rows of ``keys`` in the frozen map; -1 for keys without one (the graph reads the
+        default row for them, and they are not padding, which stays 0)."""
+        fk, fr = self.frozen_  # type: ignore[misc]
+        pos = np.minimum(np.searchsorted(fk, keys), max(len(fk) - 1, 0))
+        hit = (fk[pos] == keys) if len(fk) else np.zeros(len(keys), dtype=bool)
+        return np.where(hit, fr[pos] if len(fr) else 0, -1).astype(np.int64)
 
     def state(self, directory: Path) -> dict[str, Any]:
         """Fitted state as JSON; the vocabulary goes to ``vocab_<name>.offsets.npy`` and
@@ -194,6 +204,9 @@ class CategoricalEncoder:
         enc.oov_count_ = d["oov_count"]
         if d.get("boundaries") is not None:
             enc.boundaries_ = np.asarray(d["boundaries"], dtype=np.float64)
+        if d.get("frozen_map") is not None:
+            enc.frozen_ = (np.load(directory / f"{d['frozen_map']}.keys.npy", allow_pickle=False),
+                           np.load(directory / f"{d['frozen_map']}.rows.npy", allow_pickle=False))
         return enc
 
 

@@ -161,6 +161,19 @@ class EmbeddingCollection(nn.Module):
         if self._dynamic_at:
             self.register_buffer("dynamic_step", torch.zeros((), dtype=torch.int64))
         self._reset: list[torch.Tensor] = []
+        # an exported graph takes rows: the served pipeline maps keys through a frozen map
+        self.keys_are_rows = False
+
+    def frozen_maps(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """Each dynamic table's live ``(keys, rows)``, sorted by key: the map an export
+        freezes into the bundle's feature pipeline."""
+        out = {}
+        for name, index in self.dynamic.items():
+            rows = index.live.nonzero().squeeze(1)
+            keys = index.row_key[rows]
+            order = torch.argsort(keys)
+            out[name] = (keys[order].cpu(), rows[order].cpu())
+        return out
 
     def _copy_layout(self, other: EmbeddingCollection) -> None:
         """Take ``other``'s tables, offsets and initial values (for a module that replaces
@@ -175,6 +188,7 @@ class EmbeddingCollection(nn.Module):
             raise ConfigError(f"dynamic tables train in one process for now: "
                               f"{sorted(other._dynamic_at)} (drop --nproc-per-node)")
         self.dynamic, self._dynamic_at, self._reset = nn.ModuleDict(), {}, []
+        self.keys_are_rows = False
         self.register_buffer("frozen_rows", other.frozen_rows, persistent=False)
 
     # ------------------------------------------------------------ deferred tables
@@ -213,7 +227,13 @@ class EmbeddingCollection(nn.Module):
         ``ids [B, F]`` -> ``[B, F, D]``, each ``sequences[name] [B, L]`` -> ``[B, L, D]``."""
         b, f = ids.shape
         if self._dynamic_at:
-            ids, sequences = self._rows_of_keys(ids, sequences)
+            if not self.keys_are_rows:
+                ids, sequences = self.rows_of_keys(ids, sequences)
+            # -1: a key without a row, which reads the default row (0 stays padding for
+            # the model's masks, which read the batch, not these rows)
+            ids = ids.clamp_min(0)
+            sequences = {n: s.clamp_min(0) for n, s in sequences.items()} \
+                if sequences else sequences
         parts = [(ids + self.offsets).reshape(-1)]
         shapes = [(b, f)]
         for name, seq in (sequences or {}).items():
@@ -228,10 +248,12 @@ class EmbeddingCollection(nn.Module):
         views = [c.view(*shape, self.dim) for c, shape in zip(chunks, shapes, strict=True)]
         return views[0], dict(zip((sequences or {}).keys(), views[1:], strict=True))
 
-    def _rows_of_keys(self, ids: torch.Tensor, sequences: dict[str, torch.Tensor] | None
-                      ) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
+    def rows_of_keys(self, ids: torch.Tensor, sequences: dict[str, torch.Tensor] | None
+                     ) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
         """``ids`` and ``sequences`` with every dynamic table's keys replaced by its rows
-        (one KeyIndex call per table for its columns and sequences together)."""
+        (one KeyIndex call per table for its columns and sequences together; admitting in
+        training, reading otherwise): 0 stays 0 (padding), a key without a row becomes -1
+        (it reads the default row, but is not padding), as the served pipeline gives them."""
         training = self.training and torch.is_grad_enabled()
         ids = ids.clone()
         seqs = dict(sequences or {})
@@ -249,7 +271,7 @@ class EmbeddingCollection(nn.Module):
                     self._renew(offset + freed)
             else:
                 got = index.find(keys[real])
-            rows[real] = got
+            rows[real] = torch.where(got > 0, got, -1)
             chunks = iter(rows.split([p.numel() for p in parts]))
             for c in cols:
                 ids[:, c] = next(chunks)

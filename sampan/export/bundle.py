@@ -5,6 +5,7 @@ the export is checked against PyTorch on the run's own rows before anything is w
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import platform
@@ -24,7 +25,8 @@ from sampan.bundle import (  # noqa: F401  (Bundle and the digests: importable f
     manifest_digest,
     sha256,
 )
-from sampan.embedding.collection import dynamic_tables
+from sampan.data.pipeline import PIPELINE_FILE
+from sampan.embedding.collection import EmbeddingCollection, dynamic_tables
 from sampan.errors import BundleError, ConfigError, ExistingPathError, ExportError
 
 
@@ -62,20 +64,21 @@ def export_run(run_dir: str | Path, out: str | Path, fmt: str = "onnx",
             raise ExistingPathError(f"{out} exists and is not a Sampan bundle; not touching it")
     art = RunArtifacts(run_dir)
     model = art.model.eval().cpu()
-    if dynamic := dynamic_tables(model):
-        raise ExportError(f"{run_dir}: the model has dynamic tables ({', '.join(dynamic)}), "
-                          "which cannot be exported yet; use sampan eval / predict on the "
-                          "run, or a fitted vocabulary for a model to serve")
+    if (dynamic := dynamic_tables(model)) and getattr(model, "task", "binary") == "retrieval":
+        raise ExportError(f"{run_dir}: a retrieval model with dynamic tables "
+                          f"({', '.join(dynamic)}) cannot be exported yet (its item index "
+                          "is built from a fitted vocabulary)")
     schema = art.store.schema
     split = next(s for s in ("test", "valid", "train") if art.store.split(s) is not None)
     data = art.store.split(split)
     example = next(iter(BatchLoader(data.take(np.arange(min(parity_rows, len(data)))),
                                     batch_size=parity_rows, shuffle="none", prefetch=0)))
+    example, frozen = _freeze_dynamic(model, example)
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        _write_bundle(art, model, schema, example, split, fmt, run_dir, tmp)
+        _write_bundle(art, model, schema, example, split, fmt, run_dir, tmp, frozen)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)  # nothing half-written is left
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -93,8 +96,38 @@ def export_run(run_dir: str | Path, out: str | Path, fmt: str = "onnx",
     return out
 
 
+def _freeze_dynamic(model: Any, example: Any) -> tuple[Any, dict[str, Any]]:
+    """A model with dynamic tables is exported taking rows, not keys: each table's key ->
+    row map is frozen (to go into the bundle's feature pipeline, which then maps raw values
+    to rows), the graph's collections stop mapping, and the parity rows are mapped once
+    here. Returns the mapped example and the maps by feature."""
+    frozen: dict[str, Any] = {}
+    sparse, seqs = example.sparse, example.sequences
+    for c in (m for m in model.modules() if isinstance(m, EmbeddingCollection) and m.dynamic):
+        with torch.no_grad():
+            sparse, seqs = c.eval().rows_of_keys(sparse, seqs)
+        frozen.update(c.frozen_maps())
+        c.keys_are_rows = True
+    return dataclasses.replace(example, sparse=sparse, sequences=seqs), frozen
+
+
+def _write_frozen_maps(frozen: dict[str, Any], pipeline_dir: Path) -> None:
+    """Each dynamic feature's frozen map as ``dynamic_<name>.keys.npy`` / ``.rows.npy``,
+    named in the pipeline state, so the served pipeline maps its keys to rows."""
+    state_path = pipeline_dir / PIPELINE_FILE
+    state = json.loads(state_path.read_text())
+    for entry in state["categorical"]:
+        name = entry["spec"]["name"]
+        if name in frozen:
+            keys, rows = frozen[name]
+            np.save(pipeline_dir / f"dynamic_{name}.keys.npy", keys.numpy(), allow_pickle=False)
+            np.save(pipeline_dir / f"dynamic_{name}.rows.npy", rows.numpy(), allow_pickle=False)
+            entry["frozen_map"] = f"dynamic_{name}"
+    state_path.write_text(json.dumps(state, indent=1))
+
+
 def _write_bundle(art: Any, model: Any, schema: Any, example: Any, split: str, fmt: str,
-                  run_dir: str | Path, tmp: Path) -> None:
+                  run_dir: str | Path, tmp: Path, frozen: dict[str, Any]) -> None:
     from sampan.export import graph
 
     model_path = tmp / MODEL_FILES[fmt]
@@ -105,6 +138,8 @@ def _write_bundle(art: Any, model: Any, schema: Any, example: Any, split: str, f
             graph.to_torchscript(model, schema, example, model_path)
         want = graph.ScoringGraph(model, schema).eval()(*graph.example_inputs(example, schema))
     shutil.copytree(art.run / "data" / "pipeline", tmp / "pipeline")
+    if frozen:
+        _write_frozen_maps(frozen, tmp / "pipeline")
     retrieval = None
     if getattr(model, "task", "binary") == "retrieval":
         retrieval = _export_retrieval(art, model, schema, example, tmp)

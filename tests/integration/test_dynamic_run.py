@@ -1,11 +1,14 @@
 """A run whose categorical features are dynamic tables (`dynamic:` in the config): no
-vocabulary is fitted, it trains and evaluates like a fitted one, the first-order warm start
-hands its keys over, a resumed run continues exactly through admissions and evictions, and
-export says it cannot take such a model yet."""
+vocabulary is fitted, it trains and evaluates like a fitted one, exports with its key -> row
+maps frozen into the bundle (served scores equal `sampan predict`'s), the first-order warm
+start hands its keys over, and a resumed run continues exactly through admissions and
+evictions."""
 
 import copy
 import json
 
+import numpy as np
+import pyarrow as pa
 import pytest
 
 from sampan.config import ConfigError, load_config
@@ -26,10 +29,14 @@ def dynamic_config(tmp_path, capacity, rows=4000, **train):
     return raw
 
 
-def test_a_dynamic_run_trains_evaluates_and_export_refuses_it(tmp_path):
+def test_a_dynamic_run_trains_evaluates_exports_and_serves(tmp_path):
+    import pyarrow.parquet as pq
+
     from sampan import Experiment
-    from sampan.errors import ExportError
+    from sampan.config import SyntheticConfig
+    from sampan.data.synthetic import iter_synthetic
     from sampan.export import export_run
+    from sampan.serving import Predictor
 
     cfg = load_config(raw=dynamic_config(tmp_path, capacity=4000))
     assert cfg.features.categorical[0].dynamic.capacity == 4000
@@ -41,8 +48,24 @@ def test_a_dynamic_run_trains_evaluates_and_export_refuses_it(tmp_path):
     assert c1["ids"] == 4001 and c1["transform"].startswith("dynamic")
     again = Experiment.open(tmp_path / "run").evaluate("test")  # keys -> rows from the save
     assert again["auc"] == pytest.approx(results["test"]["auc"], abs=1e-9)
-    with pytest.raises(ExportError, match="dynamic tables"):
-        export_run(tmp_path / "run", tmp_path / "bundle")
+    # exported: the bundle's pipeline maps raw values to rows through the frozen maps, and
+    # the served scores equal sampan predict's (which maps through the model's own tables)
+    bundle = export_run(tmp_path / "run", tmp_path / "bundle")
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert manifest["parity"]["max_abs_diff"] < 1e-5
+    assert (bundle / "pipeline" / "dynamic_C1.keys.npy").exists()
+    raw = tmp_path / "raw.parquet"
+    table = next(iter_synthetic(SyntheticConfig(rows=300, seed=7)))
+    pq.write_table(table, raw)
+    want = Experiment.open(tmp_path / "run").predict(str(raw))
+    records = [{k: v for k, v in r.items() if k not in ("label", "oracle_p")}
+               for r in table.to_pylist()]
+    served = Predictor(bundle).predict(records)
+    assert np.abs(served - want).max() < 1e-5
+    # keys the table never admitted: -1, which the graph reads as the default row (and
+    # models do not take for padding, which is 0), as in training
+    enc = next(e for e in Predictor(bundle).pipeline.categorical if e.spec.name == "C1")
+    assert enc.transform(pa.array(["never-seen-value"])).tolist() == [-1]
 
 
 def test_the_warm_start_hands_its_keys_to_the_model(tmp_path):

@@ -87,6 +87,22 @@ def test_taobao_din_trains_on_built_samples(shared_data, tmp_path):
         f"data.train={out}", f"output_dir={tmp_path}", *FAST])
     assert dyn.features.categorical[1].dynamic.admit.min_count == 2
     assert run_experiment(dyn, run_dir=tmp_path / "dynamic")["test"]["auc"] > 0.6
+    # exported with its frozen key -> row maps, histories included: served = predicted
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from sampan import Experiment
+    from sampan.export import export_run
+    from sampan.serving import Predictor
+
+    bundle = export_run(tmp_path / "dynamic", tmp_path / "bundle")
+    part = pq.read_table(out).slice(150_000, 1000)
+    pq.write_table(part, tmp_path / "part.parquet")
+    want = Experiment.open(tmp_path / "dynamic").predict(str(tmp_path / "part.parquet"))
+    served = Predictor(bundle)
+    got = served.predict([{k: v for k, v in r.items() if k in served.columns}
+                          for r in part.to_pylist()])
+    assert np.abs(got - want).max() < 1e-5
 
 
 def test_amazon_s3rec_sequences(shared_data, tmp_path):
