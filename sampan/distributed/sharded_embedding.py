@@ -27,6 +27,8 @@ from torch import nn
 
 from sampan.distributed.collectives import all_gather_rows
 from sampan.embedding.collection import EmbeddingCollection, merge_rows
+from sampan.embedding.dynamic import KeyIndex
+from sampan.errors import ConfigError
 
 
 def shard_bounds(rows: int, world: int) -> list[int]:
@@ -73,13 +75,19 @@ def return_grads(grads: torch.Tensor, route: _Route) -> tuple[torch.Tensor, torc
 
 class ReplicatedCollection(EmbeddingCollection):
     """The whole table on every process: the row gradients of all processes are merged
-    before the sparse update, so every replica takes the same one."""
+    before the sparse update, so every replica takes the same one. A dynamic table admits
+    the keys of the whole global batch (gathered, in rank order) on every process, so every
+    replica's key -> row map stays the same too."""
 
     def __init__(self, plain: EmbeddingCollection):
         nn.Module.__init__(self)
         self._copy_layout(plain)
         self.weight = plain.weight if not plain.deferred else nn.Parameter(
             plain.initial_rows(), requires_grad=False)
+
+    def _admit(self, index: KeyIndex, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        _, freed = index.admit(all_gather_rows(keys), int(self.dynamic_step))
+        return index.find(keys), freed
 
     def pop_lookups(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Every process's ``(row ids, gradients)`` merged: the same on every process (a
@@ -99,6 +107,10 @@ class RowShardedCollection(EmbeddingCollection):
     def __init__(self, plain: EmbeddingCollection, rank: int, world: int):
         nn.Module.__init__(self)
         self._copy_layout(plain)
+        if plain.dynamic:
+            raise ConfigError(f"dynamic tables are replicated in a distributed run for now, "
+                              f"not row-sharded: {sorted(plain.dynamic)} (set "
+                              "train.embedding_placement: replicated, or auto)")
         self.rank, self.world = rank, world
         self.bounds = shard_bounds(self.num_rows, world)
         self.lo, self.hi = self.bounds[rank], self.bounds[rank + 1]
@@ -141,13 +153,18 @@ def distribute_embeddings(model: nn.Module, shard: Callable[[int], bool], rank: 
     """Replace every plain :class:`EmbeddingCollection` of ``model`` (in place; a
     collection given as the model is returned replaced) with a
     :class:`RowShardedCollection` where ``shard(weight bytes)`` is true, else a
-    :class:`ReplicatedCollection`. Call before building optimizers."""
+    :class:`ReplicatedCollection` (always, for one with dynamic tables, unless ``shard(0)``
+    asks to shard every table). Call before building optimizers."""
     done: dict[int, EmbeddingCollection] = {}
 
     def replaced(c: EmbeddingCollection) -> EmbeddingCollection:
         if id(c) not in done:
             nbytes = c.num_rows * c.dim * c.weight.element_size()
-            done[id(c)] = RowShardedCollection(c, rank, world) if shard(nbytes) else \
+            # a collection with dynamic tables replicates, whatever its size, unless every
+            # table is to be sharded (shard(0): embedding_placement row_sharded), which
+            # RowShardedCollection refuses for them
+            wanted = shard(0) if c.dynamic else shard(nbytes)
+            done[id(c)] = RowShardedCollection(c, rank, world) if wanted else \
                 ReplicatedCollection(c)
         return done[id(c)]
 

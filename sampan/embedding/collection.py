@@ -23,7 +23,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from sampan.embedding.dynamic import KeyIndex
-from sampan.errors import ConfigError
 from sampan.schema import TableSpec
 
 
@@ -184,12 +183,11 @@ class EmbeddingCollection(nn.Module):
         self.shared_offset = other.shared_offset
         self._init_state = other._init_state
         self._lookups = []
-        if other._dynamic_at:
-            raise ConfigError(f"dynamic tables train in one process for now: "
-                              f"{sorted(other._dynamic_at)} (drop --nproc-per-node)")
-        self.dynamic, self._dynamic_at, self._reset = nn.ModuleDict(), {}, []
-        self.keys_are_rows = False
+        self.dynamic, self._dynamic_at = other.dynamic, other._dynamic_at
+        self._reset, self.keys_are_rows = [], False
         self.register_buffer("frozen_rows", other.frozen_rows, persistent=False)
+        if other._dynamic_at:
+            self.register_buffer("dynamic_step", other.dynamic_step)
 
     # ------------------------------------------------------------ deferred tables
     @property
@@ -266,7 +264,7 @@ class EmbeddingCollection(nn.Module):
             rows = torch.zeros_like(keys)
             index = self.dynamic[name]
             if training:
-                got, freed = index.admit(keys[real], int(self.dynamic_step))
+                got, freed = self._admit(index, keys[real])
                 if len(freed):
                     self._renew(offset + freed)
             else:
@@ -280,11 +278,17 @@ class EmbeddingCollection(nn.Module):
                     seqs[n] = next(chunks).view(seqs[n].shape)
         return ids, (seqs if sequences is not None else None)
 
+    def _admit(self, index: KeyIndex, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The training lookup of ``keys`` in a dynamic table: rows and rows freed."""
+        return index.admit(keys, int(self.dynamic_step))
+
     def _renew(self, rows: torch.Tensor) -> None:
         """Rows given to new keys: drawn again from the initial distribution, and their
-        optimizer state to be reset (see :meth:`pop_reset_rows`)."""
-        fresh = torch.empty(len(rows), self.dim, device=self.weight.device).normal_(
-            0.0, self.init_std)
+        optimizer state to be reset (see :meth:`pop_reset_rows`). The draw depends only on
+        the step and the rows (every process of a data-parallel run draws the same)."""
+        gen = torch.Generator().manual_seed(int(self.dynamic_step) * 1_000_003 + int(rows[0]))
+        fresh = torch.empty(len(rows), self.dim).normal_(0.0, self.init_std, generator=gen)
+        fresh = fresh.to(self.weight.device)
         fresh[:, : self.zero_columns] = 0.0
         with torch.no_grad():
             self.weight.index_copy_(0, rows, fresh.to(self.weight.dtype))

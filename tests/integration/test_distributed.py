@@ -373,3 +373,58 @@ def test_killed_two_process_run_resumes(tmp_path, placement, resume_procs):
         for k in ("auc", "logloss"):
             assert got[split][k] == pytest.approx(
                 want[split][k], abs=1e-6 if resume_procs == 2 else 2e-3), (split, k)
+
+
+# ------------------------------------------------------------------ dynamic tables
+def dynamic_steps(batches, weight_of, out=None):
+    """Three SparseAdam steps of a collection with a dynamic table of 6 rows (full from the
+    second step, evicting after) on ``batches``; the table and its map afterwards."""
+    from sampan import distributed
+    from sampan.embedding import EmbeddingCollection, SparseAdam
+    from sampan.schema import DynamicSpec, TableSpec
+
+    torch.manual_seed(0)
+    coll = EmbeddingCollection([TableSpec("a", 5, 4, ("a",)), TableSpec(
+        "k", 7, 4, ("k",), dynamic=DynamicSpec(6, policy="lru", evict_fraction=0.0))], 0.3)
+    coll = distributed.strategy_for().parallelize(coll)
+    opt = SparseAdam([coll], lr=0.1)
+    for ids in batches:
+        ((coll(ids).sum(-1) - 1.0).square().sum() * weight_of(ids)).backward()
+        opt.step()
+    index = coll.dynamic["k"]
+    return {"weight": coll.weight.detach().clone(), "keys": index.row_key.clone(),
+            "stamps": index.row_stamp.clone()}
+
+
+def dynamic_batches():
+    g = torch.Generator().manual_seed(5)
+    return [torch.stack([torch.randint(0, 5, (10,), generator=g),
+                         torch.randint(1, 12, (10,), generator=g) * 1_000_003], 1)
+            for _ in range(3)]
+
+
+def dynamic_worker(rank, port, out):
+    from sampan import distributed
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE="2", LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    distributed.init_from_env("cpu")
+    try:
+        mine = [b[rank * 5: (rank + 1) * 5] for b in dynamic_batches()]
+        torch.save(dynamic_steps(mine, lambda ids: 1.0 / 10), out / f"dyn{rank}.pt")
+    finally:
+        distributed.shutdown()
+
+
+def test_two_ranks_train_a_dynamic_table_like_one_process(tmp_path):
+    """Each rank admits the keys of the whole global batch, in rank order, so the maps stay
+    equal; row gradients merge as for any replicated table; evicted rows are drawn again
+    alike on every rank: both ranks end where one process on the global batch ends."""
+    spawn_ranks(dynamic_worker, free_port(), tmp_path)
+    one = dynamic_steps(dynamic_batches(), lambda ids: 1.0 / 10)
+    for r in range(2):
+        got = torch.load(tmp_path / f"dyn{r}.pt", weights_only=True)
+        assert torch.equal(got["keys"], one["keys"]) and torch.equal(got["stamps"],
+                                                                     one["stamps"])
+        torch.testing.assert_close(got["weight"], one["weight"], atol=1e-6, rtol=1e-5)

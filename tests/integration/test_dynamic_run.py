@@ -112,3 +112,42 @@ def test_dynamic_with_vocabulary_settings_is_a_config_error(tmp_path):
         "capacity": 100, "evict": {"policy": "ttl"}}}]}
     with pytest.raises(ConfigError, match="ttl_steps"):
         load_config(raw=raw)
+
+
+def test_the_map_changes_only_in_the_training_thread_and_never_under_a_read_row(
+        tmp_path, monkeypatch):
+    """With the loader's prefetch thread running and every step evicting (30 rows a
+    table), every KeyIndex call comes from the training thread, and no key that had a row
+    before a lookup loses it, or sees it freed, in that lookup."""
+    import threading
+
+    import torch
+
+    from sampan.embedding.dynamic import KeyIndex
+
+    calls: list[tuple[str, str]] = []
+    admit, find, free = KeyIndex.admit, KeyIndex.find, KeyIndex._free
+
+    def spy_admit(self, keys, step):
+        calls.append(("admit", threading.current_thread().name))
+        before = find(self, keys)
+        rows, freed = admit(self, keys, step)
+        held = before > 0
+        assert torch.equal(rows[held], before[held]), "a key lost its row in its own lookup"
+        assert not bool(torch.isin(before[held], freed).any()), "a row in use was freed"
+        return rows, freed
+
+    def spy(fn, kind):
+        def wrapped(self, *args):
+            calls.append((kind, threading.current_thread().name))
+            return fn(self, *args)
+        return wrapped
+
+    monkeypatch.setattr(KeyIndex, "admit", spy_admit)
+    monkeypatch.setattr(KeyIndex, "find", spy(find, "find"))
+    monkeypatch.setattr(KeyIndex, "_free", spy(free, "free"))
+    raw = dynamic_config(tmp_path, capacity=30, rows=3000, prefetch=2, epochs=1)
+    run_experiment(load_config(raw=raw), run_dir=tmp_path / "run")
+    kinds = {k for k, _ in calls}
+    assert {"admit", "find", "free"} <= kinds
+    assert {t for _, t in calls} == {threading.main_thread().name}

@@ -133,9 +133,16 @@ def test_a_dynamic_table_needs_its_capacity_plus_the_default_row():
         EmbeddingCollection([TableSpec("k", 8, 4, ("k",), dynamic=DynamicSpec(8))])
 
 
-def test_a_dynamic_table_is_refused_by_the_data_parallel_strategy():
+def test_a_data_parallel_run_replicates_dynamic_tables_and_refuses_to_shard_them():
     from sampan.config import ConfigError
-    from sampan.distributed import ReplicatedCollection
+    from sampan.distributed import (
+        ReplicatedCollection,
+        RowShardedCollection,
+        distribute_embeddings,
+    )
 
-    with pytest.raises(ConfigError, match="one process"):
-        ReplicatedCollection(EmbeddingCollection(tables()))
+    big = EmbeddingCollection(tables())
+    # auto placement shards large tables; a collection with dynamic ones stays replicated
+    assert isinstance(distribute_embeddings(big, lambda n: n >= 1, 0, 2), ReplicatedCollection)
+    with pytest.raises(ConfigError, match="replicated"):
+        RowShardedCollection(EmbeddingCollection(tables()), 0, 2)
