@@ -3,6 +3,7 @@ the dense gradient average equal one process on the whole batch; gathered evalua
 single-process evaluation; 2-process training follows 1-process training step by step; a
 killed 2-process run resumes to the same end."""
 
+import contextlib
 import json
 import os
 import signal
@@ -38,6 +39,21 @@ def _rank_main(rank, fn, args):
     # teardown, during which gloo's threads have (rarely, on a loaded 2-core machine) aborted
     # a rank with "terminate called without an active exception".
     os._exit(0)
+
+
+@contextlib.contextmanager
+def process_group(rank, port):
+    """This spawned process as rank ``rank`` of 2 (gloo, one thread), for the block."""
+    from sampan import distributed
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE="2", LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    distributed.init_from_env("cpu")
+    try:
+        yield
+    finally:
+        distributed.shutdown()
 
 
 def spawn_ranks(fn, *args):
@@ -98,11 +114,7 @@ def worker(rank, port, out, placement="replicated"):
     from sampan import distributed
     from sampan.data.loader import BatchLoader
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE="2", LOCAL_RANK=str(rank))
-    torch.set_num_threads(1)
-    distributed.init_from_env("cpu")
-    try:
+    with process_group(rank, port):
         loader = BatchLoader(data(), batch_size=33, shuffle="rows", seed=3, prefetch=0,
                              rank=rank, world=2)
         batch = next(iter(loader))
@@ -119,8 +131,6 @@ def worker(rank, port, out, placement="replicated"):
         with torch.no_grad():
             result["forward"] = model.eval()(batch)
         torch.save(result, out / f"r{rank}.pt")
-    finally:
-        distributed.shutdown()
 
 
 @pytest.mark.parametrize("placement", ["replicated", "row_sharded"])
@@ -209,18 +219,10 @@ def tt_batch(rank=0, world=1):
 
 
 def tt_worker(rank, port, out):
-    from sampan import distributed
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE="2", LOCAL_RANK=str(rank))
-    torch.set_num_threads(1)
-    distributed.init_from_env("cpu")
-    try:
+    with process_group(rank, port):
         batch, loader = tt_batch(rank, 2)
         result = two_tower_step(batch, batch.size / loader.global_rows(0))
         torch.save(result, out / f"tt{rank}.pt")
-    finally:
-        distributed.shutdown()
 
 
 def test_two_tower_negatives_come_from_the_global_batch(tmp_path):
@@ -404,17 +406,9 @@ def dynamic_batches():
 
 
 def dynamic_worker(rank, port, out):
-    from sampan import distributed
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE="2", LOCAL_RANK=str(rank))
-    torch.set_num_threads(1)
-    distributed.init_from_env("cpu")
-    try:
+    with process_group(rank, port):
         mine = [b[rank * 5: (rank + 1) * 5] for b in dynamic_batches()]
         torch.save(dynamic_steps(mine, lambda ids: 1.0 / 10), out / f"dyn{rank}.pt")
-    finally:
-        distributed.shutdown()
 
 
 def test_two_ranks_train_a_dynamic_table_like_one_process(tmp_path):
