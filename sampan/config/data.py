@@ -62,6 +62,11 @@ class SyntheticConfig(_Strict):
     seed: int = 2024
     zipf_a: float = Field(1.2, gt=1.0)
     missing_rate: float = Field(0.1, ge=0.0, lt=1.0)
+    drift: float = Field(0.0, ge=0.0, description="0: the same distribution in every row. "
+                         "d > 0: popularity moves as the rows go by: by the last row each "
+                         "field's popular ids are d x its vocabulary further on, so ids "
+                         "keep appearing that earlier rows never had (rows in time order, "
+                         "with their position in column t, 0 to 1)")
 
 
 class JoinConfig(_Strict):

@@ -10,6 +10,11 @@ split is the best any model can reach.
 Everything is a pure function of ``SyntheticConfig`` (seed included): the same config gives
 the same rows on every machine.
 
+With ``drift`` d > 0 the rows are a stream: at position ``t`` (0 to 1, a column) the Zipf
+ranks of field f start at id ``floor(d * t * vocab_f)``, so the popular ids move along, and
+by the end ids are common that the first rows never held. Each id keeps its own effect (as
+strong as when it is at the head), and ``oracle_p`` stays the true probability of each row.
+
 >>> from sampan.config import SyntheticConfig
 >>> t = next(iter_synthetic(SyntheticConfig(rows=5)))
 >>> t.num_rows, t.column_names[:3]
@@ -39,32 +44,42 @@ LATENT = 4
 BIAS = -1.6
 
 
+def _ids(vocab: int, drift: float) -> int:
+    """Ids of a field of ``vocab`` ranks whose head moves ``drift * vocab`` ids along."""
+    return vocab + int(np.ceil(drift * vocab))
+
+
 class _TruthModel:
     """Parameters of the labelling model, drawn once from the seed."""
 
-    def __init__(self, seed: int):
+    def __init__(self, seed: int, drift: float = 0.0):
         rng = np.random.default_rng([seed, 0])
-        # Effects shrink with an id's rarity (rank r): the head carries most of the signal,
-        # as in real logs, so a model can approach the oracle from a few hundred k rows.
-        def shrink(v: int) -> np.ndarray:
-            return 1.0 / np.sqrt(1.0 + np.arange(v) / 50.0)
+        sizes = [_ids(v, drift) for v in VOCAB_SIZES]
 
-        self.w = [rng.normal(0, 0.7 if f in INFORMATIVE else 0.0, size=v) * shrink(v)
-                  for f, v in enumerate(VOCAB_SIZES)]
-        self.v = {f: rng.normal(0, 0.5, size=(VOCAB_SIZES[f], LATENT)) * shrink(
-            VOCAB_SIZES[f])[:, None] for pair in PAIRS for f in pair}
+        # Effects shrink with an id's rarity, its best rank over the rows (the head carries
+        # most of the signal, as in real logs, so a model can approach the oracle from a few
+        # hundred k rows); with drift every id the head passes over is at rank 0 once.
+        def shrink(f: int) -> np.ndarray:
+            best = np.maximum(0, np.arange(sizes[f]) - (sizes[f] - VOCAB_SIZES[f]))
+            return 1.0 / np.sqrt(1.0 + best / 50.0)
+
+        self.w = [rng.normal(0, 0.7 if f in INFORMATIVE else 0.0, size=sizes[f]) * shrink(f)
+                  for f in range(NUM_CATEGORICAL)]
+        self.v = {f: rng.normal(0, 0.5, size=(sizes[f], LATENT)) * shrink(f)[:, None]
+                  for pair in PAIRS for f in pair}
         self.beta = rng.normal(0, 0.25, size=NUM_NUMERIC) * (rng.random(NUM_NUMERIC) < 0.6)
         self.mu = rng.uniform(0.5, 3.0, size=NUM_NUMERIC)
         self.sigma = rng.uniform(0.5, 1.5, size=NUM_NUMERIC)
         # Rank -> token permutation per field so that frequent ids look arbitrary.
         self.tokens = []
-        for f, v in enumerate(VOCAB_SIZES):
+        for f, v in enumerate(sizes):
             codes = (rng.permutation(v).astype(np.uint64) * np.uint64(2654435761)
                      + np.uint64(f * 7919)) % np.uint64(1 << 32)
             self.tokens.append(pa.array([f"{c:08x}" for c in codes.tolist()], pa.string()))
 
     def logit(self, ranks: np.ndarray, present: np.ndarray, x: np.ndarray) -> np.ndarray:
-        """ranks/present ``[N, 26]``, x ``[N, 13]`` (0 where missing) -> true logits ``[N]``."""
+        """ids (``ranks``) / present ``[N, 26]``, x ``[N, 13]`` (0 where missing) -> true
+        logits ``[N]``."""
         z = np.full(len(x), BIAS)
         for f in range(NUM_CATEGORICAL):
             z += np.where(present[:, f], self.w[f][ranks[:, f]], 0.0)
@@ -85,11 +100,15 @@ def _zipf_ranks(rng: np.random.Generator, n: int, vocab: int, a: float) -> np.nd
 
 def iter_synthetic(cfg: SyntheticConfig) -> Iterator[pa.Table]:
     """Tables of up to 65,536 rows each; ``cfg.rows`` in all."""
-    truth = _TruthModel(cfg.seed)
+    truth = _TruthModel(cfg.seed, cfg.drift)
     for start in range(0, cfg.rows, CHUNK_ROWS):
         n = min(CHUNK_ROWS, cfg.rows - start)
         rng = np.random.default_rng([cfg.seed, 1, start // CHUNK_ROWS])
         ranks = np.stack([_zipf_ranks(rng, n, v, cfg.zipf_a) for v in VOCAB_SIZES], axis=1)
+        if cfg.drift:  # the head of each field moves along with the row's position
+            t = (start + np.arange(n)) / max(cfg.rows - 1, 1)
+            ranks = ranks + np.floor(cfg.drift * t[:, None] * np.array(VOCAB_SIZES)).astype(
+                np.int64)
         present = rng.random((n, NUM_CATEGORICAL)) >= cfg.missing_rate * 0.5
         x = np.floor(np.exp(rng.normal(truth.mu, truth.sigma, size=(n, NUM_NUMERIC))) - 1)
         x = np.maximum(x, 0.0)
@@ -105,6 +124,8 @@ def iter_synthetic(cfg: SyntheticConfig) -> Iterator[pa.Table]:
             cols[f"C{f + 1}"] = pc.if_else(pa.array(present[:, f]), tok,
                                            pa.scalar(None, pa.string()))
         cols["oracle_p"] = pa.array(p)
+        if cfg.drift:
+            cols["t"] = pa.array(t)
         yield pa.table(cols)
 
 

@@ -1,0 +1,47 @@
+"""The drifting mode of the built-in data: popularity moves along the rows and ids keep
+appearing that the first rows never held, while oracle_p stays the true probability; with
+drift 0 the rows are the stationary ones."""
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from sampan.config import SyntheticConfig
+from sampan.data.synthetic import iter_synthetic
+
+
+def rows(**kw):
+    return pa.concat_tables(list(iter_synthetic(SyntheticConfig(**kw))))
+
+
+def unseen_share(t, col):
+    """Share of the last fifth's values of ``col`` that the first half never held."""
+    n = t.num_rows
+    seen = set(t.column(col).slice(0, n // 2).drop_null().to_pylist())
+    late = t.column(col).slice(int(0.8 * n)).drop_null().to_pylist()
+    return np.mean([v not in seen for v in late])
+
+
+def test_drift_brings_new_ids_and_keeps_the_oracle_true():
+    still, moving = rows(rows=80_000), rows(rows=80_000, drift=1.0)
+    assert "t" not in still.column_names
+    t = np.asarray(moving.column("t"))
+    assert t[0] == 0.0 and t[-1] == 1.0 and bool((np.diff(t) > 0).all())
+    for col in ("C3", "C10", "C21"):  # large vocabularies: the head moves far
+        assert unseen_share(still, col) < 0.1 < 0.6 < unseen_share(moving, col)
+    # oracle_p is the probability the labels are drawn with: calibrated in every period
+    p, y = np.asarray(moving.column("oracle_p")), np.asarray(moving.column("label"))
+    for part in np.array_split(np.arange(len(p)), 4):
+        assert y[part].mean() == pytest.approx(p[part].mean(), abs=0.01)
+
+
+def test_no_drift_leaves_the_rows_as_they_were():
+    a, b = rows(rows=3000), rows(rows=3000, drift=0.0)
+    assert a.equals(b)
+    # the stationary rows as they were before the drifting mode existed
+    first = rows(rows=4)
+    assert np.asarray(first.column("oracle_p")) == pytest.approx(
+        [0.1859830946, 0.4840141275, 0.6677713151, 0.9401608334], abs=1e-9)
+    assert first.column("C1").to_pylist() == ["a5718ece", "a5718ece", "73cad1cd", "425fb9f6"]
+    c = rows(rows=3000, drift=0.5)
+    assert not np.array_equal(np.asarray(a.column("oracle_p")), np.asarray(c.column("oracle_p")))
