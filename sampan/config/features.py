@@ -216,6 +216,10 @@ class FeaturesConfig(_Strict):
     categorical: list[CategoricalFeature] = Field(default_factory=list)
     numeric: list[NumericFeature] = Field(default_factory=list)
     lists: list[ListFeature] = Field(default_factory=list)
+    fit_rows: int | None = Field(
+        None, gt=0, description="fit vocabularies and statistics on the first N rows of the "
+        "train split only (a vocabulary fixed at launch); the model still trains on all of "
+        "it. null: the whole train split")
 
     @model_validator(mode="before")
     @classmethod

@@ -42,6 +42,16 @@ def _source_tables(cfg: ExperimentConfig, spec: str | list[str] | None,
 MARK = ".sampan-store"  # in every folder build_store writes
 
 
+def _first_rows(tables: Iterator[pa.Table], n: int | None) -> Iterator[pa.Table]:
+    """The first ``n`` rows of ``tables`` (all of them when ``n`` is None)."""
+    for t in tables:
+        if n is not None:
+            if n <= 0:
+                return
+            t, n = t.slice(0, n), n - min(n, t.num_rows)
+        yield t
+
+
 def build_store(cfg: ExperimentConfig, root: str | Path, echo: Any = None) -> Store:
     """Read, validate, split, fit the pipeline on train, transform and write every split.
 
@@ -131,8 +141,9 @@ def _build(cfg: ExperimentConfig, root: Path, echo: Any) -> Store:
                 if t.num_rows:
                     yield t
 
-    # 3. Fit on the train split only (the leakage guard: valid/test never reach fit).
-    pipe.fit(batches("train"))
+    # 3. Fit on the train split only (the leakage guard: valid/test never reach fit); with
+    # features.fit_rows, on its first rows only.
+    pipe.fit(_first_rows(batches("train"), cfg.features.fit_rows))
     pipe.save(root / "pipeline")
 
     # 4. Transform every split: one pass over the train source feeds all carved splits.
