@@ -30,7 +30,8 @@ class DynamicEvict(_Strict):
 
     policy: Literal["lfu", "lru", "ttl"] = Field(
         "lfu", description="lfu: the fewest uses (then the least recent); lru: the least "
-        "recently seen; ttl: rows unseen for ttl_steps first, then the least recent")
+        "recently seen; ttl: as lru, and rows unseen for ttl_steps are freed even when the "
+        "table is not full")
     ttl_steps: int | None = Field(None, ge=1, description="ttl: training steps a row may go "
                                   "unseen")
     fraction: float = Field(0.01, gt=0.0, le=0.5, description="share of the capacity freed "

@@ -149,21 +149,19 @@ class RowShardedCollection(EmbeddingCollection):
 
 
 def distribute_embeddings(model: nn.Module, shard: Callable[[int], bool], rank: int,
-                          world: int) -> nn.Module:
+                          world: int, shard_dynamic: bool = False) -> nn.Module:
     """Replace every plain :class:`EmbeddingCollection` of ``model`` (in place; a
     collection given as the model is returned replaced) with a
     :class:`RowShardedCollection` where ``shard(weight bytes)`` is true, else a
-    :class:`ReplicatedCollection` (always, for one with dynamic tables, unless ``shard(0)``
-    asks to shard every table). Call before building optimizers."""
+    :class:`ReplicatedCollection` (always, for one with dynamic tables, unless
+    ``shard_dynamic``: ``train.embedding_placement: row_sharded``, which
+    :class:`RowShardedCollection` refuses for them). Call before building optimizers."""
     done: dict[int, EmbeddingCollection] = {}
 
     def replaced(c: EmbeddingCollection) -> EmbeddingCollection:
         if id(c) not in done:
             nbytes = c.num_rows * c.dim * c.weight.element_size()
-            # a collection with dynamic tables replicates, whatever its size, unless every
-            # table is to be sharded (shard(0): embedding_placement row_sharded), which
-            # RowShardedCollection refuses for them
-            wanted = shard(0) if c.dynamic else shard(nbytes)
+            wanted = shard_dynamic if c.dynamic else shard(nbytes)
             done[id(c)] = RowShardedCollection(c, rank, world) if wanted else \
                 ReplicatedCollection(c)
         return done[id(c)]

@@ -15,12 +15,14 @@ operations (CPU or GPU, no per-key Python):
   with probability ``probability`` (a hash of the key and the step, so a resumed run makes
   the same draws);
 * **eviction**: when a new key needs a row and none is free, the least recently used
-  (``lru``), least frequently used (``lfu``; ties by recency) or, with ``ttl``, the rows
-  unseen for ``ttl_steps`` first (then by recency) give theirs up, at least
+  (``lru``, ``ttl``) or least frequently used (``lfu``; ties by recency) rows give theirs
+  up, at least
   ``evict_fraction`` of the capacity at a time. The choice is exact: a sampled threshold
   narrows the candidates in one pass, then the lowest are taken from those. Rows the
-  current batch uses are never evicted. The freed rows are returned, for their owner to
-  re-initialise the weights and reset the optimizer state before reuse.
+  current batch uses are never evicted. With ``ttl``, rows unseen for ``ttl_steps`` are
+  also freed, full table or not (checked every ``ttl_steps / 8`` steps). The freed rows
+  are returned, for their owner to re-initialise the weights and reset the optimizer state
+  before reuse.
 
 Memory is fixed by ``capacity`` (about ``capacity * 88`` bytes plus the sketch), however
 many distinct keys stream through. The map changes only in :meth:`KeyIndex.admit`, which
@@ -171,12 +173,14 @@ class KeyIndex(nn.Module):
         known = rows[hit]
         self._stamp(known, cnt[hit], step, old=self.row_stamp[known])
         freed = torch.empty(0, dtype=torch.long, device=keys.device)
+        if self.ttl_steps and step % max(1, self.ttl_steps // 8) == 0:
+            freed = self.expire(step)  # ttl: rows unseen too long go, full table or not
         new = (~hit).nonzero().squeeze(1)
         if len(new):
             new = new[self._admitted(uniq[new], cnt[new], step)]
             short = len(new) - int(self.n_free)
-            if short > 0:
-                freed = self.evict(max(short, self.evict_batch), step, keep=known)
+            if short > 0:  # never a row seen at this step, by this call or an earlier one
+                freed = torch.cat([freed, self.evict(max(short, self.evict_batch), step)])
             take = min(len(new), int(self.n_free))  # the rest stay out this time
             new = new[:take]
             n = int(self.n_free)
@@ -196,7 +200,8 @@ class KeyIndex(nn.Module):
             self.row_stamp[rows] = step
             return
         count = times if old is None else (old >> 32) + times
-        self.row_stamp[rows] = (count.clamp_max(2**31 - 1) << 32) + (step & _LOW32)
+        # (at most 2**31 - 2 uses: a stamp never reaches _NEVER, the mark of a free row)
+        self.row_stamp[rows] = (count.clamp_max(2**31 - 2) << 32) + (step & _LOW32)
 
     def _admitted(self, keys: torch.Tensor, counts: torch.Tensor, step: int) -> torch.Tensor:
         """Which of the new ``keys`` (seen ``counts`` times in this batch) get a row."""
@@ -251,7 +256,8 @@ class KeyIndex(nn.Module):
         seen at ``step``); returns them. They go on the free stack, their keys leave the
         map."""
         if keep is None:
-            keep = (self.live & (self.seen(slice(None)) == step)).nonzero().squeeze(1)
+            now = step & _LOW32 if self.policy == "lfu" else step
+            keep = (self.live & (self.seen(slice(None)) == now)).nonzero().squeeze(1)
         n = min(n, len(self) - len(keep))
         if n <= 0:
             return torch.empty(0, dtype=torch.long, device=self.row_stamp.device)

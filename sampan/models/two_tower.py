@@ -65,6 +65,11 @@ class TwoTower(nn.Module):
                                            [n for n in sparse if n in item], sparse)
         self.user_column = self._id_column("user_id", cfg.user_id,
                                            [n for n in sparse if n not in item], sparse)
+        if schema.sparse[self.item_column].dynamic is not None:
+            raise ConfigError(f"two_tower: the item feature {sparse[self.item_column]!r} is a "
+                              "dynamic table, which retrieval does not support yet (its "
+                              "corpus and log-Q correction index items by id); fit it a "
+                              "vocabulary")
         self.item_cardinality = schema.sparse[self.item_column].cardinality
         self.user_cardinality = schema.sparse[self.user_column].cardinality
         self.temperature, self.logq_correction = cfg.temperature, cfg.logq_correction

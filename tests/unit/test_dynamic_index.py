@@ -74,7 +74,7 @@ def test_admission_by_probability_admits_that_share_and_the_same_on_a_rerun():
 
 @pytest.mark.parametrize("policy", ["lru", "lfu", "ttl"])
 def test_eviction_frees_the_rows_the_policy_names_and_never_this_batchs(policy):
-    idx = KeyIndex(10, policy=policy, ttl_steps=5, evict_fraction=0.0)
+    idx = KeyIndex(10, policy=policy, ttl_steps=1000, evict_fraction=0.0)  # (ttl: no expiry)
     for k in range(10):  # key k first seen at step k
         idx.admit(torch.tensor([k]), step=k)
     for s, k in enumerate([3, 3, 3, 7], start=10):  # 3 and 7 seen again, and often
@@ -90,9 +90,20 @@ def test_eviction_frees_the_rows_the_policy_names_and_never_this_batchs(policy):
     idx.admit(torch.tensor([3, 7]), step=21)
     idx.admit(torch.tensor([200]), step=22)
     assert sorted(set(after) - set(invariants(idx))) == [4]
-    if policy == "ttl":
-        expired = idx.expire(step=27)  # unseen for more than 5 steps: all but 200
-        assert sorted(invariants(idx)) == [200] and len(expired) == 9
+
+
+def test_ttl_frees_rows_unseen_for_ttl_steps_whether_the_table_is_full_or_not():
+    idx = KeyIndex(100, policy="ttl", ttl_steps=16)  # expiry checked every 2 steps
+    idx.admit(torch.tensor([1, 2, 3]), step=0)
+    for s in range(1, 30):
+        _, freed = idx.admit(torch.tensor([3]), step=s)  # 3 stays in use
+        if s < 18:
+            assert len(freed) == 0
+        if s == 18:  # the first check past 16 steps unseen
+            assert len(freed) == 2  # the rows of keys 1 and 2
+    assert sorted(invariants(idx)) == [3]
+    assert idx.find(torch.tensor([1, 2])).tolist() == [0, 0]
+    assert len(idx.expire(step=100)) == 1  # and by hand
 
 
 def test_lfu_never_evicts_this_batchs_rows_even_when_they_are_the_least_used():

@@ -89,6 +89,21 @@ def test_an_evicted_row_starts_again_for_its_new_key():
     torch.testing.assert_close(coll.weight[row], fresh)
 
 
+def test_a_second_lookup_in_a_step_never_takes_a_row_the_first_handed_out():
+    torch.manual_seed(0)
+    coll = EmbeddingCollection(tables(capacity=2, policy="lru", evict_fraction=0.0),
+                               init_std=0.3)
+    first = coll(torch.tensor([[0, 10], [0, 11]]))  # the table is full
+    coll(torch.tensor([[0, 12]]))  # no row for 12 this step: 10 and 11 are in use
+    assert 0 not in coll.dynamic["k"].find(torch.tensor([10, 11])).tolist()
+    assert coll.dynamic["k"].find(torch.tensor([12])).item() == 0
+    (first.sum()).backward()
+    rows, _ = coll.pop_lookups()
+    assert sorted(r for r in rows.tolist() if r >= 6) == [7, 8]  # table k: 10's and 11's
+    coll(torch.tensor([[0, 12]]))  # the next step: now a row is freed for it
+    assert coll.dynamic["k"].find(torch.tensor([12])).item() > 0
+
+
 def test_a_sequence_sharing_the_table_reads_the_same_rows_and_padding_the_default():
     torch.manual_seed(0)
     coll = EmbeddingCollection(tables(), init_std=0.3)
@@ -141,8 +156,23 @@ def test_a_data_parallel_run_replicates_dynamic_tables_and_refuses_to_shard_them
         distribute_embeddings,
     )
 
+    # auto placement shards large tables (here: all of them, as shard_min_bytes 0 would);
+    # a collection with dynamic ones stays replicated
     big = EmbeddingCollection(tables())
-    # auto placement shards large tables; a collection with dynamic ones stays replicated
-    assert isinstance(distribute_embeddings(big, lambda n: n >= 1, 0, 2), ReplicatedCollection)
+    assert isinstance(distribute_embeddings(big, lambda n: True, 0, 2), ReplicatedCollection)
+    with pytest.raises(ConfigError, match="replicated"):  # row_sharded asked for explicitly
+        distribute_embeddings(EmbeddingCollection(tables()), lambda n: True, 0, 2,
+                              shard_dynamic=True)
     with pytest.raises(ConfigError, match="replicated"):
         RowShardedCollection(EmbeddingCollection(tables()), 0, 2)
+
+
+def test_two_tower_says_a_dynamic_item_feature_is_not_supported_yet():
+    from sampan.config import ConfigError
+    from sampan.models import build_model, get_model_class
+    from sampan.schema import DataSchema, SparseFeatureSpec
+
+    schema = DataSchema(sparse=[SparseFeatureSpec("user_id", 9),
+                                SparseFeatureSpec("item_id", 11, DynamicSpec(10))])
+    with pytest.raises(ConfigError, match="dynamic table"):
+        build_model(get_model_class("two_tower").Config(item_features=["item_id"]), schema)
