@@ -118,7 +118,8 @@ class ListFeature(_Strict):
 
     With ``share: <categorical feature>`` the values are ids of that feature's vocabulary and
     embedding rows (e.g. ``hist_item_id`` shares ``item_id``); otherwise the feature has its
-    own vocabulary fitted with ``min_count`` / ``max_size`` / ``hash_buckets``.
+    own vocabulary fitted with ``min_count`` / ``max_size`` / ``hash_buckets``, or, with
+    ``dynamic``, its own dynamic table (see :class:`DynamicTable`).
     """
 
     name: str
@@ -135,9 +136,16 @@ class ListFeature(_Strict):
     min_count: int = Field(1, ge=1)
     max_size: int | None = Field(None, gt=0)
     hash_buckets: int = Field(0, ge=0)
+    dynamic: DynamicTable | None = Field(
+        None, description="its own dynamic table instead of a fitted vocabulary (not with "
+        "share, which reads the shared feature's table)")
 
     @model_validator(mode="after")
     def _check(self) -> ListFeature:
+        if self.dynamic is not None and self.share:
+            raise ValueError(f"feature {self.name!r}: share reads {self.share!r}'s table; "
+                             "dynamic gives the list a table of its own: choose one (make "
+                             f"{self.share!r} dynamic to share a dynamic table)")
         if self.kind == "text" and self.share:
             raise ValueError(f"feature {self.name!r}: a text feature has its own vocabulary; "
                              "remove share")
@@ -148,7 +156,8 @@ class ListFeature(_Strict):
     def as_categorical(self) -> CategoricalFeature:
         """The vocabulary settings of a list feature with its own vocabulary."""
         return CategoricalFeature(name=self.name, column=self.column, min_count=self.min_count,
-                                  max_size=self.max_size, hash_buckets=self.hash_buckets)
+                                  max_size=self.max_size, hash_buckets=self.hash_buckets,
+                                  dynamic=self.dynamic)
 
 
 class NumericFeature(_Strict):

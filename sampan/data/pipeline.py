@@ -169,6 +169,8 @@ class FeaturePipeline:
             sp = le.spec
             out.append({"feature": sp.name, "kind": sp.kind,
                         "transform": (f"ids of {sp.share}" if sp.share else
+                                      f"own dynamic table of {sp.dynamic.capacity:,} rows"
+                                      if sp.dynamic is not None else
                                       f"own vocabulary, min_count {sp.min_count}")
                         + f", max_len {sp.max_len}", "ids": le.cardinality,
                         "length_mean": round(le.lengths_["mean"], 2)})
@@ -236,8 +238,8 @@ class FeaturePipeline:
             sequences=[SequenceFeatureSpec(e.spec.name, e.spec.max_len, e.spec.share or e.spec.name,
                                            None if e.spec.kind == "sequence" else e.spec.pooling)
                        for e in self.lists],
-            own_tables=[SparseFeatureSpec(e.spec.name, e.cardinality) for e in self.lists
-                        if e.owns_vocab],
+            own_tables=[SparseFeatureSpec(e.spec.name, e.cardinality, dynamic_spec(e.spec))
+                        for e in self.lists if e.owns_vocab],
         )
 
     # -- persistence

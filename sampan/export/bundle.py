@@ -116,7 +116,8 @@ def _write_frozen_maps(frozen: dict[str, Any], pipeline_dir: Path) -> None:
     named in the pipeline state, so the served pipeline maps its keys to rows."""
     state_path = pipeline_dir / PIPELINE_FILE
     state = json.loads(state_path.read_text())
-    for entry in state["categorical"]:
+    own = [e["vocab"] for e in state["lists"] if e.get("vocab") is not None]  # own tables
+    for entry in [*state["categorical"], *own]:
         name = entry["spec"]["name"]
         if name in frozen:
             keys, rows = frozen[name]

@@ -151,3 +151,37 @@ def test_the_map_changes_only_in_the_training_thread_and_never_under_a_read_row(
     kinds = {k for k, _ in calls}
     assert {"admit", "find", "free"} <= kinds
     assert {t for _, t in calls} == {threading.main_thread().name}
+
+
+def test_a_bag_with_its_own_dynamic_table_trains_exports_and_serves(tmp_path):
+    import pyarrow.parquet as pq
+
+    from sampan import Experiment
+    from sampan.data.synthetic import behaviour_samples
+    from sampan.export import export_run
+    from sampan.serving import Predictor
+
+    table = behaviour_samples(2000)
+    pq.write_table(table, tmp_path / "b.parquet")
+    bag = {"name": "hist_category_id", "kind": "bag", "delimiter": "|", "max_len": 30,
+           "dynamic": {"capacity": 500}}
+    raw = {"name": "bag", "output_dir": str(tmp_path / "runs"),
+           "data": {"train": str(tmp_path / "b.parquet")},
+           "features": {"label": "label", "categorical": ["user_id", "category_id"],
+                        "lists": [bag]},
+           "model": {"name": "deepfm", "embedding_dim": 4, "mlp": [8]},
+           "train": {"epochs": 1, "progress": False, "tensorboard": False,
+                     "first_order_warm_start": False}}
+    run_experiment(load_config(raw=raw), run_dir=tmp_path / "run")
+    exp = Experiment.open(tmp_path / "run")
+    table_rows = exp.artifacts.model.features.embedding.dynamic["hist_category_id"]
+    assert len(table_rows) > 50  # the bag's values got rows of their own table
+    bundle = export_run(tmp_path / "run", tmp_path / "bundle")
+    served = Predictor(bundle)
+    want = exp.predict(str(tmp_path / "b.parquet"))[:200]
+    got = served.predict([{k: v for k, v in r.items() if k in served.columns}
+                          for r in table.slice(0, 200).to_pylist()])
+    assert np.abs(got - want).max() < 1e-5
+    raw["features"]["lists"] = [{**bag, "share": "category_id"}]
+    with pytest.raises(ConfigError, match="choose one"):
+        load_config(raw=raw)
