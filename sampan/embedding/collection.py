@@ -351,3 +351,9 @@ def dynamic_tables(model: nn.Module) -> list[str]:
     """Names of the dynamic tables of every collection in ``model``."""
     return sorted(name for m in model.modules() if isinstance(m, EmbeddingCollection)
                   for name in m.dynamic)
+
+
+def dynamic_summary(model: nn.Module) -> dict[str, dict[str, int]]:
+    """Each dynamic table's capacity, rows in use and rows evicted so far."""
+    return {name: index.summary() for m in model.modules() if isinstance(m, EmbeddingCollection)
+            for name, index in m.dynamic.items()}

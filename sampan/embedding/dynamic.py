@@ -106,6 +106,7 @@ class KeyIndex(nn.Module):
         self.register_buffer("sketch", torch.zeros(len(_SKETCH_SALTS), width, dtype=torch.int32,
                                                    device=device))
         self.register_buffer("sketch_total", torch.tensor(0, dtype=i64))
+        self.register_buffer("freed_total", torch.tensor(0, dtype=i64))  # rows ever freed
         self.register_buffer("_window", torch.arange(_WINDOW, device=device), persistent=False)
 
     # -------------------------------------------------------------------- queries
@@ -296,7 +297,13 @@ class KeyIndex(nn.Module):
         n = int(self.n_free)
         self.free[n: n + len(victims)] = victims.flip(0)  # the first victim is reused first
         self.n_free += len(victims)
+        self.freed_total += len(victims)
         return victims
+
+    def summary(self) -> dict[str, int]:
+        """``capacity``, ``live`` rows and rows ``evicted`` so far (expired included)."""
+        return {"capacity": self.capacity, "live": len(self),
+                "evicted": int(self.freed_total)}
 
     def _rebuild(self) -> None:
         """The map again from the live rows (drops the deleted slots)."""

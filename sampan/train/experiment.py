@@ -30,6 +30,7 @@ from sampan.config import ExperimentConfig, dump_config, load_config
 from sampan.data.sources import RejectLog
 from sampan.data.store import SplitArrays, Store, build_store, iter_transformed, transform_files
 from sampan.distributed.strategy import SingleProcess, strategy_for
+from sampan.embedding.collection import dynamic_summary
 from sampan.errors import DataError, ExistingPathError, MissingPathError, RunError
 from sampan.metrics import auc, auc_bootstrap, paired_auc_comparison
 from sampan.models import build_model
@@ -183,6 +184,11 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path | None = None,
                                "train_seconds": round(train_time, 2)}
     if trainer.warm_start is not None:
         results["first_order_warm_start"] = trainer.warm_start
+    if dynamic := dynamic_summary(trainer.model):  # is the capacity enough?
+        results["dynamic_tables"] = dynamic
+        for name, d in dynamic.items():
+            console.print(f"dynamic table {name}: {d['live']:,} of {d['capacity']:,} rows in "
+                          f"use, {d['evicted']:,} evicted")
     if valid is not None:
         results["valid"] = trainer.evaluate(valid)
     if test is not None:

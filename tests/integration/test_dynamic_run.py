@@ -43,6 +43,8 @@ def test_a_dynamic_run_trains_evaluates_exports_and_serves(tmp_path):
     assert cfg.features.categorical[0].min_count == 1  # the vocabulary defaults skip it
     results = run_experiment(cfg, run_dir=tmp_path / "run")
     assert results["test"]["auc"] > 0.65
+    c1 = results["dynamic_tables"]["C1"]  # how full each table got, for sizing capacity
+    assert c1["capacity"] == 4000 and 0 < c1["live"] <= 4000 and c1["evicted"] == 0
     report = json.loads((tmp_path / "run" / "data" / "manifest.json").read_text())
     c1 = next(f for f in report["features"] if f["feature"] == "C1")
     assert c1["ids"] == 4001 and c1["transform"].startswith("dynamic")
@@ -98,6 +100,8 @@ def test_a_resumed_dynamic_run_continues_exactly_through_evictions(tmp_path):
 
     want, got = losses("straight"), losses("resumed")
     assert sorted(got) == sorted(want) and max(want) == 18
+    res = json.loads((tmp_path / "resumed" / "results.json").read_text())
+    assert res["dynamic_tables"]["C3"]["live"] == 40 and res["dynamic_tables"]["C3"]["evicted"] > 0
     for step in want:
         assert got[step] == pytest.approx(want[step], rel=1e-6), step
 
