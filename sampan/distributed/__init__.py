@@ -50,7 +50,6 @@ from sampan.distributed.collectives import (
     broadcast_object,
     gather_objects,
     gather_rows_with_grad,
-    shard_rows,
 )
 from sampan.distributed.context import DistContext, context, init_from_env, shutdown
 from sampan.distributed.grads import average_gradients
@@ -69,5 +68,5 @@ __all__ = ["DataParallel", "DistContext", "ReplicatedCollection", "RowShardedCol
            "SingleProcess", "SyncBatchNorm", "all_gather_rows", "average_gradients",
            "broadcast_buffers", "broadcast_object", "context", "distribute_embeddings",
            "fetch_rows", "gather_objects", "gather_rows_with_grad", "init_from_env",
-           "return_grads", "shard_bounds", "shard_rows", "shutdown", "strategy_for",
+           "return_grads", "shard_bounds", "shutdown", "strategy_for",
            "sync_batch_norm_"]

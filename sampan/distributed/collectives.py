@@ -1,5 +1,5 @@
 """Collectives the training loop and the tasks use: objects, rows (with and without
-gradient), buffers, and each rank's contiguous share of N rows."""
+gradient) and buffers."""
 
 from __future__ import annotations
 
@@ -103,9 +103,3 @@ def broadcast_buffers(module: torch.nn.Module) -> None:
     for b in module.buffers():
         if b.is_floating_point() or b.dtype in (torch.int64, torch.int32):
             dist.broadcast(b, src=0)
-
-
-
-def shard_rows(n: int) -> tuple[int, int]:
-    """This rank's contiguous ``[lo, hi)`` of ``n`` rows (evaluation sharding)."""
-    return n * context().rank // context().world, n * (context().rank + 1) // context().world
