@@ -109,9 +109,7 @@ class DataConfig(_Strict):
 
     @model_validator(mode="after")
     def _has_source(self) -> DataConfig:
-        if self.format != "synthetic" and not self.train:
-            raise ValueError("data.train is required (a file path, a list of paths, or use "
-                             "format: synthetic for the built-in generator)")
+        # data.train itself is required by the experiment (a stream needs no files)
         if self.delimiter is not None and len(self.delimiter) != 1:
             raise ValueError(f"data.delimiter must be one character, got {self.delimiter!r}")
         self.split.check_fractions([r for r in ("valid", "test") if getattr(self, r)])

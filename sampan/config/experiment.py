@@ -16,6 +16,7 @@ from sampan.config.base import _Strict
 from sampan.config.data import DataConfig
 from sampan.config.features import FeaturesConfig
 from sampan.config.model import ModelConfig
+from sampan.config.stream import StreamConfig
 from sampan.config.train import TrainConfig
 
 
@@ -38,6 +39,9 @@ class ExperimentConfig(_Strict):
                                "in model.name")
     model: SerializeAsAny[ModelConfig] = ModelConfig()
     train: TrainConfig = TrainConfig()
+    stream: StreamConfig | None = Field(None, description="online training from a Kafka "
+                                        "topic or time-partitioned directories (sampan "
+                                        "stream)")
 
     _notices: list[str] = PrivateAttr(default_factory=list)
 
@@ -45,6 +49,14 @@ class ExperimentConfig(_Strict):
     def notices(self) -> list[str]:
         """What loading changed that the user did not write (printed by every run)."""
         return self._notices
+
+    @model_validator(mode="after")
+    def _has_source(self) -> ExperimentConfig:
+        if self.data.format != "synthetic" and not self.data.train and self.stream is None:
+            raise ValueError("data.train is required (a file path, a list of paths, or use "
+                             "format: synthetic for the built-in generator; a stream: "
+                             "section reads its records from the stream instead)")
+        return self
 
     @model_validator(mode="after")
     def _gauc_needs_group(self) -> ExperimentConfig:

@@ -23,13 +23,14 @@ names.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pyarrow as pa
 
 from sampan.config import DataConfig
 from sampan.data.io import file_columns, iter_source
 from sampan.data.io.lines import CellError, records_table
-from sampan.data.io.paths import detect_format, expand_paths, open_input
+from sampan.data.io.paths import StreamInput, detect_format, expand_paths, open_input
 from sampan.data.joins import SideTable
 from sampan.data.rejects import RejectLog
 from sampan.data.roles import LINE_COLUMN, ColumnRoles
@@ -38,18 +39,27 @@ from sampan.errors import DataError
 
 # the public API of reading raw data, importable from here
 __all__ = ["LINE_COLUMN", "CellError", "ColumnRoles", "DataError", "RejectLog", "SideTable",
-           "col_is_null", "detect_format", "expand_paths", "file_columns", "iter_source",
-           "open_input", "read_source", "records_table", "validate_table"]
+           "StreamInput", "col_is_null", "detect_format", "expand_paths", "file_columns",
+           "iter_source", "open_input", "read_inputs", "read_source", "records_table",
+           "validate_table"]
 
 
 def read_source(cfg: DataConfig, spec: str | list[str], roles: ColumnRoles,
                 log: RejectLog) -> Iterator[pa.Table]:
     """:func:`iter_source` over the files of ``spec``, with ``data.joins`` side tables
     joined to every chunk (row order kept)."""
-    sides = [SideTable(j, roles) for j in cfg.joins]
+    yield from read_inputs(cfg, expand_paths(spec), roles, log)
+
+
+def read_inputs(cfg: DataConfig, paths: list[Any], roles: ColumnRoles, log: RejectLog,
+                sides: list[SideTable] | None = None) -> Iterator[pa.Table]:
+    """:func:`read_source` over given inputs: files, or a stream's
+    :class:`~sampan.data.io.paths.StreamInput` s. ``sides``: the side tables, read once by
+    a caller that reads many inputs (default: read here)."""
+    if sides is None:
+        sides = [SideTable(j, roles) for j in cfg.joins]
     provided = {c for side in sides for c in side.columns}
     if sides:
-        paths = expand_paths(spec)
         main_cols = set(file_columns(cfg, paths[0])) if paths and detect_format(
             paths[0], cfg.format) in ("csv", "tsv", "parquet") else set()
         clash = sorted(provided & main_cols)
@@ -67,7 +77,7 @@ def read_source(cfg: DataConfig, spec: str | list[str], roles: ColumnRoles,
         required=[c for c in roles.required if c not in provided],
         labels=[c for c in roles.labels if c not in provided],
         lists=[c for c in roles.lists if c not in provided])
-    for table in iter_source(cfg, expand_paths(spec), main, log):
+    for table in iter_source(cfg, paths, main, log):
         for side in sides:
             table = side.attach(table)
         yield table.select([*roles.all, LINE_COLUMN])

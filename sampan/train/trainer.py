@@ -329,9 +329,10 @@ class Trainer:
         total = self.strategy.sum_(loss_sum.clone()) / self.strategy.world
         return (float(total), int(n))
 
-    def save_checkpoint(self, name: str = LAST) -> Path:
-        """``last.pt``: everything a resumed run needs (see :meth:`_write`). Nothing
-        non-finite is ever written: that is a divergence."""
+    def save_checkpoint(self, name: str = LAST, extra: dict[str, Any] | None = None) -> Path:
+        """``last.pt``: everything a resumed run needs (see :meth:`_write`), with ``extra``
+        (a stream's position: written in the same file, so atomically with the weights).
+        Nothing non-finite is ever written: that is a divergence."""
         st = self.state
         self.strategy.sync_buffers(self.model)
         guard.check_finite(self)
@@ -354,6 +355,7 @@ class Trainer:
             "rng_ranks": self.strategy.gather(ckpt.rng_state()),
             "config": dump_config(self.cfg),
             "world_size": self.strategy.world,
+            **(extra or {}),
         })
 
     def _restore(self, path: Path, quiet: bool = False) -> None:

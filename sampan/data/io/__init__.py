@@ -13,7 +13,7 @@ from sampan.config import DataConfig
 from sampan.data.io.delimited import delimited_columns, iter_delimited
 from sampan.data.io.lines import iter_line_format
 from sampan.data.io.parquet import iter_parquet
-from sampan.data.io.paths import detect_format
+from sampan.data.io.paths import StreamInput, detect_format
 from sampan.data.rejects import RejectLog
 from sampan.data.roles import ColumnRoles
 from sampan.errors import DataError
@@ -39,7 +39,8 @@ def file_columns(cfg: DataConfig, path: Path) -> list[str]:
     main file's check against them)."""
     fmt = detect_format(path, cfg.format)
     if fmt == "parquet":
-        return pq.ParquetFile(path).schema_arrow.names
+        return pq.ParquetFile(path.open_file() if isinstance(path, StreamInput)
+                              else path).schema_arrow.names
     if fmt in ("csv", "tsv"):
         return delimited_columns(cfg, path, fmt)
     raise DataError(f"{path}: side tables must be CSV, TSV or Parquet, not {fmt}")

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from sampan.config import DataConfig
-from sampan.data.io.paths import open_input
+from sampan.data.io.paths import first_line, open_input
 from sampan.data.rejects import RejectLog
 from sampan.data.roles import ColumnRoles
 from sampan.data.threads import prefetch
@@ -129,7 +129,7 @@ def iter_delimited(cfg: DataConfig, path: Path, fmt: str, roles: ColumnRoles,
         return [table], [lines], rejected, n_lines - len(nonblank)
 
     def blocks() -> Iterator[tuple[list[pa.Table], list[np.ndarray], list[Bad], int]]:
-        line = 1
+        line = first_line(path)
         for k, (block, n_lines, too_long) in enumerate(raw_blocks(path, cfg.block_size)):
             if too_long is not None:
                 yield [], [], [(line, too_long.decode("utf-8", "backslashreplace"),

@@ -12,6 +12,7 @@ import pyarrow.compute as pc
 
 from sampan.config import DataConfig
 from sampan.data.io.delimited import raw_blocks
+from sampan.data.io.paths import StreamInput, first_line
 from sampan.data.rejects import RejectLog
 from sampan.data.roles import ColumnRoles
 from sampan.data.validate import is_utf8, validate_table
@@ -25,7 +26,7 @@ def iter_lines(path: Path, block_size: int
     and ``None``; or an empty array, the line's number and the first bytes of a line
     longer than ``block_size`` (see :func:`raw_blocks`). Splitting runs in Arrow (no
     per-line Python)."""
-    line_no = 1
+    line_no = first_line(path)
     for block, n_lines, too_long in raw_blocks(path, block_size):
         if too_long is not None:
             yield pa.array([], pa.binary()), line_no, too_long
@@ -43,7 +44,9 @@ def iter_line_format(cfg: DataConfig, path: Path, fmt: str, roles: ColumnRoles,
                       log: RejectLog) -> Iterator[pa.Table]:
     seen: set[str] = set()  # JSON keys met in this file
     yield from _line_format_blocks(cfg, path, fmt, roles, log, seen)
-    if fmt == "jsonl" and seen:
+    # a file must have every column somewhere; a run of stream messages may lack optional
+    # ones (its rows are validated one by one all the same)
+    if fmt == "jsonl" and seen and not (isinstance(path, StreamInput) and path.data):
         _missing_columns(roles, sorted(seen), str(path))
 
 

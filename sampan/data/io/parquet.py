@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from sampan.config import DataConfig
+from sampan.data.io.paths import StreamInput
 from sampan.data.rejects import RejectLog
 from sampan.data.roles import ColumnRoles
 from sampan.data.validate import validate_table
@@ -19,7 +20,7 @@ from sampan.errors import DataError
 # --------------------------------------------------------------------------------- parquet
 def iter_parquet(cfg: DataConfig, path: Path, roles: ColumnRoles,
                   log: RejectLog) -> Iterator[pa.Table]:
-    pf = pq.ParquetFile(path)
+    pf = pq.ParquetFile(path.open_file() if isinstance(path, StreamInput) else path)
     names = pf.schema_arrow.names
     missing = [c for c in roles.all if c not in names]
     if missing:

@@ -40,9 +40,48 @@ _COMPRESSION = {".gz": "gzip", ".gzip": "gzip", ".zst": "zstd", ".zstd": "zstd",
                 ".lz4": "lz4"}
 
 
-def open_input(path: Path) -> Any:
+class StreamInput:
+    """Records that are not a local file, read by the same readers as files: a run of
+    Kafka messages held in memory (``data``, one record per line, the first being line
+    ``first_line``: its offset), or a file on a pyarrow filesystem (``fs`` and ``fs_path``:
+    HDFS, S3, ...). ``name`` is what rejects and errors call it."""
+
+    def __init__(self, name: str, data: bytes | None = None, fs: Any = None,
+                 fs_path: str | None = None, first_line: int = 1):
+        self.display, self.data, self.fs, self.fs_path = name, data, fs, fs_path
+        self.first_line = first_line
+        self.name = Path(fs_path or name).name
+        self.suffix = Path(self.name).suffix
+
+    def __str__(self) -> str:
+        return self.display
+
+    def __repr__(self) -> str:
+        return f"StreamInput({self.display!r})"
+
+    def open(self) -> Any:
+        if self.data is not None:
+            return pa.BufferReader(self.data)
+        return self.fs.open_input_stream(self.fs_path,
+                                         compression=_COMPRESSION.get(self.suffix.lower()))
+
+    def open_file(self) -> Any:
+        """A random-access file (Parquet's footer is at the end)."""
+        if self.data is not None:
+            return pa.BufferReader(self.data)
+        return self.fs.open_input_file(self.fs_path)
+
+
+def open_input(path: Path | StreamInput) -> Any:
     """A binary input stream of ``path``, decompressed by its extension."""
+    if isinstance(path, StreamInput):
+        return path.open()
     return pa.input_stream(str(path), compression=_COMPRESSION.get(Path(path).suffix.lower()))
+
+
+def first_line(path: Path | StreamInput) -> int:
+    """The number of the input's first line (1 for a file; a message run's first offset)."""
+    return path.first_line if isinstance(path, StreamInput) else 1
 
 
 def detect_format(path: Path, fmt: str) -> str:
