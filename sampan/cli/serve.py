@@ -21,6 +21,11 @@ def serve(
     port: Annotated[int | None, typer.Option(help="HTTP port [8000].")] = None,
     grpc_port: Annotated[int | None, typer.Option(help="Also serve gRPC on this port.")] = None,
     workers: Annotated[int | None, typer.Option(help="HTTP worker processes [1].")] = None,
+    watch: Annotated[str | None, typer.Option(
+        "--watch", metavar="DIR", help="Follow a model directory that `sampan stream` "
+        "publishes to: each new version is checked (checksums, export parity, a scored "
+        "record) and swapped in without a dropped request; POST /v1/admin/rollback goes "
+        "back one version.")] = None,
     set_: SetOpt = None,
 ) -> None:
     """Serve a bundle over HTTP (FastAPI under uvicorn) and optionally gRPC.
@@ -38,10 +43,14 @@ def serve(
 
     overrides = list(set_ or [])
     for key, value in (("bundle", bundle), ("host", host), ("port", port),
-                       ("grpc_port", grpc_port), ("workers", workers)):
+                       ("grpc_port", grpc_port), ("workers", workers), ("watch", watch)):
         if value is not None:
             overrides.append(f"{key}={value}")
     cfg = load_serve_config(config, overrides)
+    if cfg.bundle is None and cfg.workers > 1:  # every worker starts on the same version
+        from sampan.serving.service import ModelWatcher
+
+        cfg = cfg.model_copy(update={"bundle": ModelWatcher(None, cfg.watch, 1.0).adopt(None)})
     where = f"http://{cfg.host}:{cfg.port}" + (
         f" and gRPC {cfg.host}:{cfg.grpc_port}" if cfg.grpc_port is not None else "")
     if cfg.workers > 1:

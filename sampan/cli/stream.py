@@ -47,13 +47,15 @@ def stream(
     import yaml
 
     from sampan.config import ConfigError, load_config
+    from sampan.export.publish import Publisher
     from sampan.train.online import run_stream
 
     if resume is not None:
         if config is not None or set_ or from_run is not None:
             fail("--resume uses the run's saved config (and its --from); do not pass CONFIG, "
                  "--set or --from with it")
-        run_stream(None, run_dir=resume, resume=True, console=console)  # type: ignore[arg-type]
+        run_stream(None, run_dir=resume, resume=True, console=console,  # type: ignore[arg-type]
+                   publisher=Publisher)
         return
     if from_run is not None:
         saved = from_run / "config.yaml"
@@ -74,4 +76,4 @@ def stream(
     if cfg.stream is None:
         fail("the config has no stream: section; see `sampan stream --help` and the README's "
              "'Online training'")
-    run_stream(cfg, run_dir=run_dir, from_run=from_run, console=console)
+    run_stream(cfg, run_dir=run_dir, from_run=from_run, console=console, publisher=Publisher)

@@ -10,6 +10,7 @@ import yaml
 from pydantic import (
     Field,
     ValidationError,
+    model_validator,
 )
 
 from sampan.config.base import _Strict
@@ -37,7 +38,13 @@ class FeatureStoreConfig(_Strict):
 class ServeConfig(_Strict):
     """``sampan serve`` settings (CLI options override the file)."""
 
-    bundle: str
+    bundle: str | None = Field(None, description="the bundle to serve (with watch: the "
+                               "directory's latest version when not given)")
+    watch: str | None = Field(None, description="a model directory a stream run publishes "
+                              "to (stream.publish.dir): each new version is checked and "
+                              "swapped in without a dropped request")
+    watch_seconds: float = Field(1.0, gt=0, description="how often watch looks for a new "
+                                 "version")
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     grpc_port: int | None = Field(None, ge=0, le=65535)
@@ -55,6 +62,13 @@ class ServeConfig(_Strict):
     admin_token: str | None = Field(None, description="bearer token of /v1/admin/reload; "
                                     "the SAMPAN_ADMIN_TOKEN environment variable wins")
     feature_store: FeatureStoreConfig = FeatureStoreConfig()
+
+    @model_validator(mode="after")
+    def _has_bundle(self) -> ServeConfig:
+        if self.bundle is None and self.watch is None:
+            raise ValueError("bundle is required (a bundle directory from `sampan export`), "
+                             "or watch: a model directory that `sampan stream` publishes to")
+        return self
 
 
 def load_serve_config(path: str | Path | None = None, overrides: list[str] | None = None,

@@ -203,8 +203,14 @@ def create_app(state: ServerState):  # type: ignore[no-untyped-def]
         if state.predictor is None:
             return error(503, "no model loaded")
         p = state.predictor
-        return {"status": "ready", "model": p.bundle.manifest.get("model"),
-                "version": p.version, "labels": p.labels, "worker": os.getpid()}
+        out = {"status": "ready", "model": p.bundle.manifest.get("model"),
+               "version": p.version, "labels": p.labels, "worker": os.getpid()}
+        if state.watcher is not None and state.watcher.serving is not None:
+            w = state.watcher
+            out["published"] = {"version": w.serving["version"],
+                                "position": w.serving.get("position"),
+                                "refused": sorted(w.refused), "errors": w.errors[-3:]}
+        return out
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics():  # type: ignore[no-untyped-def]
@@ -252,6 +258,26 @@ def create_app(state: ServerState):  # type: ignore[no-untyped-def]
         return {"items": [{"item": i, "score": s, "retrieval_score": cosine[i]}
                           for i, s in items],
                 "retrieved": len(candidates), "model_version": predictor.version}
+
+    @app.post("/v1/admin/rollback")
+    async def rollback(request: Request):  # type: ignore[no-untyped-def]
+        """Back to the version served before (with --watch); it is held until a newer
+        version than the one rolled back from is published."""
+        if not state.token:
+            return error(403, "rollback is disabled: set admin_token in the serve config or "
+                              "SAMPAN_ADMIN_TOKEN", "authorization")
+        if not state.check_token(request.headers.get("authorization")):
+            return error(401, "missing or wrong token: send the header "
+                              "'Authorization: Bearer <token>'", "authorization")
+        if state.watcher is None:
+            return error(409, "rollback needs a watched model directory (serve --watch DIR)",
+                         "watch")
+        try:
+            back = await run_in_threadpool(state.watcher.rollback)
+        except ServingBundleError as e:
+            return error(409, str(e), e.field)
+        return {"status": "rolled back", "version": back["version"],
+                "model_version": state.predictor.version if state.predictor else None}
 
     @app.post("/v1/admin/reload")
     async def reload(req: ReloadRequest, request: Request):  # type: ignore

@@ -32,6 +32,7 @@ import shutil
 import signal
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -84,7 +85,8 @@ class StreamRun:
     """One stream run: see the module docstring. ``run_stream`` is the entry point."""
 
     def __init__(self, cfg: ExperimentConfig, run: Path, console: Console,
-                 from_run: Path | None = None, resume: bool = False):
+                 from_run: Path | None = None, resume: bool = False,
+                 publisher: Callable[..., Any] | None = None):
         if cfg.stream is None:
             raise ConfigError("the config has no stream: section (source, kafka or "
                               "directory, window_rows, ...)")
@@ -97,8 +99,13 @@ class StreamRun:
         self.rows = 0
         self.history: deque[dict[str, float]] = deque(maxlen=self.s.average_windows)
         self.position: dict[str, Any] | None = None
-        self.versions = 0
-        self.last_publish = time.monotonic()
+        # called after each checkpoint (the export layer's Publisher pushes versions)
+        self.publish = publisher(self.s.publish, run, console) \
+            if publisher is not None and self.s.publish is not None else None
+        if self.s.publish is not None and publisher is None:
+            raise ConfigError("stream.publish is set but no publisher was given: run "
+                              "`sampan stream`, or pass publisher=sampan.export.publish."
+                              "Publisher to run_stream")
         self.trainer: Trainer | None = None
         self.pipe: FeaturePipeline | None = None
 
@@ -164,7 +171,6 @@ class StreamRun:
             self.pipe = FeaturePipeline.load(run / "data" / "pipeline")
             self.position, self.windows, self.rows = (state["position"], state["windows"],
                                                       state["rows"])
-            self.versions = state.get("versions", 0)
             self.history.extend(state.get("history", []))
             sample = SplitArrays.load(run / "data" / "valid")
             model = build_model(cfg.model, self.pipe.schema())
@@ -300,13 +306,15 @@ class StreamRun:
         self._write_recent(w.table)
         t.save_checkpoint(extra={"stream": {
             "position": self.position, "windows": self.windows, "rows": self.rows,
-            "history": list(self.history), "reference_loss": t.reference_loss,
-            "versions": self.versions}})
+            "history": list(self.history), "reference_loss": t.reference_loss}})
         self.source.commit(self.position)  # only once the checkpoint holds it
         if trace := os.environ.get(TRACE_ENV):
             with open(trace, "a") as f:
                 f.write(json.dumps({"window": self.windows, "rows": self.rows,
                                     "from": prev, "to": self.position}) + "\n")
+        if self.publish is not None:
+            self.publish({"windows": self.windows, "rows": self.rows,
+                          "position": self.position})
 
     def _truncate_trace(self) -> None:
         trace = os.environ.get(TRACE_ENV)
@@ -350,6 +358,9 @@ class StreamRun:
                     break
             if self.windows % self.s.checkpoint_every_windows and self.position is not None:
                 self._checkpoint_last()
+            if self.publish is not None and self.windows:
+                self.publish({"windows": self.windows, "rows": self.rows,
+                              "position": self.position, "final": True})
         finally:
             for sig, h in old.items():
                 signal.signal(sig, h)
@@ -379,8 +390,7 @@ class StreamRun:
         assert t is not None
         t.save_checkpoint(extra={"stream": {
             "position": self.position, "windows": self.windows, "rows": self.rows,
-            "history": list(self.history), "reference_loss": t.reference_loss,
-            "versions": self.versions}})
+            "history": list(self.history), "reference_loss": t.reference_loss}})
         self.source.commit(self.position)
 
     def _recover(self, reason: str) -> WindowReader:
@@ -403,12 +413,15 @@ class StreamRun:
 
 def run_stream(cfg: ExperimentConfig, run_dir: str | Path | None = None,
                from_run: str | Path | None = None, resume: bool = False,
-               console: Console | None = None) -> dict[str, Any]:
+               console: Console | None = None,
+               publisher: Callable[..., Any] | None = None) -> dict[str, Any]:
     """Train on the stream of ``cfg.stream`` until it is stopped (SIGTERM / Ctrl-C, with a
     checkpoint), ``max_windows`` or ``idle_stop_seconds``; returns ``results.json``.
 
     ``from_run``: start from a batch-trained run's weights and pipeline (its model and
     features must be the config's). ``resume``: continue ``run_dir`` from its checkpoint.
+    ``publisher``: with ``stream.publish``, what pushes versions to serving
+    (:class:`sampan.export.publish.Publisher`, which ``sampan stream`` passes).
     """
     console = console or Console()
     from_path = Path(from_run) if from_run is not None else None
@@ -448,7 +461,7 @@ def run_stream(cfg: ExperimentConfig, run_dir: str | Path | None = None,
             torch.set_num_threads(cfg.train.threads)
         ckpt.seed_everything(cfg.seed)
         torch.manual_seed(cfg.seed)
-        return StreamRun(cfg, run, console, from_path, resume).run_loop()
+        return StreamRun(cfg, run, console, from_path, resume, publisher).run_loop()
     finally:
         lock.close()
 

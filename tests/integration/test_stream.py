@@ -224,3 +224,109 @@ def test_kafka_stream_exactly_once_across_kills(tmp_path: Path, kafka_broker) ->
     assert {r["file"] for r in rejects} == {"kafka:clicks/0"}
     assert sorted(r["line"] for r in rejects) == [100, 2001, 4002]
     assert sorted(r["reason"] for r in rejects) == ["bad_json", "bad_json", "missing_value"]
+
+
+# ------------------------------------------------------------------ pushing to serving
+def test_published_versions_reach_a_server_under_load(tmp_path: Path) -> None:
+    """The stream publishes a version per window; `sampan serve --watch` swaps each in
+    while 4 HTTP clients keep scoring: no request fails, the served version moves on, and
+    a rollback goes back one version."""
+    import threading
+    import time
+
+    import httpx
+
+    from sampan.export.publish import read_versions
+
+    parts, models = tmp_path / "parts", tmp_path / "models"
+    table = drift_table(8 * PART_ROWS, seed=5)
+    write_partitions(parts, table.slice(0, 2 * PART_ROWS))
+    config = stream_config(tmp_path, {
+        "source": "directory", "directory": {"root": str(parts), "poll_seconds": 0.1},
+        "window_rows": PART_ROWS, "idle_stop_seconds": 60.0,
+        "publish": {"dir": str(models), "every_windows": 1, "every_seconds": None,
+                    "keep": 3}})
+    streamer = sampan("stream", str(config), "--run-dir", str(tmp_path / "run"))
+    server = None
+    try:
+        deadline = time.monotonic() + 120
+        while read_versions(models)["latest"] < 1:
+            assert time.monotonic() < deadline and streamer.poll() is None, \
+                streamer.communicate()[0].decode()
+            time.sleep(0.2)
+        port = free_port()
+        token = "t0ken"
+        server = sampan("serve", "--watch", str(models), "--port", str(port), "--set",
+                        "watch_seconds=0.2", env={**os.environ, "SAMPAN_ADMIN_TOKEN": token})
+        url = f"http://127.0.0.1:{port}"
+        while True:
+            try:
+                if httpx.get(f"{url}/readyz").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline and server.poll() is None
+            time.sleep(0.2)
+        records = [{k: v for k, v in r.items() if k[0] in "IC"}
+                   for r in table.slice(0, 8).to_pylist()]
+        stop, failures, done = threading.Event(), [], []
+
+        def client() -> None:
+            with httpx.Client() as c:
+                while not stop.is_set():
+                    r = c.post(f"{url}/v1/predict", json={"records": records}, timeout=30)
+                    (done if r.status_code == 200 else failures).append(r.status_code)
+
+        clients = [threading.Thread(target=client) for _ in range(4)]
+        for t in clients:
+            t.start()
+        seen = set()
+        for k in range(2, 8):  # new partitions arrive while the server is under load
+            d = parts / "20261201" / f"{k:02d}"
+            d.mkdir(parents=True)
+            pacsv.write_csv(table.slice(k * PART_ROWS, PART_ROWS), d / "part-0.csv")
+            (d / "_SUCCESS").touch()
+            want = k + 1
+            while True:
+                pub = httpx.get(f"{url}/readyz").json().get("published", {})
+                seen.add(pub.get("version"))
+                if pub.get("version", 0) >= want:
+                    break
+                assert time.monotonic() < deadline and streamer.poll() is None, \
+                    streamer.communicate()[0].decode()
+                time.sleep(0.1)
+        auth = {"Authorization": f"Bearer {token}"}
+        r = httpx.post(f"{url}/v1/admin/rollback", headers=auth, timeout=60)
+        assert r.status_code == 200, r.text
+        assert r.json()["version"] < 8
+        time.sleep(1.0)  # the watcher holds the rolled-back version
+        back = httpx.get(f"{url}/readyz").json()["published"]["version"]
+        stop.set()
+        for t in clients:
+            t.join()
+        assert not failures and len(done) > 20, (failures[:5], len(done))
+        assert back == r.json()["version"]
+        assert len(seen - {None}) >= 3  # the clients saw the versions move on
+    finally:
+        streamer.terminate()  # SIGTERM: a clean stop with a checkpoint
+        out = streamer.communicate(timeout=120)[0].decode()
+        if server is not None:
+            server.terminate()
+            server.communicate(timeout=30)
+    assert streamer.returncode == 0, out
+    v = read_versions(models)
+    assert [e["version"] for e in v["versions"]] == list(range(v["latest"] - 2, v["latest"] + 1))
+    for a, b in zip(v["versions"], v["versions"][1:], strict=False):
+        assert b["parent"] == a["version"] and b["rows"] > a["rows"]
+    assert v["versions"][-1]["position"]["partition"] == "20261201/07"
+    assert sorted(p.name for p in models.iterdir() if p.is_dir()) == [
+        e["path"] for e in v["versions"]]
+
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
