@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +22,7 @@ import pytest
 import torch
 import yaml
 
-from sampan.config import SyntheticConfig, load_config
+from sampan.config import ConfigError, SyntheticConfig, load_config
 from sampan.data.synthetic import iter_synthetic
 from sampan.train.online import TRACE_ENV, run_stream
 
@@ -159,6 +160,55 @@ def test_progressive_validation_beats_a_model_frozen_after_the_first_window(
     assert online["windows"] == ROWS // PART_ROWS
     gain = sum(on) / len(on) - sum(off) / len(off)
     assert gain > 0.01, (on, off)
+
+
+def test_stream_from_a_batch_run(tmp_path: Path) -> None:
+    """--from: the batch run's pipeline and weights; its first window is scored by them."""
+    from sampan.train.experiment import RunArtifacts, run_experiment
+    from tests.conftest import tiny_config
+
+    raw = tiny_config(tmp_path, rows=4000)
+    run_experiment(load_config(raw=raw), run_dir=tmp_path / "base")
+    table = drift_table(3 * PART_ROWS, seed=3)
+    write_partitions(tmp_path / "parts", table)
+    base = yaml.safe_load((tmp_path / "base" / "config.yaml").read_text())
+    stream = yaml.safe_load(stream_config(tmp_path, {
+        "source": "directory", "window_rows": PART_ROWS,
+        "directory": {"root": str(tmp_path / "parts"), "poll_seconds": 0.1}}).read_text())
+    base.update(stream=stream["stream"], data=stream["data"])
+    out = run_stream(load_config(raw=base), run_dir=tmp_path / "online",
+                     from_run=tmp_path / "base")
+    assert out["windows"] == 3 and out["rows"] == 3 * PART_ROWS
+    first = [json.loads(line) for line in (tmp_path / "online" / "metrics.jsonl")
+             .read_text().splitlines() if '"stream"' in line][0]
+    # the online run reads the CSV partitions; give its model the batch run's weights
+    art = RunArtifacts(tmp_path / "online")
+    art.model.load_state_dict(RunArtifacts(tmp_path / "base").model.state_dict())
+    want = art.evaluate([str(tmp_path / "parts" / "20261201" / "00" / "part-0.csv")])
+    assert abs(first["auc"] - want["auc"]) < 1e-9  # scored by the batch run's weights
+    assert (tmp_path / "online" / "data" / "pipeline" / "pipeline.json").read_bytes() == (
+        tmp_path / "base" / "data" / "pipeline" / "pipeline.json").read_bytes()
+
+
+def test_stream_config_errors(tmp_path: Path) -> None:
+    def load(stream: dict, **data) -> object:
+        raw = yaml.safe_load(stream_config(tmp_path, stream).read_text())
+        raw["data"].update(data)
+        return load_config(raw=raw)
+
+    with pytest.raises(ConfigError, match="give stream.kafka"):
+        load({"source": "kafka"})
+    with pytest.raises(ConfigError, match="done_file or quiet_seconds"):
+        load({"source": "directory", "directory": {"root": ".", "done_file": None}})
+    with pytest.raises(ConfigError, match="window_rowz.*window_rows"):
+        load({"source": "directory", "directory": {"root": "."}, "window_rowz": 5})
+    cfg = load({"source": "kafka", "format": "csv",
+                "kafka": {"brokers": "127.0.0.1:1", "topic": "t"}})
+    with pytest.raises(ConfigError, match="data.columns must list"):
+        run_stream(cfg, run_dir=tmp_path / "r1")
+    cfg = load({"source": "directory", "directory": {"root": str(tmp_path / "nowhere")}})
+    with pytest.raises(Exception, match="is not a directory"):
+        run_stream(cfg, run_dir=tmp_path / "r2")
 
 
 # ------------------------------------------------------------------------------- Kafka
@@ -307,8 +357,31 @@ def test_published_versions_reach_a_server_under_load(tmp_path: Path) -> None:
         assert not failures and len(done) > 20, (failures[:5], len(done))
         assert back == r.json()["version"]
         assert len(seen - {None}) >= 3  # the clients saw the versions move on
-    finally:
         streamer.terminate()  # SIGTERM: a clean stop with a checkpoint
+        out = streamer.communicate(timeout=120)[0].decode()
+        assert streamer.returncode == 0, out
+        # a version whose files do not match its manifest is refused; the current serves on
+        v = read_versions(models)
+        last = v["versions"][-1]
+        shutil.copytree(models / last["path"], models / "v000099")
+        with open(models / "v000099" / "pipeline" / "pipeline.json", "a") as f:
+            f.write(" ")
+        v["versions"].append({**last, "version": 99, "parent": last["version"],
+                              "path": "v000099"})
+        v["latest"] = 99
+        (models / "versions.json").write_text(json.dumps(v))
+        time.sleep(1.5)
+        pub = httpx.get(f"{url}/readyz").json()["published"]
+        assert pub["refused"] == [99] and pub["version"] == back
+        assert "does not match its sha256" in " ".join(pub["errors"])
+        assert httpx.post(f"{url}/v1/predict", json={"records": records}).status_code == 200
+        v["versions"].pop()
+        v["latest"] = last["version"]
+        shutil.rmtree(models / "v000099")
+        (models / "versions.json").write_text(json.dumps(v))
+    finally:
+        if streamer.poll() is None:
+            streamer.terminate()
         out = streamer.communicate(timeout=120)[0].decode()
         if server is not None:
             server.terminate()
