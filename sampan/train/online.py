@@ -49,7 +49,13 @@ from sampan.data.rejects import RejectLog
 from sampan.data.roles import ColumnRoles
 from sampan.data.store import MARK, _SplitWriter
 from sampan.data.stream import Window, WindowReader, open_source
-from sampan.errors import ConfigError, DivergenceError, MissingPathError, RunError
+from sampan.errors import (
+    ConfigError,
+    DivergenceError,
+    MissingPathError,
+    RunError,
+    SampanError,
+)
 from sampan.metrics import auc
 from sampan.models import build_model
 from sampan.train import checkpoint as ckpt
@@ -106,6 +112,7 @@ class StreamRun:
             raise ConfigError("stream.publish is set but no publisher was given: run "
                               "`sampan stream`, or pass publisher=sampan.export.publish."
                               "Publisher to run_stream")
+        self.publish_failures = 0
         self.trainer: Trainer | None = None
         self.pipe: FeaturePipeline | None = None
 
@@ -126,36 +133,53 @@ class StreamRun:
         return data
 
     def _write_data(self, pipe: FeaturePipeline, table: pa.Table, fitted_on: str) -> None:
-        """``data/``: manifest, pipeline, and the first rows of ``table`` as ``valid``."""
+        """``data/``: the pipeline (once), then the manifest and the first rows of
+        ``table`` as ``valid`` (:meth:`_write_recent`)."""
         root = self.run / "data"
         if not (root / "pipeline").exists():
             root.mkdir(parents=True, exist_ok=True)
             (root / MARK).touch()
             pipe.save(root / "pipeline")
+        self._manifest = {"schema": pipe.schema().to_json(),
+                          "stream": self.s.model_dump(mode="json"),
+                          "fitted_on": {"split": fitted_on, "rows": pipe.fitted_rows_},
+                          "features": pipe.feature_report(), "oracle": False}
         self._write_recent(table)
-        manifest = {"schema": pipe.schema().to_json(),
-                    "splits": {"train": {"rows": 0, "from": "the stream"},
-                               "valid": {"rows": min(RECENT_ROWS, table.num_rows),
-                                         "from": "the latest window's first rows"},
-                               "test": {"rows": 0, "from": "the stream"}},
-                    "stream": self.s.model_dump(mode="json"),
-                    "fitted_on": {"split": fitted_on, "rows": pipe.fitted_rows_},
-                    "features": pipe.feature_report(), "oracle": False}
-        tmp = root / "manifest.json.tmp"
-        tmp.write_text(json.dumps(manifest, indent=1))
-        os.replace(tmp, root / "manifest.json")
 
     def _write_recent(self, table: pa.Table) -> None:
+        """The first rows of ``table`` as the ``valid`` split, swapped in whole: a kill at
+        any moment leaves the old rows or the new ones (see :meth:`_repair_recent`)."""
         assert self.pipe is not None
+        root = self.run / "data"
         part = table.slice(0, RECENT_ROWS)
-        out = self.run / "data" / "valid.tmp"
-        shutil.rmtree(out, ignore_errors=True)
-        w = _SplitWriter(out, self.pipe.schema(), part.num_rows, None)
+        tmp, dest, old = root / "valid.tmp", root / "valid", root / "valid.old"
+        shutil.rmtree(tmp, ignore_errors=True)
+        w = _SplitWriter(tmp, self.pipe.schema(), part.num_rows, None)
         w.append(self.pipe.transform(part, with_labels=True))
         w.close()
-        dest = self.run / "data" / "valid"
-        shutil.rmtree(dest, ignore_errors=True)
-        os.replace(out, dest)
+        shutil.rmtree(old, ignore_errors=True)
+        if dest.exists():
+            os.replace(dest, old)
+        os.replace(tmp, dest)
+        shutil.rmtree(old, ignore_errors=True)
+        manifest = {**self._manifest, "splits": {
+            "train": {"rows": 0, "from": "the stream"},
+            "valid": {"rows": part.num_rows, "from": "the latest window's first rows"},
+            "test": {"rows": 0, "from": "the stream"}}}
+        mtmp = root / "manifest.json.tmp"
+        mtmp.write_text(json.dumps(manifest, indent=1))
+        os.replace(mtmp, root / "manifest.json")
+
+    def _repair_recent(self) -> None:
+        """After a kill in :meth:`_write_recent`: the rows it was swapping out come back."""
+        root = self.run / "data"
+        if not (root / "valid").exists() and (root / "valid.old").exists():
+            os.replace(root / "valid.old", root / "valid")
+        for p in ("valid.tmp", "valid.old", "manifest.json.tmp"):
+            q = root / p
+            shutil.rmtree(q, ignore_errors=True) if q.is_dir() else q.unlink(missing_ok=True)
+        self._manifest = {k: v for k, v in json.loads(
+            (root / "manifest.json").read_text()).items() if k != "splits"}
 
     # ------------------------------------------------------------------ starting
     def _start(self) -> tuple[WindowReader, Window | None]:
@@ -169,6 +193,7 @@ class StreamRun:
             c = ckpt.load(run / "checkpoints" / LAST, "cpu")
             state = c["stream"]
             self.pipe = FeaturePipeline.load(run / "data" / "pipeline")
+            self._repair_recent()
             self.position, self.windows, self.rows = (state["position"], state["windows"],
                                                       state["rows"])
             self.history.extend(state.get("history", []))
@@ -299,22 +324,31 @@ class StreamRun:
                            f"loss {loss:.4f}  {speed:,.0f} rows/s", highlight=False)
         if self.windows % self.s.checkpoint_every_windows == 0:
             self._checkpoint(w, prev)
+        if self.log.read >= 1000:  # of everything read so far (one bad record of the first
+            self.log.check(self.cfg.data.max_bad_fraction)  # few is no share yet)
 
     def _checkpoint(self, w: Window, prev: dict[str, Any] | None) -> None:
         t = self.trainer
         assert t is not None
         self._write_recent(w.table)
-        t.save_checkpoint(extra={"stream": {
-            "position": self.position, "windows": self.windows, "rows": self.rows,
-            "history": list(self.history), "reference_loss": t.reference_loss}})
-        self.source.commit(self.position)  # only once the checkpoint holds it
-        if trace := os.environ.get(TRACE_ENV):
+        if trace := os.environ.get(TRACE_ENV):  # before: a resume cuts what it lacks
             with open(trace, "a") as f:
                 f.write(json.dumps({"window": self.windows, "rows": self.rows,
                                     "from": prev, "to": self.position}) + "\n")
-        if self.publish is not None:
+        self._checkpoint_last()
+        self._publish(final=False)
+
+    def _publish(self, final: bool) -> None:
+        """A new version for serving when due. A failed push is said and retried at the
+        next checkpoint; training goes on (the checkpoint holds everything)."""
+        if self.publish is None or not self.windows:
+            return
+        try:
             self.publish({"windows": self.windows, "rows": self.rows,
-                          "position": self.position})
+                          "position": self.position, "final": final})
+        except (SampanError, OSError) as e:
+            self.publish_failures += 1
+            self.console.print(f"[yellow]publish failed[/] after window {self.windows}: {e}")
 
     def _truncate_trace(self) -> None:
         trace = os.environ.get(TRACE_ENV)
@@ -358,9 +392,7 @@ class StreamRun:
                     break
             if self.windows % self.s.checkpoint_every_windows and self.position is not None:
                 self._checkpoint_last()
-            if self.publish is not None and self.windows:
-                self.publish({"windows": self.windows, "rows": self.rows,
-                              "position": self.position, "final": True})
+            self._publish(final=True)
         finally:
             for sig, h in old.items():
                 signal.signal(sig, h)
@@ -373,7 +405,7 @@ class StreamRun:
                and self.windows >= self.s.max_windows else "the stream went quiet")
         results = {"windows": self.windows, "rows": self.rows, "position": self.position,
                    "stopped": why, "seconds": round(time.perf_counter() - t0, 2),
-                   "rejects": self.log.summary()}
+                   "rejects": self.log.summary(), "publish_failures": self.publish_failures}
         if self.history:
             results["progressive"] = {k: float(np.mean([h[k] for h in self.history]))
                                       for k in self.history[-1]}
@@ -385,13 +417,13 @@ class StreamRun:
         return results
 
     def _checkpoint_last(self) -> None:
-        """A checkpoint of the windows since the last one (on a clean stop)."""
+        """``last.pt`` with the stream position, then the source's commit."""
         t = self.trainer
         assert t is not None
         t.save_checkpoint(extra={"stream": {
             "position": self.position, "windows": self.windows, "rows": self.rows,
             "history": list(self.history), "reference_loss": t.reference_loss}})
-        self.source.commit(self.position)
+        self.source.commit(self.position)  # only once the checkpoint holds it
 
     def _recover(self, reason: str) -> WindowReader:
         """A diverged window: back to the last checkpoint with halved learning rates (as
@@ -405,6 +437,7 @@ class StreamRun:
         state = ckpt.load(self.run / "checkpoints" / LAST, "cpu")["stream"]
         self.position, self.windows, self.rows = (state["position"], state["windows"],
                                                   state["rows"])
+        self._truncate_trace()
         self.console.print(f"[yellow]diverged[/] ({reason}): back to window {self.windows} "
                            f"with the learning rates halved")
         self.source.seek(self.position)
