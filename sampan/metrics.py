@@ -190,10 +190,61 @@ class MetricAccumulator:
                 out[f"auc_{t}"] = auc(z[:, t], y[:, t])
                 out[f"logloss_{t}"] = logloss(z[:, t], y[:, t])
         if self.groups:
-            r = gauc(z[:, 0], y[:, 0], torch.cat(self.groups))
+            g = torch.cat(self.groups)
+            r = gauc(z[:, 0], y[:, 0], g)
             out.update(gauc=r.value, gauc_groups=float(r.groups_used),
                        gauc_skipped=float(r.groups_skipped))
+            rank = grouped_ranking_metrics(z[:, 0], y[:, 0], g, RANKING_K)
+            out.update({k: v for k, v in rank.items()
+                        if k.startswith(("hitrate@", "ndcg@", "mrr"))})
         return out
+
+
+RANKING_K = 10  # the cutoff of the per-group ranking metrics of a CTR model
+
+
+def grouped_ranking_metrics(scores: torch.Tensor, labels: torch.Tensor, groups: torch.Tensor,
+                            k: int) -> dict[str, float]:
+    """:func:`ranking_metrics` of a CTR model's rows, each group (``features.group``, e.g.
+    the user) a query whose candidates are its rows and whose relevant items are its
+    positives: mean over groups with a positive of Recall@K, HitRate@K, NDCG@K and MRR.
+    Ties rank pessimistically (an item ranks below every item of its group with an equal
+    score). No loop over groups: one sort of ``(group, score)`` keys.
+
+    >>> s = torch.tensor([0.9, 0.8, 0.1, 0.2, 0.9, 0.5])
+    >>> y = torch.tensor([0.0, 1.0, 0.0, 1.0, 0.0, 0.0])
+    >>> g = torch.tensor([7, 7, 7, 3, 3, 3])
+    >>> {k: round(v, 4) for k, v in grouped_ranking_metrics(s, y, g, k=2).items()}
+    {'recall@2': 0.5, 'hitrate@2': 0.5, 'ndcg@2': 0.3155, 'mrr': 0.4167, 'queries': 2.0}
+    """
+    s = scores.detach().reshape(-1).to(torch.float64)
+    rel = labels.detach().reshape(-1) > 0.5
+    _, gid = torch.unique(groups.detach().reshape(-1), return_inverse=True)
+    uniq_s, srank = torch.unique(s, return_inverse=True)
+    key = gid * (len(uniq_s) + 1) + srank  # sorts by group, then score
+    sorted_key = torch.sort(key).values
+    ngroups = int(gid.max()) + 1 if len(gid) else 0
+    sizes = torch.bincount(gid, minlength=ngroups)
+    ends = sizes.cumsum(0)
+    # 1-based rank: the rows of the group that score at least as high (itself included)
+    rank = (ends[gid] - torch.searchsorted(sorted_key, key, right=False)).to(torch.float64)
+    n_rel = torch.zeros(ngroups, dtype=torch.float64).index_add_(0, gid, rel.double())
+    has = n_rel > 0
+    if not bool(has.any()):
+        return {f"recall@{k}": math.nan, f"hitrate@{k}": math.nan, f"ndcg@{k}": math.nan,
+                "mrr": math.nan, "queries": 0.0}
+    in_k = rel & (rank <= k)
+    hits = torch.zeros(ngroups, dtype=torch.float64).index_add_(0, gid, in_k.double())
+    dcg = torch.zeros(ngroups, dtype=torch.float64).index_add_(
+        0, gid, torch.where(in_k, 1.0 / torch.log2(rank + 1.0), torch.zeros_like(rank)))
+    discounts = (1.0 / torch.log2(torch.arange(2, k + 2, dtype=torch.float64))).cumsum(0)
+    idcg = discounts[(torch.clamp(n_rel[has], max=k) - 1).long()]
+    first = torch.full((ngroups,), math.inf, dtype=torch.float64).scatter_reduce_(
+        0, gid[rel], rank[rel], reduce="amin")
+    return {f"recall@{k}": (hits[has] / n_rel[has]).mean().item(),
+            f"hitrate@{k}": (hits[has] > 0).double().mean().item(),
+            f"ndcg@{k}": (dcg[has] / idcg).mean().item(),
+            "mrr": (1.0 / first[has]).mean().item(), "queries": float(has.sum())}
 
 
 # ---------------------------------------------------------------- top-K ranking metrics

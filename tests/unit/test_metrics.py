@@ -289,3 +289,57 @@ def test_auc_bootstrap_is_paired_and_spreads_like_the_standard_error() -> None:
     # the paired difference is far tighter than either AUC: the resamples are the same rows
     assert float((ba - bb).std()) < 0.5 * float(ba.std())
     assert auc_bootstrap(torch.tensor([0.2, 0.3]), torch.tensor([1.0, 1.0]), 5).isnan().all()
+
+
+def _grouped_reference(scores, labels, groups, k):
+    """Plain Python: per group, pessimistic ranks, then the four metrics' means."""
+    import math
+    from collections import defaultdict
+
+    by = defaultdict(list)
+    for s, y, g in zip(scores, labels, groups, strict=True):
+        by[g].append((s, y > 0.5))
+    recall, hit, ndcg, mrr = [], [], [], []
+    for rows in by.values():
+        rel = [s for s, y in rows if y]
+        if not rel:
+            continue
+        ranks = [sum(1 for t, _ in rows if t >= s) for s in rel]  # ties: pessimistic
+        in_k = [r for r in ranks if r <= k]
+        recall.append(len(in_k) / len(rel))
+        hit.append(1.0 if in_k else 0.0)
+        idcg = sum(1 / math.log2(i + 2) for i in range(min(len(rel), k)))
+        ndcg.append(sum(1 / math.log2(r + 1) for r in in_k) / idcg)
+        mrr.append(1 / min(ranks))
+    n = len(recall)
+    return {f"recall@{k}": sum(recall) / n, f"hitrate@{k}": sum(hit) / n,
+            f"ndcg@{k}": sum(ndcg) / n, "mrr": sum(mrr) / n, "queries": float(n)}
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_grouped_ranking_metrics_match_a_plain_python_reference(seed) -> None:
+    from sampan.metrics import grouped_ranking_metrics
+
+    rng = np.random.default_rng(seed)
+    n = 3000
+    groups = rng.integers(0, 200, n) * 7 - 50  # unsorted, sparse, negative ids too
+    scores = np.round(rng.random(n), 2)  # many ties
+    labels = (rng.random(n) < 0.15).astype(np.float32)
+    for k in (1, 5, 10):
+        got = grouped_ranking_metrics(torch.tensor(scores), torch.tensor(labels),
+                                      torch.tensor(groups), k)
+        want = _grouped_reference(scores.tolist(), labels.tolist(), groups.tolist(), k)
+        assert got.keys() == want.keys()
+        for key in want:
+            assert got[key] == pytest.approx(want[key], abs=1e-12), (k, key)
+
+
+def test_ctr_evaluation_reports_ranking_metrics_per_group() -> None:
+    from sampan.metrics import RANKING_K, MetricAccumulator
+
+    acc = MetricAccumulator()
+    acc.update(torch.tensor([[2.0], [1.0], [0.0], [3.0]]), torch.tensor([[0.], [1.], [0.], [1.]]),
+               torch.tensor([1, 1, 1, 2]))
+    m = acc.compute()
+    assert m["mrr"] == pytest.approx((1 / 2 + 1) / 2)
+    assert m[f"hitrate@{RANKING_K}"] == 1.0
