@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import (
     Field,
     ValidationInfo,
+    field_validator,
     model_validator,
 )
 
@@ -82,9 +83,32 @@ class CategoricalFeature(_Strict):
     dynamic: DynamicTable | None = Field(
         None, description="a dynamic table instead of a fitted vocabulary: {capacity: N, "
         "admit: {min_count, probability}, evict: {policy, ttl_steps, fraction}}")
+    time: Literal["hour", "weekday", "day_of_month", "month"] | None = Field(
+        None, description="a category from a timestamp column (epoch seconds or ISO 8601): "
+        "its hour (0-23), weekday (0 Monday - 6), day of the month or month, in timezone")
+    timezone: str = Field("UTC", description="with time: the IANA timezone the hour / day "
+                          "is read in (Asia/Shanghai, Europe/Berlin, ...); also the zone of "
+                          "ISO times written without an offset")
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_zone(cls, v: str) -> str:
+        import zoneinfo
+
+        try:
+            zoneinfo.ZoneInfo(v)
+        except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+            near = difflib.get_close_matches(v, sorted(zoneinfo.available_timezones()), n=1)
+            raise ValueError(f"timezone {v!r} is not an IANA timezone name"
+                             + (f"; did you mean {near[0]!r}?" if near else
+                                " (e.g. UTC, Asia/Shanghai, America/New_York)")) from None
+        return v
 
     @model_validator(mode="after")
     def _hash_or_vocab(self) -> CategoricalFeature:
+        if self.time is not None and (self.bucketize != "none" or self.cross is not None):
+            raise ValueError(f"feature {self.name!r}: time cannot be combined with "
+                             "bucketize or cross")
         if self.dynamic is not None:
             fitted = [k for k, off in (("min_count", self.min_count == 1),
                                        ("max_size", self.max_size is None),

@@ -35,6 +35,7 @@ from sampan.config import FeaturesConfig
 from sampan.data.hashing import stable_hash
 from sampan.data.lists import ListEncoder
 from sampan.data.sources import ColumnRoles, DataError
+from sampan.data.times import time_part
 from sampan.data.transforms import CategoricalEncoder, NotFittedError, NumericEncoder
 from sampan.schema import DataSchema, DynamicSpec, SequenceFeatureSpec, SparseFeatureSpec
 
@@ -100,6 +101,8 @@ class FeaturePipeline:
         if getattr(spec, "cross", None):
             parts = [pc.fill_null(_col(table, c).cast(pa.string()), "") for c in spec.cross]
             return pc.binary_join_element_wise(*parts, "\x1f")
+        if getattr(spec, "time", None):
+            return time_part(_col(table, spec.column or spec.name), spec.time, spec.timezone)
         return _col(table, spec.column or spec.name)
 
     # -- fitting
@@ -142,6 +145,8 @@ class FeaturePipeline:
                        f"{d.admit.min_count} sighting(s), evicted by {d.evict.policy}")
             elif sp.cross:
                 how = f"cross of {'+'.join(sp.cross)}, hashed into {sp.hash_buckets:,}"
+            elif getattr(sp, "time", None):
+                how = f"{sp.time} of {sp.column or sp.name} ({sp.timezone})"
             elif sp.bucketize != "none":
                 how = f"{sp.buckets} quantile buckets" if sp.bucketize == "quantile" \
                     else f"bucketize {sp.bucketize}"
