@@ -8,7 +8,9 @@ TorchRec's DistributedModelParallel does): :func:`distribute_embeddings` replace
 * or a :class:`RowShardedCollection`: process ``k`` of ``W`` holds rows
   ``bounds[k]:bounds[k + 1]`` (and their optimizer state). A lookup sends each unique id to
   its owner and gets the row back (``all_to_all`` both ways); the backward sends each row's
-  gradient to its owner, which alone updates it.
+  gradient to its owner, which alone updates it. A dynamic table's key -> row map is kept
+  whole on every process (the same on all: each admits the global batch's keys); its rows
+  are sharded.
 
 A model built from a schema whose tables are deferred (``schema.with_table_device("meta")``)
 never allocates a whole table: each process materialises only the rows it keeps, with the
@@ -28,7 +30,6 @@ from torch import nn
 from sampan.distributed.collectives import all_gather_rows
 from sampan.embedding.collection import EmbeddingCollection, merge_rows
 from sampan.embedding.dynamic import KeyIndex
-from sampan.errors import ConfigError
 
 
 def shard_bounds(rows: int, world: int) -> list[int]:
@@ -73,6 +74,15 @@ def return_grads(grads: torch.Tensor, route: _Route) -> tuple[torch.Tensor, torc
     return route.served, back
 
 
+def admit_global_batch(index: KeyIndex, keys: torch.Tensor, step: int
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A dynamic table's training lookup in a data-parallel run: every process admits the
+    keys of the whole global batch (gathered in rank order), so every process's key -> row
+    map stays the same; returns this process's keys' rows and the rows freed."""
+    _, freed = index.admit(all_gather_rows(keys), step)
+    return index.find(keys), freed
+
+
 class ReplicatedCollection(EmbeddingCollection):
     """The whole table on every process: the row gradients of all processes are merged
     before the sparse update, so every replica takes the same one. A dynamic table admits
@@ -86,8 +96,7 @@ class ReplicatedCollection(EmbeddingCollection):
             plain.initial_rows(), requires_grad=False)
 
     def _admit(self, index: KeyIndex, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        _, freed = index.admit(all_gather_rows(keys), int(self.dynamic_step))
-        return index.find(keys), freed
+        return admit_global_batch(index, keys, int(self.dynamic_step))
 
     def pop_lookups(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Every process's ``(row ids, gradients)`` merged: the same on every process (a
@@ -107,10 +116,6 @@ class RowShardedCollection(EmbeddingCollection):
     def __init__(self, plain: EmbeddingCollection, rank: int, world: int):
         nn.Module.__init__(self)
         self._copy_layout(plain)
-        if plain.dynamic:
-            raise ConfigError(f"dynamic tables are replicated in a distributed run for now, "
-                              f"not row-sharded: {sorted(plain.dynamic)} (set "
-                              "train.embedding_placement: replicated, or auto)")
         self.rank, self.world = rank, world
         self.bounds = shard_bounds(self.num_rows, world)
         self.lo, self.hi = self.bounds[rank], self.bounds[rank + 1]
@@ -133,36 +138,48 @@ class RowShardedCollection(EmbeddingCollection):
             return rows.index_select(0, inverse)
         return self._track(uniq, rows, inverse, route)
 
+    # A dynamic table's key -> row map is the same on every process (each admits the
+    # global batch's keys, as a replicated table does: the map is small next to the rows it
+    # points to); its rows are sharded like any other, and each process renews the freed
+    # rows it holds.
+    def _admit(self, index: KeyIndex, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return admit_global_batch(index, keys, int(self.dynamic_step))
+
+    def _renew(self, rows: torch.Tensor) -> None:
+        fresh = self._fresh_rows(rows)  # all of them: the draw is the plain table's
+        mine = (rows >= self.lo) & (rows < self.hi)
+        local = rows[mine] - self.lo
+        with torch.no_grad():
+            self.weight.index_copy_(0, local, fresh[mine])
+        self._reset.append(local)  # the optimizer state of this shard is local-indexed
+
     def pop_lookups(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """This process's rows (local indices) and the gradients sent to them (a
         collective, like the lookups)."""
-        served, grads = [], []
+        looks = []
         for _, r, route in self._lookups:
-            ids, back = return_grads(r.grad if r.grad is not None else torch.zeros_like(r),
-                                     route)
-            served.append(ids)
-            grads.append(back)
+            looks.append(return_grads(r.grad if r.grad is not None else torch.zeros_like(r),
+                                      route))
         self._lookups.clear()
-        if not served:
+        looks = self._unfrozen(looks)  # global rows: the default rows are never updated
+        if not looks:
             return None
-        return merge_rows(torch.cat(served) - self.lo, torch.cat(grads))
+        return merge_rows(torch.cat([u for u, _ in looks]) - self.lo,
+                          torch.cat([g for _, g in looks]))
 
 
 def distribute_embeddings(model: nn.Module, shard: Callable[[int], bool], rank: int,
-                          world: int, shard_dynamic: bool = False) -> nn.Module:
+                          world: int) -> nn.Module:
     """Replace every plain :class:`EmbeddingCollection` of ``model`` (in place; a
     collection given as the model is returned replaced) with a
     :class:`RowShardedCollection` where ``shard(weight bytes)`` is true, else a
-    :class:`ReplicatedCollection` (always, for one with dynamic tables, unless
-    ``shard_dynamic``: ``train.embedding_placement: row_sharded``, which
-    :class:`RowShardedCollection` refuses for them). Call before building optimizers."""
+    :class:`ReplicatedCollection`. Call before building optimizers."""
     done: dict[int, EmbeddingCollection] = {}
 
     def replaced(c: EmbeddingCollection) -> EmbeddingCollection:
         if id(c) not in done:
             nbytes = c.num_rows * c.dim * c.weight.element_size()
-            wanted = shard_dynamic if c.dynamic else shard(nbytes)
-            done[id(c)] = RowShardedCollection(c, rank, world) if wanted else \
+            done[id(c)] = RowShardedCollection(c, rank, world) if shard(nbytes) else \
                 ReplicatedCollection(c)
         return done[id(c)]
 

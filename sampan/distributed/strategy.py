@@ -102,7 +102,7 @@ class DataParallel(SingleProcess):
     table_device = "meta"  # no process allocates a whole table; parallelize gives its rows
 
     def __init__(self, ctx: DistContext, shard_tables: Any = None,
-                 sync_batch_norm: bool = True, shard_dynamic: bool = False):
+                 sync_batch_norm: bool = True):
         if not ctx.enabled:
             raise RuntimeError("DataParallel needs a process group of 2 or more processes "
                                "(start with sampan train --nproc-per-node N)")
@@ -111,11 +111,9 @@ class DataParallel(SingleProcess):
         self.enabled, self.is_main = True, ctx.is_main
         self.shard_tables = shard_tables or (lambda nbytes: False)
         self.sync_batch_norm = sync_batch_norm
-        self.shard_dynamic = shard_dynamic  # asked for explicitly: refused, for now
 
     def parallelize(self, model: nn.Module) -> nn.Module:
-        model = distribute_embeddings(model, self.shard_tables, self.rank, self.world,
-                                      self.shard_dynamic)
+        model = distribute_embeddings(model, self.shard_tables, self.rank, self.world)
         if self.sync_batch_norm:
             self.synced_batch_norms += sync_batch_norm_(model)
         return model
@@ -188,4 +186,4 @@ def strategy_for(train: Any = None) -> SingleProcess:
     def shard(nbytes: int) -> bool:
         return how == "row_sharded" or (how == "auto" and nbytes >= at_least)
 
-    return DataParallel(ctx, shard, train.sync_batch_norm, how == "row_sharded")
+    return DataParallel(ctx, shard, train.sync_batch_norm)

@@ -284,15 +284,19 @@ class EmbeddingCollection(nn.Module):
 
     def _renew(self, rows: torch.Tensor) -> None:
         """Rows given to new keys: drawn again from the initial distribution, and their
-        optimizer state to be reset (see :meth:`pop_reset_rows`). The draw depends only on
-        the step and the rows (every process of a data-parallel run draws the same)."""
+        optimizer state to be reset (see :meth:`pop_reset_rows`)."""
+        fresh = self._fresh_rows(rows)
+        with torch.no_grad():
+            self.weight.index_copy_(0, rows, fresh)
+        self._reset.append(rows)
+
+    def _fresh_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """New initial values for the global rows ``rows``. The draw depends only on the
+        step and the rows: every process of a data-parallel run draws the same."""
         gen = torch.Generator().manual_seed(int(self.dynamic_step) * 1_000_003 + int(rows[0]))
         fresh = torch.empty(len(rows), self.dim).normal_(0.0, self.init_std, generator=gen)
-        fresh = fresh.to(self.weight.device)
         fresh[:, : self.zero_columns] = 0.0
-        with torch.no_grad():
-            self.weight.index_copy_(0, rows, fresh.to(self.weight.dtype))
-        self._reset.append(rows)
+        return fresh.to(self.weight.device, self.weight.dtype)
 
     def pop_reset_rows(self) -> torch.Tensor | None:
         """Rows whose optimizer state must start again (freed and given to new keys)
@@ -323,11 +327,17 @@ class EmbeddingCollection(nn.Module):
         """The ``(unique ids, row gradients)`` of every lookup since the last call."""
         looks = [(look[0], look[1].grad) for look in self._lookups if look[1].grad is not None]
         self._lookups.clear()
-        if self._dynamic_at:  # default rows are never updated; the step moves on
-            self.dynamic_step += 1
-            keep = [~torch.isin(u, self.frozen_rows) for u, _ in looks]
-            looks = [(u[k], g[k]) for (u, g), k in zip(looks, keep, strict=True)]
-        return looks
+        return self._unfrozen(looks)
+
+    def _unfrozen(self, looks: list[tuple[torch.Tensor, torch.Tensor]]
+                  ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """``(global rows, gradients)`` without the default rows of dynamic tables, which
+        are never updated; the step of admission moves on (once per optimizer step)."""
+        if not self._dynamic_at:
+            return looks
+        self.dynamic_step += 1
+        keep = [~torch.isin(u, self.frozen_rows) for u, _ in looks]
+        return [(u[k], g[k]) for (u, g), k in zip(looks, keep, strict=True)]
 
     def pop_lookups(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Unique row ids ``[U]`` and their summed gradients ``[U, D]`` since the last call.

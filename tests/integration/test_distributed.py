@@ -378,24 +378,27 @@ def test_killed_two_process_run_resumes(tmp_path, placement, resume_procs):
 
 
 # ------------------------------------------------------------------ dynamic tables
-def dynamic_steps(batches, weight_of, out=None):
+def dynamic_steps(batches, weight_of, placement="replicated"):
     """Three SparseAdam steps of a collection with a dynamic table of 6 rows (full from the
-    second step, evicting after) on ``batches``; the table and its map afterwards."""
+    second step, evicting after) on ``batches``; the table (this process's rows of it, from
+    row ``lo``) and its map afterwards."""
     from sampan import distributed
+    from sampan.config import TrainConfig
     from sampan.embedding import EmbeddingCollection, SparseAdam
     from sampan.schema import DynamicSpec, TableSpec
 
     torch.manual_seed(0)
     coll = EmbeddingCollection([TableSpec("a", 5, 4, ("a",)), TableSpec(
         "k", 7, 4, ("k",), dynamic=DynamicSpec(6, policy="lru", evict_fraction=0.0))], 0.3)
-    coll = distributed.strategy_for().parallelize(coll)
+    coll = distributed.strategy_for(TrainConfig(embedding_placement=placement)
+                                    ).parallelize(coll)
     opt = SparseAdam([coll], lr=0.1)
     for ids in batches:
         ((coll(ids).sum(-1) - 1.0).square().sum() * weight_of(ids)).backward()
         opt.step()
     index = coll.dynamic["k"]
     return {"weight": coll.weight.detach().clone(), "keys": index.row_key.clone(),
-            "stamps": index.row_stamp.clone()}
+            "stamps": index.row_stamp.clone(), "lo": getattr(coll, "lo", 0)}
 
 
 def dynamic_batches():
@@ -406,19 +409,28 @@ def dynamic_batches():
 
 
 def dynamic_worker(rank, port, out):
+    placement = (out / "placement").read_text()
     with process_group(rank, port):
         mine = [b[rank * 5: (rank + 1) * 5] for b in dynamic_batches()]
-        torch.save(dynamic_steps(mine, lambda ids: 1.0 / 10), out / f"dyn{rank}.pt")
+        torch.save(dynamic_steps(mine, lambda ids: 1.0 / 10, placement), out / f"dyn{rank}.pt")
 
 
-def test_two_ranks_train_a_dynamic_table_like_one_process(tmp_path):
+@pytest.mark.parametrize("placement", ["replicated", "row_sharded"])
+def test_two_ranks_train_a_dynamic_table_like_one_process(tmp_path, placement):
     """Each rank admits the keys of the whole global batch, in rank order, so the maps stay
-    equal; row gradients merge as for any replicated table; evicted rows are drawn again
-    alike on every rank: both ranks end where one process on the global batch ends."""
+    equal; row gradients merge (replicated) or go to the rows' owners (row-sharded); evicted
+    rows are drawn again alike: both ranks end where one process on the global batch ends
+    (row-sharded: their rows put together are its table)."""
+    (tmp_path / "placement").write_text(placement)
     spawn_ranks(dynamic_worker, free_port(), tmp_path)
     one = dynamic_steps(dynamic_batches(), lambda ids: 1.0 / 10)
-    for r in range(2):
-        got = torch.load(tmp_path / f"dyn{r}.pt", weights_only=True)
-        assert torch.equal(got["keys"], one["keys"]) and torch.equal(got["stamps"],
-                                                                     one["stamps"])
-        torch.testing.assert_close(got["weight"], one["weight"], atol=1e-6, rtol=1e-5)
+    got = [torch.load(tmp_path / f"dyn{r}.pt", weights_only=True) for r in range(2)]
+    for g in got:
+        assert torch.equal(g["keys"], one["keys"]) and torch.equal(g["stamps"], one["stamps"])
+    if placement == "row_sharded":
+        assert got[0]["lo"] == 0 and got[1]["lo"] == len(got[0]["weight"]) > 0
+        weight = torch.cat([g["weight"] for g in got])
+    else:
+        weight = got[1]["weight"]
+        torch.testing.assert_close(got[0]["weight"], weight, atol=0, rtol=0)
+    torch.testing.assert_close(weight, one["weight"], atol=1e-6, rtol=1e-5)

@@ -148,23 +148,20 @@ def test_a_dynamic_table_needs_its_capacity_plus_the_default_row():
         EmbeddingCollection([TableSpec("k", 8, 4, ("k",), dynamic=DynamicSpec(8))])
 
 
-def test_a_data_parallel_run_replicates_dynamic_tables_and_refuses_to_shard_them():
-    from sampan.config import ConfigError
+def test_a_data_parallel_run_places_dynamic_tables_like_any_other():
     from sampan.distributed import (
         ReplicatedCollection,
         RowShardedCollection,
         distribute_embeddings,
     )
 
-    # auto placement shards large tables (here: all of them, as shard_min_bytes 0 would);
-    # a collection with dynamic ones stays replicated
+    # the placement rule decides (auto: by size; row_sharded: always); the map stays whole
     big = EmbeddingCollection(tables())
-    assert isinstance(distribute_embeddings(big, lambda n: True, 0, 2), ReplicatedCollection)
-    with pytest.raises(ConfigError, match="replicated"):  # row_sharded asked for explicitly
-        distribute_embeddings(EmbeddingCollection(tables()), lambda n: True, 0, 2,
-                              shard_dynamic=True)
-    with pytest.raises(ConfigError, match="replicated"):
-        RowShardedCollection(EmbeddingCollection(tables()), 0, 2)
+    sharded = distribute_embeddings(big, lambda n: True, 1, 2)
+    assert isinstance(sharded, RowShardedCollection) and set(sharded.dynamic) == set(big.dynamic)
+    assert sharded.weight.shape[0] == sharded.hi - sharded.lo < big.num_rows
+    assert isinstance(distribute_embeddings(EmbeddingCollection(tables()), lambda n: False,
+                                            0, 2), ReplicatedCollection)
 
 
 def test_two_tower_says_a_dynamic_item_feature_is_not_supported_yet():
