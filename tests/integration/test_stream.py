@@ -94,6 +94,19 @@ def run_to_end(config: Path, run: Path, env: dict, kills: int, seed: int) -> int
     raise AssertionError("the stream never finished")
 
 
+def run_here(config: Path, run: Path, trace: Path, monkeypatch) -> None:
+    """The uninterrupted reference, in this process (the same code and settings as the
+    `sampan stream` subprocesses: one thread, fixed kernels); the thread count is put
+    back after."""
+    threads = torch.get_num_threads()
+    monkeypatch.setenv(TRACE_ENV, str(trace))
+    try:
+        run_stream(load_config(config), run_dir=run)
+    finally:
+        torch.set_num_threads(threads)
+        monkeypatch.delenv(TRACE_ENV)
+
+
 def check_trace(trace: Path, total_rows: int) -> list[dict]:
     """Every checkpointed window once, each starting where the one before ended."""
     recs = [json.loads(line) for line in trace.read_text().splitlines()]
@@ -114,14 +127,13 @@ def same_weights(a: Path, b: Path) -> None:
         assert torch.equal(wa["model"][k], wb["model"][k]), k
 
 
-def test_directory_stream_exactly_once_across_kills(tmp_path: Path) -> None:
+def test_directory_stream_exactly_once_across_kills(tmp_path: Path, monkeypatch) -> None:
     write_partitions(tmp_path / "parts", drift_table(ROWS))
     config = stream_config(tmp_path, {"source": "directory", "max_windows": ROWS // WINDOW,
                                       "directory": {"root": str(tmp_path / "parts"),
                                                     "poll_seconds": 0.1}})
-    env = {**os.environ, TRACE_ENV: str(tmp_path / "ref.jsonl")}
     ref = tmp_path / "ref"
-    assert run_to_end(config, ref, env, kills=0, seed=0) == 0
+    run_here(config, ref, tmp_path / "ref.jsonl", monkeypatch)
     recs = check_trace(tmp_path / "ref.jsonl", ROWS)
     assert len(recs) == ROWS // WINDOW
     # windows straddle partitions: 400-row windows over 2,000-row partitions
@@ -256,7 +268,8 @@ def produce(ck, brokers: str, topic: str, table: pa.Table, bad_at: dict[int, byt
     return n
 
 
-def test_kafka_stream_exactly_once_across_kills(tmp_path: Path, kafka_broker) -> None:
+def test_kafka_stream_exactly_once_across_kills(tmp_path: Path, kafka_broker,
+                                               monkeypatch) -> None:
     ck, brokers = kafka_broker
     rows = 6_000  # ~4.2 MB of JSON
     bad = {100: b'{"label": 1, "I1": ', 2000: b'{"I1": 3}', 4000: b"not json"}
@@ -264,9 +277,8 @@ def test_kafka_stream_exactly_once_across_kills(tmp_path: Path, kafka_broker) ->
     stream = {"source": "kafka", "format": "jsonl", "max_windows": rows // 200,
               "window_rows": 200,
               "kafka": {"brokers": brokers, "topic": "clicks", "group": "ref"}}
-    env = {**os.environ, TRACE_ENV: str(tmp_path / "ref.jsonl")}
     ref = tmp_path / "ref"
-    run_to_end(stream_config(tmp_path, stream), ref, env, kills=0, seed=0)
+    run_here(stream_config(tmp_path, stream), ref, tmp_path / "ref.jsonl", monkeypatch)
     recs = check_trace(tmp_path / "ref.jsonl", rows)
     assert recs[-1]["to"]["offsets"]["0"] == messages  # past the rejected messages too
 
