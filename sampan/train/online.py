@@ -113,6 +113,7 @@ class StreamRun:
                               "`sampan stream`, or pass publisher=sampan.export.publish."
                               "Publisher to run_stream")
         self.publish_failures = 0
+        self._late_told = 0
         self.trainer: Trainer | None = None
         self.pipe: FeaturePipeline | None = None
 
@@ -314,6 +315,8 @@ class StreamRun:
                 record["lag_max_s"] = float(now - ev.min())
         prev = self.position
         self.position = w.position
+        if late := self._new_late():
+            record["late_partitions"] = late
         if t.metrics is not None:
             t.metrics.write(record)
         shown = "  ".join(f"{k} {record[k]:.4f}" for k in ("auc", "auc_avg", "logloss")
@@ -326,6 +329,16 @@ class StreamRun:
             self._checkpoint(w, prev)
         if self.log.read >= 1000:  # of everything read so far (one bad record of the first
             self.log.check(self.cfg.data.max_bad_fraction)  # few is no share yet)
+
+    def _new_late(self) -> list[str]:
+        """Directory partitions that appeared after later ones were read (skipped), not
+        yet said; said here."""
+        late = getattr(self.source, "late", [])[self._late_told:]
+        if late:
+            self.console.print(f"[yellow]note[/]: partition(s) {late} appeared after later "
+                               "ones were read: skipped (partitions are read once, in order)")
+            self._late_told += len(late)
+        return late
 
     def _checkpoint(self, w: Window, prev: dict[str, Any] | None) -> None:
         t = self.trainer
@@ -405,7 +418,9 @@ class StreamRun:
                and self.windows >= self.s.max_windows else "the stream went quiet")
         results = {"windows": self.windows, "rows": self.rows, "position": self.position,
                    "stopped": why, "seconds": round(time.perf_counter() - t0, 2),
-                   "rejects": self.log.summary(), "publish_failures": self.publish_failures}
+                   "rejects": self.log.summary(), "publish_failures": self.publish_failures,
+                   "late_partitions": getattr(self.source, "late", [])}
+        self._new_late()
         if self.history:
             results["progressive"] = {k: float(np.mean([h[k] for h in self.history]))
                                       for k in self.history[-1]}

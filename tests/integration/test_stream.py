@@ -429,3 +429,35 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def test_a_late_partition_is_skipped_and_said(tmp_path: Path) -> None:
+    """Partitions are read once, in order: one that appears after a later one was read is
+    skipped, and the source lists it (the run prints it and logs it in metrics.jsonl)."""
+    from sampan.config import StreamConfig
+    from sampan.data.pipeline import FeaturePipeline
+    from sampan.data.rejects import RejectLog
+    from sampan.data.stream import DirectorySource
+
+    table = drift_table(300, seed=1)
+    root = tmp_path / "parts"
+    for name, k in (("2026120100", 0), ("2026120102", 1)):
+        (root / name).mkdir(parents=True)
+        pacsv.write_csv(table.slice(k * 100, 100), root / name / "part.csv")
+        (root / name / "_SUCCESS").touch()
+    cfg = load_config(stream_config(tmp_path, {"source": "directory",
+                                               "directory": {"root": str(root)}}))
+    s = StreamConfig.model_validate(cfg.stream.model_dump())
+    roles = FeaturePipeline(cfg.features).roles(with_labels=True, with_extra=False)
+    src = DirectorySource(s, cfg.data.model_copy(update={"format": "auto"}), roles,
+                          RejectLog(None))
+    got = []
+    while (c := src.poll(0.2)) is not None:
+        got.append((c.lane, c.table.num_rows, c.done))
+    assert got == [("2026120100", 100, False), ("2026120100", 0, True),
+                   ("2026120102", 100, False), ("2026120102", 0, True)]
+    (root / "2026120101").mkdir()  # arrives late
+    pacsv.write_csv(table.slice(200, 100), root / "2026120101" / "part.csv")
+    (root / "2026120101" / "_SUCCESS").touch()
+    assert src.poll(0.2) is None and src.late == ["2026120101"]
+    assert src.poll(0.2) is None and src.late == ["2026120101"]  # said once
