@@ -259,16 +259,22 @@ def create_app(state: ServerState):  # type: ignore[no-untyped-def]
                           for i, s in items],
                 "retrieved": len(candidates), "model_version": predictor.version}
 
-    @app.post("/v1/admin/rollback")
-    async def rollback(request: Request):  # type: ignore[no-untyped-def]
-        """Back to the version served before (with --watch); it is held until a newer
-        version than the one rolled back from is published."""
+    def admin_denied(request: Request, what: str) -> Any:
+        """The error answer to an admin call without the right bearer token, else None."""
         if not state.token:
-            return error(403, "rollback is disabled: set admin_token in the serve config or "
+            return error(403, f"{what} is disabled: set admin_token in the serve config or "
                               "SAMPAN_ADMIN_TOKEN", "authorization")
         if not state.check_token(request.headers.get("authorization")):
             return error(401, "missing or wrong token: send the header "
                               "'Authorization: Bearer <token>'", "authorization")
+        return None
+
+    @app.post("/v1/admin/rollback")
+    async def rollback(request: Request):  # type: ignore[no-untyped-def]
+        """Back to the version served before (with --watch); it is held until a newer
+        version than the one rolled back from is published."""
+        if (denied := admin_denied(request, "rollback")) is not None:
+            return denied
         if state.watcher is None:
             return error(409, "rollback needs a watched model directory (serve --watch DIR)",
                          "watch")
@@ -281,12 +287,8 @@ def create_app(state: ServerState):  # type: ignore[no-untyped-def]
 
     @app.post("/v1/admin/reload")
     async def reload(req: ReloadRequest, request: Request):  # type: ignore
-        if not state.token:
-            return error(403, "reload is disabled: set admin_token in the serve config or "
-                              "SAMPAN_ADMIN_TOKEN", "authorization")
-        if not state.check_token(request.headers.get("authorization")):
-            return error(401, "missing or wrong token: send the header "
-                              "'Authorization: Bearer <token>'", "authorization")
+        if (denied := admin_denied(request, "reload")) is not None:
+            return denied
         if req.bundle is None and req.retrieval_bundle is None:
             return error(422, "give bundle (the ranking model) and/or retrieval_bundle",
                          "bundle")

@@ -191,19 +191,18 @@ class StreamRun:
         self.log = log
         first: Window | None = None
         if self.resume:
-            c = ckpt.load(run / "checkpoints" / LAST, "cpu")
-            state = c["stream"]
             self.pipe = FeaturePipeline.load(run / "data" / "pipeline")
             self._repair_recent()
-            self.position, self.windows, self.rows = (state["position"], state["windows"],
-                                                      state["rows"])
-            self.history.extend(state.get("history", []))
             sample = SplitArrays.load(run / "data" / "valid")
             model = build_model(cfg.model, self.pipe.schema())
             trainer = self._trainer(model, sample)
+            trainer._restore(run / "checkpoints" / LAST, quiet=True)
+            state = trainer.restored["stream"]
+            self.position, self.windows, self.rows = (state["position"], state["windows"],
+                                                      state["rows"])
+            self.history.extend(state.get("history", []))
             trainer.reference_loss = state["reference_loss"]
             trainer.explode_at = 3.0 * trainer.reference_loss + 1.0
-            trainer._restore(run / "checkpoints" / LAST, quiet=True)
             self._truncate_trace()
             self.console.print(f"resumed at window {self.windows} ({self.rows:,} rows, "
                                f"step {trainer.state.step}) from {self._where()}")
@@ -448,8 +447,8 @@ class StreamRun:
         if not (self.run / "checkpoints" / LAST).exists():
             raise DivergenceError(f"training diverged in window {self.windows + 1} before "
                                   f"the first checkpoint: {reason}. Try a lower train.lr")
-        guard.recover(t, reason)
-        state = ckpt.load(self.run / "checkpoints" / LAST, "cpu")["stream"]
+        guard.recover(t, reason)  # restores last.pt
+        state = t.restored["stream"]
         self.position, self.windows, self.rows = (state["position"], state["windows"],
                                                   state["rows"])
         self._truncate_trace()

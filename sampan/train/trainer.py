@@ -362,6 +362,9 @@ class Trainer:
         # to the CPU first, only this rank's rows of a row-sharded table (a checkpoint that
         # holds the whole table is cut to them before it moves)
         c = self._read(path.name)
+        # what else the checkpoint holds (a stream's position: see save_checkpoint's extra)
+        self.restored = {k: v for k, v in c.items()
+                         if k not in ("model", "sparse_opt", "dense_opt")}
         self.model.load_state_dict(c["model"])
         if self.sparse_opt is not None:
             self.sparse_opt.load_state_dict(ckpt.shard_optimizer_state_dict(

@@ -25,6 +25,7 @@ import yaml
 
 from sampan.config import ConfigError, SyntheticConfig, load_config
 from sampan.data.synthetic import iter_synthetic
+from sampan.errors import DataError
 from sampan.train.online import TRACE_ENV, run_stream
 
 ROWS, PART_ROWS, WINDOW = 16_000, 2_000, 400
@@ -233,7 +234,7 @@ def test_stream_config_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="data.columns must list"):
         run_stream(cfg, run_dir=tmp_path / "r1")
     cfg = load({"source": "directory", "directory": {"root": str(tmp_path / "nowhere")}})
-    with pytest.raises(Exception, match="is not a directory"):
+    with pytest.raises(DataError, match="is not a directory"):
         run_stream(cfg, run_dir=tmp_path / "r2")
 
 
