@@ -33,3 +33,47 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"real datasets not present at {SHARED_DATA}")
     return SHARED_DATA
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Served:
+    """A ``sampan serve`` process started for real: ``url``, ``grpc`` (host:port)."""
+
+    def __init__(self, args: list[str], env: dict | None = None, grpc: bool = True):
+        import subprocess
+        import sys
+        import time
+
+        import httpx
+
+        port, gport = free_port(), free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self.grpc = f"127.0.0.1:{gport}"
+        cmd = [sys.executable, "-m", "sampan.cli", "serve", *args, "--port", str(port)]
+        cmd += ["--grpc-port", str(gport)] if grpc else []
+        self.proc = subprocess.Popen(cmd, env={**os.environ, **(env or {})},
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True)
+        for _ in range(600):
+            try:
+                if httpx.get(f"{self.url}/readyz").status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if self.proc.poll() is not None:
+                pytest.fail(f"server exited: {self.proc.stdout.read()}")
+            time.sleep(0.1)
+        self.proc.kill()
+        pytest.fail(f"server did not become ready: {self.proc.stdout.read()}")
+
+    def stop(self) -> str:
+        self.proc.terminate()
+        out, _ = self.proc.communicate(timeout=20)
+        return out

@@ -107,6 +107,10 @@ def export(
     format: Annotated[str, typer.Option(
         "--format", "-f", help="onnx (served with ONNX Runtime) or torchscript.")] = "onnx",
     overwrite: Annotated[bool, typer.Option(help="Replace an existing bundle.")] = False,
+    feature_tables: Annotated[bool, typer.Option(
+        help="Read the run's data files again and put its item and user tables (the "
+        "attributes with one value per item / user, and each user's latest history) in "
+        "the bundle, so requests need only ids.")] = True,
 ) -> None:
     """Export a run's best model with its fitted feature pipeline as a bundle.
 
@@ -117,9 +121,20 @@ def export(
     """
     from sampan.export import export_run
 
-    path = export_run(run_dir, out, fmt=format, overwrite=overwrite)
+    path = export_run(run_dir, out, fmt=format, overwrite=overwrite,
+                      feature_tables=feature_tables)
     manifest = json.loads((path / "manifest.json").read_text())
     p = manifest["parity"]
     console.print(f"exported {manifest['model']} ({manifest['format']}) to {path}: "
                   f"inputs {', '.join(i['name'] for i in manifest['inputs'])}; parity on "
                   f"{p['rows']} {p['split']} rows, max |diff| {p['max_abs_diff']:.2g}")
+    tables = manifest.get("feature_tables") or {}
+    if "skipped" in tables:
+        console.print(f"feature tables: none ({tables['skipped']})", highlight=False)
+    for name, t in tables.items():
+        if name == "skipped":
+            continue
+        hist = [h["column"] for h in t.get("histories", [])]
+        console.print(f"feature tables: {name} by {t['key']}: {t['rows']:,} rows, columns "
+                      f"{t['columns']}" + (f", histories {hist}" if hist else ""),
+                      highlight=False)

@@ -48,7 +48,7 @@ def serve(
             overrides.append(f"{key}={value}")
     cfg = load_serve_config(config, overrides)
     if cfg.bundle is None and cfg.workers > 1:  # every worker starts on the same version
-        from sampan.serving.service import ModelWatcher
+        from sampan.serving.watcher import ModelWatcher
 
         cfg = cfg.model_copy(update={"bundle": ModelWatcher(None, cfg.watch, 1.0).adopt(None)})
     where = f"http://{cfg.host}:{cfg.port}" + (

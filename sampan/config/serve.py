@@ -22,17 +22,28 @@ from sampan.errors import ConfigError
 
 # -------------------------------------------------------------------------------- serving
 class FeatureStoreConfig(_Strict):
-    """Where ``/v1/rank`` finds user and item features by key.
+    """Where requests find user and item features by key, and where users' live
+    behaviour histories are kept.
 
-    ``tables`` default to the run's ``data.joins`` (the side tables it was trained with);
-    with ``backend: redis`` they are loaded into Redis at ``url`` at start-up and read from
-    there per request.
+    The tables are the bundle's feature tables (written at export: each item's and user's
+    attributes), or for a bundle without them the run's ``data.joins``; ``tables`` replaces
+    those with the same key. Live histories start from the bundle's user table
+    (``bootstrap``) and grow with ``POST /v1/events``. With ``backend: redis`` the tables
+    are loaded into Redis at ``url`` at start-up, the histories are kept there (shared by
+    every worker and restart), and both are read from there per request.
     """
 
     backend: Literal["memory", "redis"] = "memory"
     url: str = "redis://127.0.0.1:6379/0"
     prefix: str = "sampan"
-    tables: list[JoinConfig] | None = None
+    tables: list[JoinConfig] | None = Field(None, description="side tables in place of "
+                                            "the bundle's feature tables with the same key")
+    bootstrap: bool = Field(True, description="start each user's live histories from the "
+                            "bundle's user table (their latest history in the training data)")
+    ttl_seconds: float | None = Field(None, gt=0, description="forget a user's live "
+                                      "histories this long after their last event")
+    events_token: str | None = Field(None, description="bearer token POST /v1/events "
+                                     "needs (SAMPAN_EVENTS_TOKEN wins); open when unset")
 
 
 class ServeConfig(_Strict):

@@ -17,7 +17,31 @@ from sampan.data.roles import NUMBER_RE, ColumnRoles
 from sampan.errors import DataError
 
 
-class SideTable:
+class KeyedTable:
+    """Columns indexed by a unique key column ``by``: a side table, or one of a bundle's
+    feature tables. Keys are compared as text (:func:`key_text`)."""
+
+    def __init__(self, by: str, keys: pa.Array, values: dict[str, pa.Array],
+                 where: str = "a feature table"):
+        keys = key_text(keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys)
+        if len(pc.unique(keys)) != len(keys):
+            counts = pc.value_counts(keys)
+            dup = pc.filter(counts, pc.greater(counts.field("counts"), 1))[0]["values"]
+            raise DataError(f"{where}: key {by!r} is not unique (e.g. {dup.as_py()!r})")
+        self.by = by
+        self.keys = keys
+        self.index = ValueIndex(keys)
+        self.values = {c: v.combine_chunks() if isinstance(v, pa.ChunkedArray) else v
+                       for c, v in values.items()}
+        self.columns = list(self.values)
+
+    def take(self, keys: pa.Array) -> tuple[dict[str, pa.Array], pa.Array]:
+        """``({column: values for keys}, found mask)``; nulls where a key is absent."""
+        idx = self.index.take_indices(key_text(keys))
+        return {c: pc.take(self.values[c], idx) for c in self.columns}, pc.is_valid(idx)
+
+
+class SideTable(KeyedTable):
     """One ``data.joins`` entry, read whole and indexed by its key."""
 
     def __init__(self, join: Any, roles: ColumnRoles):
@@ -29,8 +53,8 @@ class SideTable:
         names = file_columns(cfg, path[0])
         if key not in names:
             raise DataError(f"data.joins: key {key!r} is not a column of {join.path} ({names})")
-        self.columns = [c for c in roles.all if c in names and c != key]
-        side_roles = ColumnRoles(categorical=[key, *self.columns])
+        columns = [c for c in roles.all if c in names and c != key]
+        side_roles = ColumnRoles(categorical=[key, *columns])
         log = RejectLog(None)
         parts = list(iter_source(cfg, path, side_roles, log))
         if log.rejected:
@@ -38,29 +62,23 @@ class SideTable:
                             f"{dict(log.reasons)}")
         table = pa.concat_tables(parts) if parts else pa.table(
             {c: pa.array([], pa.string()) for c in side_roles.all})
-        keys = key_text(table.column(key).combine_chunks())
-        if len(pc.unique(keys)) != len(keys):
-            counts = pc.value_counts(keys)
-            dup = pc.filter(counts, pc.greater(counts.field("counts"), 1))[0]["values"]
-            raise DataError(f"data.joins: key {key!r} of {join.path} is not unique "
-                            f"(e.g. {dup.as_py()!r})")
-        self.keys = key_text(keys)
-        self.index = ValueIndex(self.keys)
         # Numbers of a side table are checked like those of the main file, but a bad one
         # becomes missing (the row it belongs to is not the main file's to reject).
-        self.values = {}
-        for c in self.columns:
+        values = {}
+        for c in columns:
             col = pc.utf8_trim_whitespace(table.column(c).combine_chunks())
             if c in roles.numeric:
                 ok = pc.fill_null(pc.match_substring_regex(col, NUMBER_RE), False)
                 col = pc.if_else(ok, col, pa.scalar(None, pa.string())).cast(pa.float64())
-            self.values[c] = col
+            values[c] = col
+        super().__init__(join.by, table.column(key), values,
+                         f"data.joins: {join.path}")
 
     def attach(self, table: pa.Table) -> pa.Table:
         # a missing key matches nothing (not a side row with an empty key)
-        idx = self.index.take_indices(key_text(table.column(self.join.by).combine_chunks()))
+        values, _ = self.take(table.column(self.join.by).combine_chunks())
         for c in self.columns:
-            table = table.append_column(c, pc.take(self.values[c], idx))
+            table = table.append_column(c, values[c])
         return table
 
 

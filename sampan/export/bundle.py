@@ -44,8 +44,12 @@ def _versions() -> dict[str, str]:
 
 
 def export_run(run_dir: str | Path, out: str | Path, fmt: str = "onnx",
-               parity_rows: int = 256, overwrite: bool = False) -> Path:
+               parity_rows: int = 256, overwrite: bool = False,
+               feature_tables: bool = True) -> Path:
     """Write the bundle of a finished run (best weights) to ``out`` and return its path.
+
+    With ``feature_tables`` the run's data files are read again for the item and user
+    tables the server joins to requests (:mod:`sampan.export.tables`).
 
     After writing, the graph is run on up to ``parity_rows`` rows of the run's test (or
     valid, or train) split and compared with PyTorch eager; the largest absolute difference
@@ -78,7 +82,8 @@ def export_run(run_dir: str | Path, out: str | Path, fmt: str = "onnx",
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        _write_bundle(art, model, schema, example, split, fmt, run_dir, tmp, frozen)
+        _write_bundle(art, model, schema, example, split, fmt, run_dir, tmp, frozen,
+                      feature_tables)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)  # nothing half-written is left
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -128,8 +133,10 @@ def _write_frozen_maps(frozen: dict[str, Any], pipeline_dir: Path) -> None:
 
 
 def _write_bundle(art: Any, model: Any, schema: Any, example: Any, split: str, fmt: str,
-                  run_dir: str | Path, tmp: Path, frozen: dict[str, Any]) -> None:
+                  run_dir: str | Path, tmp: Path, frozen: dict[str, Any],
+                  feature_tables: bool) -> None:
     from sampan.export import graph
+    from sampan.export.tables import write_feature_tables
 
     model_path = tmp / MODEL_FILES[fmt]
     with torch.no_grad():
@@ -141,6 +148,8 @@ def _write_bundle(art: Any, model: Any, schema: Any, example: Any, split: str, f
     shutil.copytree(art.run / "data" / "pipeline", tmp / "pipeline")
     if frozen:
         _write_frozen_maps(frozen, tmp / "pipeline")
+    tables = write_feature_tables(art, model, schema, tmp) if feature_tables else {
+        "skipped": "exported without feature tables"}
     retrieval = None
     if getattr(model, "task", "binary") == "retrieval":
         retrieval = _export_retrieval(art, model, schema, example, tmp)
@@ -172,6 +181,7 @@ def _write_bundle(art: Any, model: Any, schema: Any, example: Any, split: str, f
         "metrics": json.loads(results.read_text()) if results.exists() else None,
         "parity": {"rows": int(example.size), "split": split, "max_abs_diff": diff},
         "retrieval": retrieval,
+        "feature_tables": tables,
         "versions": _versions(),
         "files": {p.relative_to(tmp).as_posix(): sha256(p) for p in files},
     }

@@ -1,38 +1,48 @@
-"""Feature stores: user / item attribute tables looked up by key at request time.
+"""Feature stores: what the server knows about users and items, joined to requests by key.
 
-The tables are the run's side tables (``data.joins`` of its config: the same files, parsing
-options and key normalisation as in training) unless the server config names others. A
-store answers ``columns(keys)``: the table's columns for those keys, in key order, with
-nulls for keys it does not hold (a cold user or item then goes through the pipeline as
-missing values, and its ids map to OOV, exactly as such rows did in training).
+Two kinds of state:
 
-* :class:`MemoryFeatureStore` holds the tables in Arrow arrays (the default).
-* :class:`RedisFeatureStore` keeps one Redis hash per row (``<prefix>:<table>:<key>``),
-  filled from the same tables with :meth:`RedisFeatureStore.load`.
+* **Tables**, one per key column (``user_id``, ``item_id``): the bundle's feature tables
+  (:mod:`sampan.export.tables`: every item's category, every user's joined attributes),
+  or the run's ``data.joins`` side tables for a bundle without them, or the tables the
+  serve config names. :class:`MemoryTables` holds them in Arrow arrays;
+  :class:`RedisTables` keeps one Redis hash per row (``<prefix>:<by>:<key>``).
+* **Live histories** (:class:`LiveHistories`, :class:`RedisLiveHistories`): each user's
+  behaviour histories (``hist_item_id``, ``hist_category_id``), started from the bundle's
+  user table and appended to by events (``POST /v1/events``), most recent last, keeping the
+  last ``max_len`` values of each, as the training data's histories were built. A
+  user's history is forgotten ``ttl`` seconds after their last event, when a TTL is set.
+
+:class:`FeatureStore` puts both behind the one call the predictor makes,
+``columns(by, keys)``: the columns known for those keys, in key order, with nulls for keys
+it does not hold (a cold user or item then goes through the pipeline as missing values,
+and its ids map to OOV, exactly as such rows did in training).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sampan.data.joins import SideTable, key_text
-from sampan.data.roles import ColumnRoles
+from sampan.data.joins import KeyedTable, key_text
 from sampan.errors import ConfigError
 
+LIST = pa.list_(pa.string())
 
-class MemoryFeatureStore:
-    """Side tables in memory, one per join key column (``by``)."""
 
-    def __init__(self, joins: list[Any], roles: ColumnRoles):
-        self.tables: dict[str, SideTable] = {}
-        for j in joins:
-            if j.by in self.tables:
-                raise ConfigError(f"two feature tables are keyed by {j.by!r}")
-            self.tables[j.by] = SideTable(j, roles)
-            self.tables[j.by].index.prepare()  # key lookups ready before requests
+class MemoryTables:
+    """Feature tables in memory, one per key column (``by``)."""
+
+    def __init__(self, tables: list[KeyedTable]):
+        self.tables: dict[str, KeyedTable] = {}
+        for t in tables:
+            if t.by in self.tables:
+                raise ConfigError(f"two feature tables are keyed by {t.by!r}")
+            self.tables[t.by] = t
+            t.index.prepare()  # key lookups ready before requests
 
     @property
     def keys(self) -> list[str]:
@@ -44,20 +54,23 @@ class MemoryFeatureStore:
 
     def columns(self, by: str, keys: pa.Array) -> tuple[dict[str, pa.Array], pa.Array]:
         """``({column: values for keys}, found mask)`` of the table keyed by ``by``."""
-        t = self.tables[by]
-        idx = t.index.take_indices(key_text(keys))
-        return {c: pc.take(t.values[c], idx) for c in t.columns}, pc.is_valid(idx)
+        return self.tables[by].take(keys)
 
     def rows(self, by: str) -> tuple[pa.Array, dict[str, pa.Array]]:
         t = self.tables[by]
         return t.keys, t.values
 
 
-class RedisFeatureStore:
+# kept importable under its earlier name
+MemoryFeatureStore = MemoryTables
+
+
+class RedisTables:
     """The same tables in Redis: ``HSET <prefix>:<by>:<key> column value ...``.
 
     Values are stored as text (numbers as their shortest repr) and typed again by the
-    predictor exactly as file text is; a missing value is an absent field.
+    predictor exactly as file text is; a missing value is an absent field. List columns
+    are not held here (live histories are :class:`RedisLiveHistories`).
     """
 
     def __init__(self, url: str, columns: dict[str, list[str]], prefix: str = "sampan"):
@@ -68,13 +81,16 @@ class RedisFeatureStore:
         self.table_columns = columns  # by -> value columns
 
     @classmethod
-    def load(cls, url: str, source: MemoryFeatureStore, prefix: str = "sampan",
-             batch: int = 5000) -> RedisFeatureStore:
+    def load(cls, url: str, source: MemoryTables, prefix: str = "sampan",
+             batch: int = 5000) -> RedisTables:
         """Copy every table of ``source`` into Redis (pipelined) and return the store."""
-        store = cls(url, {by: list(t.columns) for by, t in source.tables.items()}, prefix)
+        scalar = {by: [c for c, v in t.values.items() if not pa.types.is_list(v.type)
+                       and not pa.types.is_large_list(v.type)]
+                  for by, t in source.tables.items()}
+        store = cls(url, scalar, prefix)
         for by in source.keys:
             keys, values = source.rows(by)
-            cols = {c: v.cast(pa.string()).to_pylist() for c, v in values.items()}
+            cols = {c: values[c].cast(pa.string()).to_pylist() for c in scalar[by]}
             ks = keys.to_pylist()
             # MULTI/EXEC per chunk: a reader never sees a row between its DEL and HSET
             pipe = store.client.pipeline(transaction=True)
@@ -110,3 +126,51 @@ class RedisFeatureStore:
         out = {c: pa.array([r[j + 1] if f else None for r, f in zip(rows, found, strict=True)],
                            pa.string()) for j, c in enumerate(cols)}
         return out, pa.array(found)
+
+
+RedisFeatureStore = RedisTables
+
+
+class FeatureStore:
+    """Tables and live histories behind one ``columns(by, keys)`` call.
+
+    ``live`` may be shared with another store (the retrieval bundle's): an event is then
+    seen by both models.
+    """
+
+    def __init__(self, tables: Any = None, live: Any = None):
+        self.tables, self.live = tables, live
+
+    @property
+    def keys(self) -> list[str]:
+        keys = list(self.tables.keys) if self.tables is not None else []
+        if self.live is not None and self.live.key not in keys:
+            keys.append(self.live.key)
+        return keys
+
+    def columns(self, by: str, keys: pa.Array) -> tuple[dict[str, pa.Array], pa.Array]:
+        out: dict[str, pa.Array] = {}
+        found = pa.array(np.zeros(len(keys), bool))
+        if self.tables is not None and by in self.tables.keys:
+            out, found = self.tables.columns(by, keys)
+        if self.live is not None and by == self.live.key:
+            hist, seen = self.live.lookup(keys)
+            out = {**{c: v for c, v in out.items() if c not in hist}, **hist}
+            found = pc.or_(found, seen)
+        return out, found
+
+
+def bundle_tables(bundle: Any) -> list[KeyedTable]:
+    """A bundle's feature tables (``manifest["feature_tables"]``), their attribute columns
+    (histories are the live state's)."""
+    import pyarrow.parquet as pq
+
+    out = []
+    for name, info in (bundle.manifest.get("feature_tables") or {}).items():
+        if name == "skipped" or not isinstance(info, dict) or not info.get("columns"):
+            continue
+        key, cols = info["key"], list(info["columns"])
+        t = pq.read_table(bundle.file(info["file"]), columns=[key, *cols])
+        out.append(KeyedTable(key, t.column(key), {c: t.column(c) for c in cols},
+                              f"bundle {bundle.path}: {info['file']}"))
+    return out

@@ -1,4 +1,5 @@
-"""gRPC server: ``Predict`` and ``Rank`` (``protos/sampan_scoring.proto``) on the same
+"""gRPC server: ``Predict``, ``Rank``, ``Recommend`` and ``Events``
+(``protos/sampan_scoring.proto``) on the same
 :class:`~sampan.serving.service.ServerState` as the HTTP routes.
 
 The message classes are generated from the ``.proto`` when first needed
@@ -19,6 +20,8 @@ import traceback
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+from sampan.errors import RequestError
 
 PROTO = "sampan_scoring.proto"
 SERVICE = "sampan.v1.Scoring"
@@ -63,7 +66,7 @@ def start_grpc(state: Any, host: str, port: int, threads: int = 16):  # type: ig
     import grpc
     from google.protobuf.message import DecodeError
 
-    from sampan.serving.predictor import RequestError, top_k
+    from sampan.serving.service import ConflictError
 
     pb, _ = stubs()
 
@@ -74,7 +77,7 @@ def start_grpc(state: Any, host: str, port: int, threads: int = 16):  # type: ig
             raise RequestError(f"the request is not a valid {message_class.__name__} "
                                f"message: {e}", "request") from None
 
-    def predict(data: bytes) -> Any:
+    def predict(data: bytes, _: Any) -> Any:
         request = parse(pb.PredictRequest, data)
         records = [struct(r) for r in request.records]
         predictor, fut = state.predict_future(records)
@@ -83,22 +86,54 @@ def start_grpc(state: Any, host: str, port: int, threads: int = 16):  # type: ig
             probabilities=[pb.Scores(values=row) for row in scores.tolist()],
             labels=predictor.labels, model_version=predictor.version)
 
-    def rank(data: bytes) -> Any:
+    defaults = {"n": 100, "k": 10}
+
+    def counts(request: Any, *names: str) -> None:
+        for name in names:
+            if (v := getattr(request, name)) < 0:
+                raise RequestError(f"{name} must be at least 1 (0 means {defaults[name]}), "
+                                   f"got {v}" if name in defaults else
+                                   f"{name} must be 0 or more, got {v}", name)
+
+    def ranking(items: list[dict[str, Any]], predictor: Any, context: dict[str, Any],
+                recommend: bool, retrieved: int = 0) -> Any:
+        return pb.RankResponse(
+            items=[pb.RankedItem(item=str(i["item"]), score=i["score"],
+                                 retrieval_score=i.get("retrieval_score", 0.0))
+                   for i in items], model_version=predictor.version,
+            warnings=state.context_warnings(context, recommend), retrieved=retrieved)
+
+    def rank(data: bytes, _: Any) -> Any:
         request = parse(pb.RankRequest, data)
-        if request.k < 0:
-            raise RequestError(f"k must be at least 1 (0 means 10), got {request.k}", "k")
-        if request.task < 0:
-            raise RequestError(f"task must be 0 or more, got {request.task}", "task")
+        counts(request, "k", "task")
         candidates = list(request.candidates)
-        predictor, fut = state.rank_future(struct(request.context), candidates)
-        scores = fut.result()
-        if request.task >= scores.shape[1]:
-            raise RequestError(f"task {request.task} does not exist; the model has "
-                               f"{scores.shape[1]} label(s)", "task")
-        items = top_k(candidates, scores[:, request.task], request.k or 10)
-        return pb.RankResponse(items=[pb.RankedItem(item=str(i), score=s)
-                                      for i, s in items],
-                               model_version=predictor.version)
+        context = struct(request.context)
+        predictor, fut = state.rank_future(context, candidates)
+        return ranking(state.ranked(predictor, fut.result(), candidates, request.k or 10,
+                                    request.task), predictor, context, False)
+
+    def recommend(data: bytes, _: Any) -> Any:
+        request = parse(pb.RecommendRequest, data)
+        counts(request, "n", "k", "task")
+        context = struct(request.context)
+        found = state.retrieve(context, request.n or 100)
+        if not found:
+            return ranking([], state.current()[0], context, True)
+        candidates = [item for item, _ in found]
+        predictor, fut = state.rank_future(context, candidates)
+        return ranking(state.ranked(predictor, fut.result(), candidates, request.k or 10,
+                                    request.task, dict(found)), predictor, context, True,
+                       len(candidates))
+
+    def events(data: bytes, context: Any) -> Any:
+        if state.events_token and not state.check_token(
+                dict(context.invocation_metadata()).get("authorization"), state.events_token):
+            raise _Unauthenticated("missing or wrong token: send the metadata "
+                                   "'authorization: Bearer <events token>'", "authorization")
+        request = parse(pb.EventsRequest, data)
+        out = state.record_events([struct(e) for e in request.events])
+        state.events.inc(out["accepted"])
+        return pb.EventsResponse(**out)
 
     def handler(name: str, fn: Any, response_class: Any) -> Any:
         route = f"grpc/{name}"
@@ -107,9 +142,11 @@ def start_grpc(state: Any, host: str, port: int, threads: int = 16):  # type: ig
             t0 = time.perf_counter()
             code = grpc.StatusCode.OK
             try:
-                return fn(data)
+                return fn(data, context)
             except RequestError as e:
-                code = grpc.StatusCode.INVALID_ARGUMENT
+                code = grpc.StatusCode.FAILED_PRECONDITION if isinstance(
+                    e, ConflictError) else grpc.StatusCode.UNAUTHENTICATED if isinstance(
+                    e, _Unauthenticated) else grpc.StatusCode.INVALID_ARGUMENT
                 context.abort(code, _text(e))
             except Exception as e:  # noqa: BLE001 - INTERNAL with a message, never UNKNOWN
                 code = grpc.StatusCode.INTERNAL
@@ -118,8 +155,7 @@ def start_grpc(state: Any, host: str, port: int, threads: int = 16):  # type: ig
                 context.abort(code, f"internal error ({type(e).__name__}); the server log "
                                     "has the traceback")
             finally:
-                state.requests.labels(route, code.name).inc()
-                state.latency.labels(route).observe(time.perf_counter() - t0)
+                state.observe(route, code.name, time.perf_counter() - t0)
 
         return grpc.unary_unary_rpc_method_handler(
             call, request_deserializer=None,  # raw bytes: parsed in the handler
@@ -128,11 +164,17 @@ def start_grpc(state: Any, host: str, port: int, threads: int = 16):  # type: ig
     server = grpc.server(ThreadPoolExecutor(max_workers=threads))
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {
         "Predict": handler("Predict", predict, pb.PredictResponse),
-        "Rank": handler("Rank", rank, pb.RankResponse)}),))
+        "Rank": handler("Rank", rank, pb.RankResponse),
+        "Recommend": handler("Recommend", recommend, pb.RankResponse),
+        "Events": handler("Events", events, pb.EventsResponse)}),))
     bound = server.add_insecure_port(f"{host}:{port}")
     server.start()
     server.port = bound
     return server
+
+
+class _Unauthenticated(RequestError):
+    pass
 
 
 def _text(e: Any) -> str:

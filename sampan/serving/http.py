@@ -14,58 +14,21 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, PlainTextResponse
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from sampan.serving.predictor import RequestError, top_k
-from sampan.serving.service import ROUTES, ServerState, ServingBundleError
-
-
-class PredictRequest(BaseModel):
-    """``{"records": [{raw feature: value, ...}, ...]}``"""
-
-    model_config = ConfigDict(extra="forbid")
-    records: list[dict[str, Any]] = Field(min_length=1)
-
-
-class RankRequest(BaseModel):
-    """``{"context": {...}, "candidates": [item ids], "k": 10, "task": 0}``"""
-
-    model_config = ConfigDict(extra="forbid")
-    context: dict[str, Any] = Field(default_factory=dict)
-    candidates: list[str | int] = Field(min_length=1)
-    k: int = Field(10, ge=1)
-    task: int = Field(0, ge=0)
-
-
-class RecommendRequest(BaseModel):
-    """``{"context": {"user_id": ...}, "n": 100, "k": 10}``"""
-
-    model_config = ConfigDict(extra="forbid")
-    context: dict[str, Any] = Field(min_length=1)
-    n: int = Field(100, ge=1, description="candidates retrieved by the ANN index")
-    k: int = Field(10, ge=1, description="items returned after ranking")
-    task: int = Field(0, ge=0)
-
-
-
-class ReloadRequest(BaseModel):
-    """``{"bundle": ranking bundle}`` and/or ``{"retrieval_bundle": two-tower bundle}``."""
-
-    model_config = ConfigDict(extra="forbid")
-    bundle: str | None = None
-    retrieval_bundle: str | None = None
-
-    @field_validator("bundle", "retrieval_bundle")
-    @classmethod
-    def _plain_path(cls, v: str | None) -> str | None:
-        if v is None:
-            return v
-        bad = next((c for c in v if ord(c) < 32 or ord(c) == 127 or
-                    0xD800 <= ord(c) <= 0xDFFF), None)
-        if bad is not None:
-            raise ValueError(f"the path holds the character U+{ord(bad):04X} (a control "
-                             "character or a lone surrogate); give a plain path")
-        return v
+from sampan.serving.predictor import RequestError
+from sampan.serving.schemas import (
+    ErrorBody,
+    EventsRequest,
+    EventsResponse,
+    PredictRequest,
+    PredictResponse,
+    RankRequest,
+    RankResponse,
+    RecommendRequest,
+    RecommendResponse,
+    ReloadRequest,
+)
+from sampan.serving.service import ROUTES, ConflictError, ServerState, ServingBundleError
 
 
 class ErrorResponse(JSONResponse):
@@ -150,8 +113,7 @@ class Guard:
                         "body")(scope, receive, send_out)
         route = scope.get("path", "")
         route = route if route in ROUTES else "other"
-        self.state.requests.labels(route, str(status[0] or 500)).inc()
-        self.state.latency.labels(route).observe(time.perf_counter() - t0)
+        self.state.observe(route, str(status[0] or 500), time.perf_counter() - t0)
 
 
 
@@ -194,12 +156,28 @@ def create_app(state: ServerState):  # type: ignore[no-untyped-def]
     async def bad_request(_: Request, exc: RequestError):  # type: ignore
         return error(400, str(exc), exc.field, exc.record)
 
-    @app.get("/healthz")
+    errors = {400: {"model": ErrorBody, "description": "a bad request, naming the field"},
+              422: {"model": ErrorBody, "description": "a body of the wrong shape"}}
+
+    def doc(model: Any, more: dict[int, Any] | None = None) -> dict[str, Any]:
+        return {"response_model": None, "responses": {200: {"model": model}, **errors,
+                                                      **(more or {})}}
+
+    def example(value: Any, media: str = "application/json") -> dict[str, Any]:
+        return {"response_model": None, "responses": {200: {"content": {media: {
+            "example": value}}}}}
+
+    @app.get("/healthz", **example({"status": "ok"}))
     async def healthz() -> dict[str, str]:
+        """The process is up."""
         return {"status": "ok"}
 
-    @app.get("/readyz")
+    @app.get("/readyz", **example({"status": "ready", "model": "din",
+                                   "version": "din@2026-12-01T22:28:29+0000",
+                                   "labels": ["label"], "worker": 4242}))
     async def readyz():  # type: ignore[no-untyped-def]
+        """A model is loaded and answering (503 before); with --watch, the published
+        version served."""
         if state.predictor is None:
             return error(503, "no model loaded")
         p = state.predictor
@@ -212,8 +190,13 @@ def create_app(state: ServerState):  # type: ignore[no-untyped-def]
                                 "refused": sorted(w.refused), "errors": w.errors[-3:]}
         return out
 
-    @app.get("/metrics", response_class=PlainTextResponse)
+    @app.get("/metrics", response_class=PlainTextResponse, **example(
+        'sampan_requests_total{route="/v1/rank",status="200"} 1042.0\n'
+        'sampan_request_latency_seconds{quantile="0.99",route="/v1/rank"} 0.0061\n',
+        "text/plain"))
     async def metrics():  # type: ignore[no-untyped-def]
+        """Prometheus text: requests by route and status, latency histograms and
+        percentiles per route, batch sizes, reloads, events, the model served."""
         registry = state.registry
         if state.multiprocess:  # every worker's metrics, whichever worker answers
             from prometheus_client import CollectorRegistry
@@ -221,43 +204,61 @@ def create_app(state: ServerState):  # type: ignore[no-untyped-def]
 
             registry = CollectorRegistry()
             MultiProcessCollector(registry)
+            registry.register(state.window)
         return PlainTextResponse(generate_latest(registry),
                                  media_type=CONTENT_TYPE_LATEST)
 
-    @app.post("/v1/predict")
+    @app.post("/v1/predict", **doc(PredictResponse))
     async def predict(req: PredictRequest) -> dict[str, Any]:
+        """Raw feature records -> one row of probabilities per record (one per label)."""
         predictor, fut = await run_in_threadpool(state.predict_future, req.records)
         scores = await asyncio.wrap_future(fut)
         return {"probabilities": scores.tolist(), "labels": predictor.labels,
                 "model_version": predictor.version}
 
-    @app.post("/v1/rank")
+    @app.post("/v1/rank", **doc(RankResponse))
     async def rank(req: RankRequest) -> dict[str, Any]:
+        """A context and candidate item ids -> the k best candidates, best first."""
         predictor, fut = await run_in_threadpool(state.rank_future, req.context,
                                                  req.candidates)
         scores = await asyncio.wrap_future(fut)
-        if req.task >= scores.shape[1]:
-            raise RequestError(f"task {req.task} does not exist; the model has "
-                               f"{scores.shape[1]} label(s) {predictor.labels}", "task")
-        items = top_k(req.candidates, scores[:, req.task], req.k)
-        return {"items": [{"item": i, "score": s} for i, s in items],
-                "model_version": predictor.version}
+        return {"items": state.ranked(predictor, scores, req.candidates, req.k, req.task),
+                "model_version": predictor.version,
+                "warnings": state.context_warnings(req.context)}
 
-    @app.post("/v1/recommend")
+    @app.post("/v1/recommend", **doc(RecommendResponse))
     async def recommend(req: RecommendRequest) -> dict[str, Any]:
+        """A context (the user) -> n candidates from the retrieval model's index, ranked
+        by the ranking model; the k best, best first."""
+        warnings = state.context_warnings(req.context, recommend=True)
         found = await run_in_threadpool(state.retrieve, req.context, req.n)
         if not found:
-            return {"items": [], "retrieved": 0, "model_version": state.predictor.version}
-        cosine = dict(found)
+            return {"items": [], "retrieved": 0, "model_version": state.predictor.version,
+                    "warnings": warnings}
         candidates = [item for item, _ in found]
         predictor, fut = await run_in_threadpool(state.rank_future, req.context, candidates)
         scores = await asyncio.wrap_future(fut)
-        if req.task >= scores.shape[1]:
-            raise RequestError(f"task {req.task} does not exist", "task")
-        items = top_k(candidates, scores[:, req.task], req.k)
-        return {"items": [{"item": i, "score": s, "retrieval_score": cosine[i]}
-                          for i, s in items],
-                "retrieved": len(candidates), "model_version": predictor.version}
+        return {"items": state.ranked(predictor, scores, candidates, req.k, req.task,
+                                      dict(found)),
+                "retrieved": len(candidates), "model_version": predictor.version,
+                "warnings": warnings}
+
+    @app.post("/v1/events", **doc(EventsResponse, {
+        401: {"model": ErrorBody, "description": "events_token is set and not given"},
+        409: {"model": ErrorBody, "description": "per-worker memory with --workers N"}}))
+    async def events(req: EventsRequest, request: Request):  # type: ignore
+        """Behaviour events -> appended to each user's live histories, which the next
+        request of that user reads (same encoding and max_len as training)."""
+        if state.events_token and not state.check_token(
+                request.headers.get("authorization"), state.events_token):
+            return error(401, "missing or wrong token: send the header "
+                              "'Authorization: Bearer <events token>'", "authorization")
+        try:
+            out = await run_in_threadpool(state.record_events, req.events)
+        except ConflictError as e:
+            return error(409, str(e), e.field)
+        state.events.inc(out["accepted"])
+        return out
 
     def admin_denied(request: Request, what: str) -> Any:
         """The error answer to an admin call without the right bearer token, else None."""
@@ -269,7 +270,8 @@ def create_app(state: ServerState):  # type: ignore[no-untyped-def]
                               "'Authorization: Bearer <token>'", "authorization")
         return None
 
-    @app.post("/v1/admin/rollback")
+    @app.post("/v1/admin/rollback", **example({"status": "rolled back", "version": 6,
+                                               "model_version": "din@2026-12-01T22:28:29"}))
     async def rollback(request: Request):  # type: ignore[no-untyped-def]
         """Back to the version served before (with --watch); it is held until a newer
         version than the one rolled back from is published."""
@@ -285,8 +287,10 @@ def create_app(state: ServerState):  # type: ignore[no-untyped-def]
         return {"status": "rolled back", "version": back["version"],
                 "model_version": state.predictor.version if state.predictor else None}
 
-    @app.post("/v1/admin/reload")
+    @app.post("/v1/admin/reload", **example({"status": "reloaded", "model": "din",
+                                             "version": "din@2026-12-01T22:28:29+0000"}))
     async def reload(req: ReloadRequest, request: Request):  # type: ignore
+        """Swap in other bundles between two model calls (bearer token)."""
         if (denied := admin_denied(request, "reload")) is not None:
             return denied
         if req.bundle is None and req.retrieval_bundle is None:

@@ -42,7 +42,19 @@ class Predictor:
         self.max_records = max_records
         self.session = self.bundle.session(threads)
         self.labels = self.bundle.schema.labels
+        self.name = f"model {self.bundle.manifest.get('model', '?')!r}"  # in its errors
         self.pipeline.prepare_lookups()  # vocabulary lookups ready before requests
+
+    def known(self, store: Any = None) -> set[str]:
+        """What a request may give this model: its raw features and the feature store's
+        keys."""
+        return set(self.columns) | set(store.keys if store is not None else [])
+
+    def context_for(self, context: dict[str, Any], store: Any = None) -> dict[str, Any]:
+        """The part of a request context this model reads (one context serves the
+        retrieval and the ranking model; the caller reports keys no model reads)."""
+        known = self.known(store)
+        return {k: v for k, v in context.items() if k in known}
 
     @property
     def version(self) -> str:
@@ -61,7 +73,7 @@ class Predictor:
         if len(records) > self.max_records:
             raise RequestError(f"{len(records)} records exceed the limit of "
                                f"{self.max_records} per request", "records")
-        known = set(self.columns) | set(store.keys if store is not None else [])
+        known = self.known(store)
         keys = records[0].keys() if isinstance(records[0], dict) else set()
         for i, r in enumerate(records):
             if not isinstance(r, dict):
@@ -69,8 +81,8 @@ class Predictor:
                                    "records", i)
             unknown = [k for k in r if k not in known]
             if unknown:
-                raise RequestError(f"record {i} has unknown feature(s) {unknown}; known: "
-                                   f"{self.columns}", unknown[0], i)
+                raise RequestError(f"record {i} has unknown feature(s) {unknown} for "
+                                   f"{self.name}; known: {self.columns}", unknown[0], i)
             if r.keys() != keys:
                 diff = sorted(set(keys) ^ set(r))
                 raise RequestError(f"record {i} does not have the keys of record 0 "
@@ -113,9 +125,9 @@ class Predictor:
             missing.sort(key=lambda c: c not in store.keys)
         if missing:
             tables = f"; the feature store joins on {store.keys}" if store is not None else ""
-            raise RequestError(f"feature(s) {missing} are missing: every request needs "
-                               f"{self.columns} (null for a missing value){tables}",
-                               missing[0], 0 if store is None else None)
+            raise RequestError(f"{self.name}: feature(s) {missing} are missing: every "
+                               f"request needs {self.columns} (null for a missing value)"
+                               f"{tables}", missing[0], 0 if store is None else None)
         return pa.table({c: cols[c] for c in self.columns})
 
     def _validated(self, table: pa.Table) -> pa.Table:
@@ -145,7 +157,9 @@ class Predictor:
                          item_key: str, store: Any = None) -> pa.Table:
         """One row per candidate: ``item_key`` = the candidate, the request's ``context``
         features repeated, and the columns of every feature-store table whose key the row
-        holds (the item table by candidate, the user table by the context's user key)."""
+        holds (the item table by candidate, the user table and live histories by the
+        context's user key). Context keys the model does not read are left out (see
+        :meth:`context_for`)."""
         if not isinstance(candidates, list) or not candidates:
             raise RequestError("candidates must be a non-empty list of item ids", "candidates")
         if len(candidates) > self.max_records:
@@ -153,17 +167,13 @@ class Predictor:
                                f"{self.max_records}", "candidates")
         if not isinstance(context, dict):
             raise RequestError("context must be an object of raw features", "context")
-        known = set(self.columns) | set(store.keys if store is not None else [])
-        if item_key not in known:
-            raise RequestError(f"the model has no feature {item_key!r} to put candidates in; "
-                               f"its raw features are {self.columns}", "candidates")
-        unknown = [k for k in context if k not in known]
-        if unknown:
-            raise RequestError(f"context has unknown feature(s) {unknown}; known: "
-                               f"{self.columns}", unknown[0])
+        if item_key not in self.known(store):
+            raise RequestError(f"{self.name} has no feature {item_key!r} to put candidates "
+                               f"in; its raw features are {self.columns}", "candidates")
         if item_key in context:
             raise RequestError(f"{item_key!r} comes from candidates, not from context",
                                item_key)
+        context = self.context_for(context, store)
         n = len(candidates)
         cols: dict[str, pa.Array] = {item_key: _records_table(
             [{item_key: c} for c in candidates], ColumnRoles(categorical=[item_key]),

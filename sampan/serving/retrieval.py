@@ -31,6 +31,7 @@ class Retriever:
             raise BundleError(f"{bundle} is not a retrieval bundle (export a two_tower run)")
         self.info = info
         self.predictor = Predictor(self.bundle, max_records=max_records)
+        self.predictor.name = f"retrieval model {self.bundle.manifest.get('model', '?')!r}"
         self.session = ort.InferenceSession(str(self.bundle.file(info["user_tower"])),
                                             providers=["CPUExecutionProvider"])
         self.index = faiss.read_index(str(self.bundle.file(info["index"])))
@@ -49,12 +50,7 @@ class Retriever:
         if not isinstance(context, dict) or not context:
             raise RequestError("context must name the user (e.g. {\"user_id\": ...})",
                                "context")
-        known = set(p.columns) | set(store.keys if store is not None else [])
-        unknown = [k for k in context if k not in known]
-        if unknown:
-            raise RequestError(f"context has unknown feature(s) {unknown}; the retrieval "
-                               f"model knows {p.columns}", unknown[0])
-        table = p.user_table(context, store, self.item_columns)
+        table = p.user_table(p.context_for(context, store), store, self.item_columns)
         arrays = p.pipeline.transform(table, with_labels=False)
         seqs = arrays.get("sequences") or {}
         feeds = dict(zip(["dense", "sparse", *[s.name for s in p.bundle.schema.sequences]],

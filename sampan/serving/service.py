@@ -1,22 +1,30 @@
-"""The serving process, transport-neutral: predictor, feature store, micro-batcher and
-metrics, shared by the HTTP and gRPC front ends; reloads swap bundles atomically."""
+"""The serving process, transport-neutral: predictor, feature store, live histories,
+micro-batcher and metrics, shared by the HTTP and gRPC front ends; reloads swap bundles
+atomically (:mod:`~sampan.serving.watcher` follows a published model directory)."""
 
 from __future__ import annotations
 
 import os
 import secrets
 import threading
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from sampan.config import ServeConfig
 from sampan.errors import BundleError
-from sampan.serving.predictor import Predictor, RequestError
+from sampan.serving.feature_store import bundle_tables
+from sampan.serving.live import live_spec
+from sampan.serving.predictor import Predictor, RequestError, top_k
 
 if TYPE_CHECKING:
+    from sampan.serving.watcher import ModelWatcher
     from sampan.serving.workers import ReloadSync
+
+
+class ConflictError(RequestError):
+    """A request the server's set-up cannot take (HTTP 409), e.g. events for per-worker
+    memory."""
 
 
 class ServingBundleError(BundleError):
@@ -28,8 +36,8 @@ class ServingBundleError(BundleError):
 
 
 
-ROUTES = ("/v1/predict", "/v1/rank", "/v1/recommend", "/v1/admin/reload", "/healthz",
-          "/readyz", "/metrics")
+ROUTES = ("/v1/predict", "/v1/rank", "/v1/recommend", "/v1/events", "/v1/admin/reload",
+          "/v1/admin/rollback", "/healthz", "/readyz", "/metrics")
 
 
 class ServerState:
@@ -43,6 +51,8 @@ class ServerState:
 
         self.cfg = cfg
         self.token = os.environ.get("SAMPAN_ADMIN_TOKEN") or cfg.admin_token
+        self.events_token = os.environ.get("SAMPAN_EVENTS_TOKEN") or \
+            cfg.feature_store.events_token
         self.registry = CollectorRegistry()
         self.requests = Counter("sampan_requests", "Requests by route and status",
                                 ["route", "status"], registry=self.registry)
@@ -67,6 +77,12 @@ class ServerState:
                                 multiprocess_mode="liveall")
         self.reloads = Counter("sampan_reloads", "Bundle reloads by outcome", ["outcome"],
                                registry=self.registry)
+        self.events = Counter("sampan_events", "Behaviour events appended to live histories",
+                              registry=self.registry)
+        from sampan.serving.metrics import LatencyWindow
+
+        self.window = LatencyWindow()
+        self.registry.register(self.window)
         self.batcher = MicroBatcher(cfg.max_batch_rows, cfg.max_wait_ms, self._on_batch)
         self._lock = threading.Lock()
         self.sync: ReloadSync | None = None  # set in each worker of `--workers N`
@@ -74,33 +90,75 @@ class ServerState:
         self.store: Any = None
         self.retriever: Any = None
         self.retrieval_store: Any = None
+        self.live: Any = None  # users' behaviour histories, shared by both bundles
         self.watcher: ModelWatcher | None = None
         bundle = cfg.bundle
         if cfg.watch is not None:
+            from sampan.serving.watcher import ModelWatcher
+
             self.watcher = ModelWatcher(self, cfg.watch, cfg.watch_seconds)
             bundle = self.watcher.adopt(bundle)
         self.load(bundle, cfg.retrieval_bundle)
         if self.watcher is not None:
             self.watcher.start()
 
+    def observe(self, route: str, status: str, seconds: float) -> None:
+        """Count and time one request (every route, HTTP and gRPC, whatever happened)."""
+        self.requests.labels(route, status).inc()
+        self.latency.labels(route).observe(seconds)
+        self.window.observe(route, seconds)
+
     def _on_batch(self, requests: int, rows: int) -> None:
         self.batch_requests.observe(requests)
         self.batch_rows.observe(rows)
 
-    def _store_for(self, predictor: Predictor) -> Any:
+    def _tables_for(self, predictor: Predictor) -> Any:
+        """The feature tables of a bundle: its own (written at export), with any the serve
+        config names in place of those with the same key; for a bundle without any, the
+        run's ``data.joins`` side tables (read from their files)."""
         from sampan.config import JoinConfig
-        from sampan.serving.feature_store import MemoryFeatureStore, RedisFeatureStore
+        from sampan.data.joins import SideTable
+        from sampan.serving.feature_store import MemoryTables, RedisTables
 
         fs = self.cfg.feature_store
-        joins = fs.tables if fs.tables is not None else [
-            JoinConfig.model_validate(j)
-            for j in predictor.bundle.manifest["config"]["data"].get("joins", [])]
-        if not joins:
+        tables = {t.by: t for t in bundle_tables(predictor.bundle)}
+        if tables or fs.tables is not None:
+            joins = fs.tables or []
+        else:
+            joins = [JoinConfig.model_validate(j) for j in
+                     predictor.bundle.manifest["config"]["data"].get("joins", [])]
+        tables |= {j.by: SideTable(j, predictor.roles) for j in joins}
+        if not tables:
             return None
-        memory = MemoryFeatureStore(joins, predictor.roles)
+        memory = MemoryTables(list(tables.values()))
         if fs.backend == "redis":
-            return RedisFeatureStore.load(fs.url, memory, prefix=fs.prefix)
+            return RedisTables.load(fs.url, memory, prefix=fs.prefix)
         return memory
+
+    def _live_for(self, bundles: list[Any]) -> Any:
+        """The live histories the bundles read (one state for all of them, kept across
+        reloads): created and started from the first bundle's user table on first use."""
+        from sampan.serving.live import LiveHistories, RedisLiveHistories
+
+        specs = [s for s in (live_spec(b) for b in bundles) if s is not None]
+        if not specs:
+            return self.live
+        fs = self.cfg.feature_store
+        if self.live is None:
+            key, hist, _ = specs[0]
+            live = RedisLiveHistories(fs.url, key, hist, fs.ttl_seconds, fs.prefix) \
+                if fs.backend == "redis" else LiveHistories(key, hist, fs.ttl_seconds)
+            for _, more, _ in specs[1:]:
+                live.extend(more)
+            start = next((t for _, _, t in specs if t is not None), None)
+            if fs.bootstrap and start is not None:
+                live.bootstrap(start.column(key), {c: start.column(c) for c in
+                                                   start.column_names if c != key})
+            return live
+        for key, hist, _ in specs:
+            if key == self.live.key:
+                self.live.extend(hist)
+        return self.live
 
     def load(self, bundle: str | None, retrieval_bundle: str | None = None,
              check: Any = None) -> tuple[Predictor | None, Any]:
@@ -108,9 +166,10 @@ class ServerState:
         ``/v1/recommend``, each with its feature store), then serve them together. If one
         fails to open (or ``check(predictor)`` raises for the ranking one), nothing changes
         and :class:`ServingBundleError` names it."""
+        from sampan.serving.feature_store import FeatureStore
         from sampan.serving.retrieval import Retriever
 
-        predictor = retriever = store = rstore = None
+        predictor = retriever = tables = rtables = None
         field = "bundle"
         try:
             if bundle is not None:
@@ -118,15 +177,24 @@ class ServerState:
                                       threads=self.cfg.threads)
                 if check is not None:
                     check(predictor)
-                store = self._store_for(predictor)
+                tables = self._tables_for(predictor)
             if retrieval_bundle is not None:
                 field = "retrieval_bundle"
                 retriever = Retriever(retrieval_bundle, self.cfg.max_records)
-                rstore = self._store_for(retriever.predictor)
+                rtables = self._tables_for(retriever.predictor)
+            field = "feature_store"
+            live = self._live_for([p.bundle for p in (predictor, retriever and
+                                                      retriever.predictor) if p is not None])
         except Exception as e:  # noqa: BLE001 - reported with the bundle that failed
-            path = bundle if field == "bundle" else retrieval_bundle
-            raise ServingBundleError(field, f"cannot load {field} {path!r}: {e}") from e
+            path = {"bundle": bundle, "retrieval_bundle": retrieval_bundle}.get(field)
+            what = f"{field} {path!r}" if path else "the live user histories"
+            raise ServingBundleError(field, f"cannot load {what}: {e}") from e
+        store = FeatureStore(tables, live)
+        rstore = FeatureStore(rtables, live)
         with self._lock:
+            self.live = live
+            if self.predictor is not None and predictor is None:  # kept: give it the live state
+                self.store = FeatureStore(self.store.tables if self.store else None, live)
             if predictor is not None:
                 old = self.predictor
                 self.predictor, self.store = predictor, store
@@ -137,6 +205,8 @@ class ServerState:
                 self.model_info.labels(*self._info(predictor)).set(1)
             if retriever is not None:
                 self.retriever, self.retrieval_store = retriever, rstore
+            elif self.retriever is not None:
+                self.retrieval_store = FeatureStore(self.retrieval_store.tables, live)
         return predictor, retriever
 
     @staticmethod
@@ -159,6 +229,46 @@ class ServerState:
         table = predictor.candidates_table(context, candidates, self.cfg.item_key, store)
         return predictor, self.batcher.submit(predictor, table)
 
+    @staticmethod
+    def ranked(predictor: Predictor, scores: np.ndarray, candidates: list[Any], k: int,
+               task: int, retrieval: dict[Any, float] | None = None) -> list[dict[str, Any]]:
+        """The ``k`` best candidates by label ``task``'s probability, best first."""
+        if task >= scores.shape[1]:
+            raise RequestError(f"task {task} does not exist; the model has "
+                               f"{scores.shape[1]} label(s) {predictor.labels}", "task")
+        return [{"item": i, "score": s, **({"retrieval_score": retrieval[i]} if retrieval
+                                           is not None else {})}
+                for i, s in top_k(candidates, scores[:, task], k)]
+
+    def context_warnings(self, context: dict[str, Any], recommend: bool = False) -> list[str]:
+        """One warning per context key that no model of the request reads (it is ignored,
+        not an error: one context may serve several models)."""
+        with self._lock:
+            models = [(self.predictor, self.store)]
+            if recommend:
+                models.append((self.retriever and self.retriever.predictor,
+                               self.retrieval_store))
+        models = [(p, st) for p, st in models if p is not None]
+        known = set().union(*(p.known(st) for p, st in models)) if models else set()
+        names = " and ".join(p.name for p, _ in models)
+        return [f"context feature {k!r} is read by no served model ({names}); it was "
+                "ignored" for k in (context if isinstance(context, dict) else {})
+                if k not in known]
+
+    def record_events(self, events: list[dict[str, Any]]) -> dict[str, Any]:
+        """Append behaviour events to users' live histories (see
+        :func:`sampan.serving.live.append_events`)."""
+        from sampan.serving.live import append_events
+
+        if self.live is not None and not self.live.shared and self.cfg.workers > 1:
+            raise ConflictError("events need the redis feature store with --workers > 1 "
+                                "(each worker process has its own memory): set "
+                                "feature_store.backend=redis", "feature_store")
+        with self._lock:
+            tables = [st.tables for st in (self.store, self.retrieval_store)
+                      if st is not None and st.tables is not None]
+        return append_events(self.live, events, tables, self.cfg.max_records)
+
     def retrieve(self, context: dict[str, Any], n: int) -> list[tuple[str, float]]:
         with self._lock:
             retriever, store = self.retriever, self.retrieval_store
@@ -168,13 +278,16 @@ class ServerState:
                                "reload one)", "retrieval_bundle")
         return retriever.search(context, n, store)
 
-    def check_token(self, header: str | None) -> bool:
-        if not self.token:
-            return False  # reload is disabled without a configured token
+    def check_token(self, header: str | None, token: str | None = None) -> bool:
+        """Whether an ``Authorization`` header carries ``token`` (default: the admin
+        token; False when none is configured: the admin routes are then disabled)."""
+        token = token or self.token
+        if not token:
+            return False
         scheme, _, given = (header or "").strip().partition(" ")
         if scheme.lower() != "bearer":  # RFC 6750: "Authorization: Bearer <token>"
             return False
-        return secrets.compare_digest(given.strip().encode(), self.token.encode())
+        return secrets.compare_digest(given.strip().encode(), token.encode())
 
     def close(self) -> None:
         if self.watcher is not None:
@@ -182,122 +295,3 @@ class ServerState:
         if self.sync is not None:
             self.sync.close()
         self.batcher.close()
-
-
-class ModelWatcher:
-    """Follows a model directory that a stream run publishes to
-    (:mod:`sampan.export.publish`): every ``interval`` seconds it reads ``versions.json``,
-    and a newer version is checked (the bundle's checksums, its recorded export parity,
-    one scored record) and swapped in by :meth:`ServerState.load`, between two model
-    calls: no request is dropped. A version that fails its checks is refused (and
-    counted) and the current one keeps serving. :meth:`rollback` goes back to the
-    version served before and holds there until a version newer than the one rolled back
-    from is published."""
-
-    MAX_PARITY = 1e-4
-
-    def __init__(self, state: ServerState, directory: str, interval: float):
-        self.state, self.dir, self.interval = state, Path(directory), interval
-        self.serving: dict[str, Any] | None = None  # the versions.json entry being served
-        self.previous: list[dict[str, Any]] = []  # served before, most recent last
-        self.refused: set[int] = set()
-        self.hold_until = 0  # after a rollback: versions up to this one are not applied
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.errors: list[str] = []
-
-    def _versions(self) -> dict[str, Any]:
-        from sampan.export.publish import read_versions
-
-        return read_versions(self.dir)
-
-    def adopt(self, bundle: str | None) -> str:
-        """The bundle to start with: ``bundle`` (a version of the directory, or any
-        bundle), else the directory's latest version."""
-        v = self._versions()
-        if bundle is not None:
-            name = Path(bundle).resolve()
-            self.serving = next((e for e in v["versions"]
-                                 if (self.dir / e["path"]).resolve() == name), None)
-            return bundle
-        entry = next((e for e in v["versions"] if e["version"] == v["latest"]), None)
-        if entry is None:
-            raise ServingBundleError("watch", f"{self.dir} holds no published version yet "
-                                     "(start `sampan stream` with stream.publish.dir there)")
-        self.serving = entry
-        return str(self.dir / entry["path"])
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, daemon=True, name="sampan-watch")
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                self.poll()
-            except Exception as e:  # noqa: BLE001 - the server keeps serving; said in /metrics
-                self.errors.append(str(e))
-                del self.errors[:-10]
-
-    def poll(self) -> dict[str, Any] | None:
-        """Apply the newest version if it is new and passes its checks; returns it."""
-        v = self._versions()
-        latest = int(v.get("latest", 0))
-        current = self.serving["version"] if self.serving else 0
-        if latest <= max(current, self.hold_until) or latest in self.refused:
-            return None
-        entry = next((e for e in v["versions"] if e["version"] == latest), None)
-        if entry is None:
-            return None
-        return self._apply(entry)
-
-    def _check(self, entry: dict[str, Any]) -> Any:
-        def check(p: Predictor) -> None:
-            m = p.bundle.manifest  # its files matched their checksums when it opened
-            if entry.get("manifest_sha256") and m.get("manifest_sha256") != \
-                    entry["manifest_sha256"]:
-                raise ServingBundleError("bundle", "its manifest is not the one "
-                                         "versions.json names")
-            diff = m.get("parity", {}).get("max_abs_diff")
-            if diff is None or not diff <= self.MAX_PARITY:
-                raise ServingBundleError("bundle", f"its export parity {diff} is above "
-                                         f"{self.MAX_PARITY}")
-            # every feature missing: the graph must still score
-            probs = p.predict([dict.fromkeys(p.columns)])
-            if not bool(np.isfinite(probs).all()):
-                raise ServingBundleError("bundle", "it scores a record as non-finite")
-        return check
-
-    def _apply(self, entry: dict[str, Any]) -> dict[str, Any] | None:
-        path = str(self.dir / entry["path"])
-        try:
-            self.state.load(path, check=self._check(entry))
-        except ServingBundleError as e:
-            self.refused.add(int(entry["version"]))
-            self.state.reloads.labels("refused").inc()
-            self.errors.append(f"version {entry['version']}: {e}")
-            return None
-        self.state.reloads.labels("ok").inc()
-        if self.serving is not None:
-            self.previous.append(self.serving)
-            del self.previous[:-5]
-        self.serving = entry
-        return entry
-
-    def rollback(self) -> dict[str, Any]:
-        """Back to the version served before this one (raises
-        :class:`ServingBundleError` when there is none, or it can no longer be opened)."""
-        if not self.previous:
-            raise ServingBundleError("watch", "no earlier version was served to roll back to")
-        back = self.previous[-1]
-        rolled_from = self.serving["version"] if self.serving else 0
-        self.state.load(str(self.dir / back["path"]), check=self._check(back))
-        self.previous.pop()
-        self.serving = back
-        self.hold_until = max(self.hold_until, rolled_from)
-        return back

@@ -144,6 +144,7 @@ def test_request_errors(server):
     url, _ = server
     r = httpx.post(f"{url}/v1/predict", json={"records": [{"user_id": "u1", "colour": 1}]})
     assert r.status_code == 400 and r.json()["field"] == "colour"
+    assert "for model 'deepfm'" in r.json()["error"]  # errors name the model
     r = httpx.post(f"{url}/v1/predict", json={"records": [{"user_id": "u1"}]})
     assert r.status_code == 400 and r.json()["field"] == "item_id"
     r = httpx.post(f"{url}/v1/predict", json={"records": [
@@ -183,12 +184,15 @@ def test_grpc(server, bundles):
         r = stub.Rank(pb.RankRequest(context=ctx, candidates=["i1", "i2", "i3", "i4", "i59",
                                                                 "never"], k=3))
         assert [i.item for i in r.items] == [i["item"] for i in rank(url).json()["items"]]
-        bad = Struct()
-        bad.update({"user_id": "u3", "colour": 2})
-        with pytest.raises(grpc.RpcError) as e:
-            stub.Rank(pb.RankRequest(context=bad, candidates=["i1"]))
-        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert "colour" in e.value.details()
+        # a context key no model reads is ignored, and said
+        extra = Struct()
+        extra.update({"user_id": "u3", "colour": 2})
+        r2 = stub.Rank(pb.RankRequest(context=extra, candidates=["i1", "i2", "i3", "i4",
+                                                                 "i59", "never"], k=3))
+        assert [(i.item, i.score) for i in r2.items] == [(i.item, i.score) for i in r.items]
+        assert list(r2.warnings) == ["context feature 'colour' is read by no served model "
+                                     "(model 'deepfm'); it was ignored"]
+
 
 
 def test_reload_under_traffic_and_metrics(server, bundles):
@@ -282,8 +286,10 @@ def test_redis_feature_store_matches_memory(bundles, redis_url):
     red = ServerState(load_serve_config(raw={"bundle": str(bundles[0]), "feature_store": {
         "backend": "redis", "url": redis_url}}))
     try:
-        assert type(red.store).__name__ == "RedisFeatureStore"
-        assert red.store.size("user_id") == 40 and red.store.size("item_id") == 60
+        # the bundle's own feature tables (the run's side tables, as it read them)
+        assert type(red.store.tables).__name__ == "RedisTables"
+        assert red.store.tables.size("user_id") == 40
+        assert red.store.tables.size("item_id") == 60
         cands = ["i1", "i2", "i3", "i4", "i59", "never"]
         for user in ("u0", "u3", "unknown-user"):
             a = mem.rank_future({"user_id": user}, cands)[1].result()
@@ -329,8 +335,13 @@ def test_recommend(server, bundles):
     assert [i["item"] for i in body["items"]] == [i["item"] for i in ranked["items"]]
     assert all(abs(i["retrieval_score"] - float(vecs[names.index(i["item"])] @ u)) < 1e-4
                for i in body["items"])
-    r = httpx.post(f"{url}/v1/recommend", json={"context": {"user_id": "u3", "colour": 1}})
-    assert r.status_code == 400 and r.json()["field"] == "colour"
+    # one context for both models: a key neither reads is ignored and said, not an error
+    r = httpx.post(f"{url}/v1/recommend", json={"context": {"user_id": "u3", "colour": 1},
+                                                "n": 20, "k": 5})
+    assert r.status_code == 200 and r.json()["items"] == body["items"]
+    assert r.json()["warnings"] == ["context feature 'colour' is read by no served model "
+                                    "(model 'deepfm' and retrieval model 'two_tower'); it "
+                                    "was ignored"]
 
 
 def test_reload_reaches_every_worker(bundles):

@@ -1,0 +1,251 @@
+"""A Python client for ``sampan serve``, over HTTP or gRPC, with typed results.
+
+::
+
+    from sampan.client import Client, GrpcClient
+
+    with Client("http://127.0.0.1:8000") as c:
+        c.events([{"user_id": "1000011", "item_id": "3993081"}])
+        top = c.recommend({"user_id": "1000011"}, k=10)
+        for it in top.items:
+            print(it.item, it.score)
+
+    with GrpcClient("127.0.0.1:50051") as g:       # the same calls and results
+        g.rank(["3993081", "1686875"], context={"user_id": "1000011"}, k=1)
+
+A refused request raises :class:`ServingError` with the server's message, the field it
+names and the record index. The HTTP client keeps one connection open (reopened when the
+server closed it) and serialises calls on it: use one client per thread for parallel
+requests. Only the standard library is needed for HTTP; gRPC needs ``grpcio`` (the
+``serve`` extra).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+__all__ = ["Client", "EventsResult", "GrpcClient", "Prediction", "Ranking", "ScoredItem",
+           "ServingError"]
+
+
+class ServingError(Exception):
+    """A request the server refused: ``status`` (HTTP status, or the gRPC code's name),
+    ``message``, the request ``field`` it concerns and the ``record`` index, when said."""
+
+    def __init__(self, status: int | str, message: str, field: str | None = None,
+                 record: int | None = None):
+        super().__init__(f"{status}: {message}")
+        self.status, self.message, self.field, self.record = status, message, field, record
+
+
+@dataclass(frozen=True)
+class ScoredItem:
+    item: str | int
+    score: float
+    retrieval_score: float | None = None  # the two-tower cosine (recommend only)
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """``/v1/rank`` and ``/v1/recommend``: items best first."""
+
+    items: list[ScoredItem]
+    model_version: str
+    warnings: list[str] = field(default_factory=list)  # context keys no model reads
+    retrieved: int | None = None  # candidates the retrieval model gave (recommend only)
+
+    @property
+    def ids(self) -> list[str | int]:
+        return [i.item for i in self.items]
+
+
+@dataclass(frozen=True)
+class Prediction:
+    probabilities: list[list[float]]  # one row per record, one column per label
+    labels: list[str]
+    model_version: str
+
+
+@dataclass(frozen=True)
+class EventsResult:
+    accepted: int
+    users: int
+
+
+def _ranking(body: dict[str, Any]) -> Ranking:
+    return Ranking([ScoredItem(i["item"], float(i["score"]), i.get("retrieval_score"))
+                    for i in body["items"]], body["model_version"],
+                   list(body.get("warnings", [])), body.get("retrieved"))
+
+
+class Client:
+    """``sampan serve`` over HTTP (``url``: e.g. ``http://127.0.0.1:8000``)."""
+
+    def __init__(self, url: str = "http://127.0.0.1:8000", timeout: float = 10.0,
+                 admin_token: str | None = None, events_token: str | None = None):
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"url {url!r} is not an http(s) URL such as "
+                             "http://127.0.0.1:8000")
+        self._conn_class = (http.client.HTTPSConnection if parts.scheme == "https"
+                            else http.client.HTTPConnection)
+        self._host, self._port = parts.hostname, parts.port
+        self._base = parts.path.rstrip("/")
+        self.timeout = timeout
+        self.admin_token, self.events_token = admin_token, events_token
+        self._conn: http.client.HTTPConnection | None = None
+        self._lock = threading.Lock()
+
+    def _call(self, method: str, path: str, body: Any = None,
+              token: str | None = None) -> Any:
+        data = json.dumps(body).encode() if body is not None else None
+        headers = {"Content-Type": "application/json"} if data is not None else {}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        with self._lock:
+            for attempt in (0, 1):  # once more on a connection the server had closed
+                if self._conn is None:
+                    self._conn = self._conn_class(self._host, self._port,
+                                                  timeout=self.timeout)
+                try:
+                    self._conn.request(method, self._base + path, body=data, headers=headers)
+                    resp = self._conn.getresponse()
+                    raw = resp.read()
+                    break
+                except (http.client.RemoteDisconnected, BrokenPipeError,
+                        ConnectionResetError):
+                    self._conn.close()
+                    self._conn = None
+                    if attempt:
+                        raise
+        text = raw.decode("utf-8", "replace")
+        if resp.status >= 400:
+            try:
+                err = json.loads(text)
+            except ValueError:
+                err = {"error": text}
+            raise ServingError(resp.status, err.get("error", text), err.get("field"),
+                               err.get("record"))
+        ctype = resp.getheader("content-type", "")
+        return json.loads(text) if ctype.startswith("application/json") else text
+
+    def predict(self, records: list[dict[str, Any]]) -> Prediction:
+        b = self._call("POST", "/v1/predict", {"records": records})
+        return Prediction(b["probabilities"], b["labels"], b["model_version"])
+
+    def rank(self, candidates: list[str | int], context: dict[str, Any] | None = None,
+             k: int = 10, task: int = 0) -> Ranking:
+        return _ranking(self._call("POST", "/v1/rank", {
+            "context": context or {}, "candidates": list(candidates), "k": k, "task": task}))
+
+    def recommend(self, context: dict[str, Any], n: int = 100, k: int = 10,
+                  task: int = 0) -> Ranking:
+        return _ranking(self._call("POST", "/v1/recommend", {
+            "context": context, "n": n, "k": k, "task": task}))
+
+    def events(self, events: list[dict[str, Any]]) -> EventsResult:
+        b = self._call("POST", "/v1/events", {"events": events}, self.events_token)
+        return EventsResult(b["accepted"], b["users"])
+
+    def ready(self) -> dict[str, Any]:
+        """``/readyz``: the model served (raises :class:`ServingError` 503 before)."""
+        return self._call("GET", "/readyz")
+
+    def metrics(self) -> str:
+        return self._call("GET", "/metrics")
+
+    def reload(self, bundle: str | None = None,
+               retrieval_bundle: str | None = None) -> dict[str, Any]:
+        body = {k: v for k, v in (("bundle", bundle), ("retrieval_bundle", retrieval_bundle))
+                if v is not None}
+        return self._call("POST", "/v1/admin/reload", body, self.admin_token)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class GrpcClient:
+    """``sampan serve --grpc-port`` over gRPC (``target``: e.g. ``127.0.0.1:50051``)."""
+
+    def __init__(self, target: str, timeout: float = 10.0, events_token: str | None = None):
+        import grpc
+
+        from sampan.serving.grpc_server import stubs
+
+        self._grpc = grpc
+        self._pb, services = stubs()
+        self._channel = grpc.insecure_channel(target)
+        self._stub = services.ScoringStub(self._channel)
+        self.timeout = timeout
+        self.events_token = events_token
+
+    def _struct(self, value: dict[str, Any]) -> Any:
+        from google.protobuf.struct_pb2 import Struct
+
+        s = Struct()
+        s.update(value)
+        return s
+
+    def _call(self, method: str, request: Any, token: str | None = None) -> Any:
+        meta = [("authorization", f"Bearer {token}")] if token else None
+        try:
+            return getattr(self._stub, method)(request, timeout=self.timeout, metadata=meta)
+        except self._grpc.RpcError as e:
+            message = e.details() or ""
+            fld = None
+            if message.endswith(")") and " (field: " in message:
+                message, _, fld = message[:-1].rpartition(" (field: ")
+            raise ServingError(e.code().name, message, fld) from None
+
+    @staticmethod
+    def _ranking(r: Any, recommend: bool) -> Ranking:
+        return Ranking([ScoredItem(i.item, i.score, i.retrieval_score if recommend else None)
+                        for i in r.items], r.model_version, list(r.warnings),
+                       r.retrieved if recommend else None)
+
+    def predict(self, records: list[dict[str, Any]]) -> Prediction:
+        r = self._call("Predict", self._pb.PredictRequest(
+            records=[self._struct(x) for x in records]))
+        return Prediction([list(p.values) for p in r.probabilities], list(r.labels),
+                          r.model_version)
+
+    def rank(self, candidates: list[str | int], context: dict[str, Any] | None = None,
+             k: int = 10, task: int = 0) -> Ranking:
+        r = self._call("Rank", self._pb.RankRequest(
+            context=self._struct(context or {}), candidates=[str(c) for c in candidates],
+            k=k, task=task))
+        return self._ranking(r, False)
+
+    def recommend(self, context: dict[str, Any], n: int = 100, k: int = 10,
+                  task: int = 0) -> Ranking:
+        r = self._call("Recommend", self._pb.RecommendRequest(
+            context=self._struct(context), n=n, k=k, task=task))
+        return self._ranking(r, True)
+
+    def events(self, events: list[dict[str, Any]]) -> EventsResult:
+        r = self._call("Events", self._pb.EventsRequest(
+            events=[self._struct(e) for e in events]), self.events_token)
+        return EventsResult(r.accepted, r.users)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> GrpcClient:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

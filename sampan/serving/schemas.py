@@ -1,0 +1,128 @@
+"""The HTTP API's request and response bodies (pydantic), with the examples ``/docs``
+shows for every route."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+def _examples(*examples: Any) -> ConfigDict:
+    return ConfigDict(extra="forbid", json_schema_extra={"examples": list(examples)})
+
+
+class PredictRequest(BaseModel):
+    """``{"records": [{raw feature: value, ...}, ...]}``: each record gives the model's raw
+    features (null for a missing value), or the keys a feature table joins them by."""
+
+    model_config = _examples({"records": [{"user_id": "1000011", "item_id": "3993081"}]})
+    records: list[dict[str, Any]] = Field(min_length=1)
+
+
+class RankRequest(BaseModel):
+    """``{"context": {...}, "candidates": [item ids], "k": 10, "task": 0}``: the context
+    gives the user (and any request-time feature); user and item features come from the
+    feature store. Context keys the model does not read are ignored and said in
+    ``warnings``."""
+
+    model_config = _examples({"context": {"user_id": "1000011"},
+                              "candidates": ["3993081", "1686875", "5023031"], "k": 2})
+    context: dict[str, Any] = Field(default_factory=dict)
+    candidates: list[str | int] = Field(min_length=1)
+    k: int = Field(10, ge=1)
+    task: int = Field(0, ge=0, description="which label's probability ranks (multi-task)")
+
+
+class RecommendRequest(BaseModel):
+    """``{"context": {"user_id": ...}, "n": 100, "k": 10}``: ``n`` candidates retrieved by
+    the two-tower model's ANN index, ranked by the ranking model; each model reads the
+    part of one context it knows."""
+
+    model_config = _examples({"context": {"user_id": "1000011"}, "n": 100, "k": 10})
+    context: dict[str, Any] = Field(min_length=1)
+    n: int = Field(100, ge=1, description="candidates retrieved by the ANN index")
+    k: int = Field(10, ge=1, description="items returned after ranking")
+    task: int = Field(0, ge=0)
+
+
+class EventsRequest(BaseModel):
+    """``{"events": [{"user_id": ..., "item_id": ...}, ...]}``: behaviour events, appended
+    in order to each user's live histories (``category_id`` and the like are taken from the
+    item table when not given)."""
+
+    model_config = _examples({"events": [{"user_id": "1000011", "item_id": "3993081"},
+                                         {"user_id": "1000011", "item_id": "1686875",
+                                          "category_id": "590997"}]})
+    events: list[dict[str, Any]] = Field(min_length=1)
+
+
+class ErrorBody(BaseModel):
+    """Every error: what is wrong, the request field it concerns, the record's index."""
+
+    model_config = _examples({"error": "record 0 has unknown feature(s) ['agee'] for model "
+                                       "'din'; known: ['user_id', 'item_id']",
+                              "field": "agee", "record": 0})
+    error: str
+    field: str | None = None
+    record: int | None = None
+
+
+class PredictResponse(BaseModel):
+    model_config = _examples({"probabilities": [[0.0713]], "labels": ["label"],
+                              "model_version": "din@2026-12-01T22:28:29+0000"})
+    probabilities: list[list[float]]
+    labels: list[str]
+    model_version: str
+
+
+class ScoredItem(BaseModel):
+    item: str | int
+    score: float
+    retrieval_score: float | None = Field(None, description="the two-tower cosine "
+                                          "(/v1/recommend only)")
+
+
+class RankResponse(BaseModel):
+    model_config = _examples({"items": [{"item": "3993081", "score": 0.41},
+                                        {"item": "5023031", "score": 0.12}],
+                              "model_version": "din@2026-12-01T22:28:29+0000",
+                              "warnings": []})
+    items: list[ScoredItem]
+    model_version: str
+    warnings: list[str] = Field(default_factory=list, description="context keys no "
+                                "served model reads (ignored)")
+
+
+class RecommendResponse(RankResponse):
+    model_config = _examples({"items": [{"item": "3993081", "score": 0.41,
+                                         "retrieval_score": 0.83}],
+                              "retrieved": 100, "model_version": "din@2026-12-01T22:28:29+0000",
+                              "warnings": []})
+    retrieved: int
+
+
+class EventsResponse(BaseModel):
+    model_config = _examples({"accepted": 2, "users": 1})
+    accepted: int
+    users: int
+
+
+class ReloadRequest(BaseModel):
+    """``{"bundle": ranking bundle}`` and/or ``{"retrieval_bundle": two-tower bundle}``."""
+
+    model_config = _examples({"bundle": "bundles/din-2026-12-01"})
+    bundle: str | None = None
+    retrieval_bundle: str | None = None
+
+    @field_validator("bundle", "retrieval_bundle")
+    @classmethod
+    def _plain_path(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        bad = next((c for c in v if ord(c) < 32 or ord(c) == 127 or
+                    0xD800 <= ord(c) <= 0xDFFF), None)
+        if bad is not None:
+            raise ValueError(f"the path holds the character U+{ord(bad):04X} (a control "
+                             "character or a lone surrogate); give a plain path")
+        return v

@@ -1,0 +1,219 @@
+"""Live user state in serving: a DIN bundle of a small behaviour log, its feature tables,
+events that append to users' histories (memory and a real redis-server), the TTL, and the
+events route of a real server with its token, through the Python client."""
+
+import random
+import shutil
+import subprocess
+import time
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from rich.console import Console
+
+from sampan.client import Client, GrpcClient, ServingError
+from sampan.config import load_config, load_serve_config
+from sampan.data.behaviour import BuildOptions, build_sequences
+from sampan.errors import RequestError
+from sampan.export import export_run
+from sampan.serving import Predictor
+from sampan.serving.service import ConflictError, ServerState
+from sampan.train.experiment import run_experiment
+from tests.conftest import Served, free_port
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    """DIN on a behaviour log where each user keeps to a few categories."""
+    root = tmp_path_factory.mktemp("live")
+    rng = random.Random(0)
+    lines = []
+    for t in range(6000):
+        u = rng.randrange(80)
+        c = (u + rng.choice([0, 0, 1])) % 10 if rng.random() < 0.8 else rng.randrange(10)
+        i = c + 10 * rng.randrange(12)  # item i has category i % 10
+        lines.append(f"u{u},i{i},c{i % 10},pv,{1000 + t}\n")
+    (root / "log.csv").write_text("".join(lines))
+    samples = root / "samples.parquet"
+    build_sequences(str(root / "log.csv"), samples, BuildOptions(
+        columns=["user_id", "item_id", "category_id", "behavior", "timestamp"], header=False,
+        targets="positive", negatives=1, max_len=5))
+    cfg = load_config(raw={
+        "output_dir": str(root), "data": {"train": str(samples), "split": {
+            "method": "time", "column": "timestamp", "train": 0.8, "valid": 0.1, "test": 0.1}},
+        "features": {"label": "label", "group": "user_id",
+                     "categorical": ["user_id", "item_id", "category_id"],
+                     "lists": [{"name": "hist_item_id", "share": "item_id", "max_len": 5},
+                               {"name": "hist_category_id", "share": "category_id",
+                                "max_len": 5}]},
+        "model": {"name": "din", "target": "item_id", "history": "hist_item_id",
+                  "embedding_dim": 8, "mlp": [16]},
+        "train": {"epochs": 1, "batch_size": 256, "progress": False, "tensorboard": False}})
+    run = run_experiment(cfg, run_dir=root / "run", console=Console(quiet=True))["run_dir"]
+    return export_run(run, root / "bundle")
+
+
+def histories(bundle):
+    t = pq.read_table(bundle / "features" / "users.parquet").to_pydict()
+    return {u: (h, c) for u, h, c in zip(t["user_id"], t["hist_item_id"],
+                                         t["hist_category_id"], strict=True)}
+
+
+def category(item):
+    """Item ``i<n>`` has category ``c<n % 10>``; any other id has none (OOV)."""
+    return f"c{int(item[1:]) % 10}" if item[:1] == "i" and item[1:].isdigit() else ""
+
+
+def explicit(bundle, user, items, hist):
+    """The candidates scored with the histories written out by hand."""
+    return Predictor(bundle).predict([
+        {"user_id": user, "item_id": i, "category_id": category(i),
+         "hist_item_id": hist, "hist_category_id": [category(x) for x in hist]}
+        for i in items])[:, 0]
+
+
+CANDS = [f"i{i}" for i in range(0, 120, 7)]
+
+
+def served(state, user):
+    return state.rank_future({"user_id": user}, CANDS)[1].result()[:, 0]
+
+
+def test_events_append_like_training(bundle):
+    users = histories(bundle)
+    items = dict(zip(*pq.read_table(bundle / "features" / "items.parquet").to_pydict()
+                     .values(), strict=True))
+    assert all(items[i] == f"c{int(i[1:]) % 10}" for i in items)  # item i: category i%10
+    state = ServerState(load_serve_config(raw={"bundle": str(bundle)}))
+    try:
+        user = next(u for u, (h, _) in users.items() if len(h) == 5)
+        hist = list(users[user][0])
+        # only the user id: the history comes from the bundle's user table
+        assert np.abs(served(state, user) - explicit(bundle, user, CANDS, hist)).max() < 1e-6
+        out = state.record_events([{"user_id": user, "item_id": "i33"},
+                                   {"user_id": user, "item_id": "i41", "category_id": "c1"},
+                                   {"user_id": "new-user", "item_id": 7}])
+        assert out == {"accepted": 3, "users": 2}
+        hist = (hist + ["i33", "i41"])[-5:]  # the last max_len, most recent last
+        assert np.abs(served(state, user) - explicit(bundle, user, CANDS, hist)).max() < 1e-6
+        assert np.abs(served(state, "new-user") -
+                      explicit(bundle, "new-user", CANDS, ["7"])).max() < 1e-6
+        # an explicit history in the request wins over the live one
+        p, f = state.rank_future({"user_id": user, "hist_item_id": [], "hist_category_id": []},
+                                 CANDS)
+        assert np.abs(f.result()[:, 0] - explicit(bundle, user, CANDS, [])).max() < 1e-6
+        # an item no table knows: its category is unknown (OOV), the histories stay aligned
+        state.record_events([{"user_id": "new-user", "item_id": "never-seen"}])
+        got = state.live.lookup(__import__("pyarrow").array(["new-user"]))[0]
+        assert got["hist_item_id"].to_pylist() == [["7", "never-seen"]]
+        assert got["hist_category_id"].to_pylist() == [["", ""]]
+        for bad, field in (([{"item_id": "i1"}], "user_id"),
+                           ([{"user_id": "u1", "itemid": "i1"}], "itemid"),
+                           ([{"user_id": "u1", "item_id": [1, 2]}], "item_id"),
+                           ([{"user_id": "u1"}], "item_id"), ([], "events")):
+            with pytest.raises(RequestError) as e:
+                state.record_events(bad)
+            assert e.value.field == field, (bad, str(e.value))
+    finally:
+        state.close()
+    # per-worker memory cannot take events with --workers > 1
+    multi = ServerState(load_serve_config(raw={"bundle": str(bundle), "workers": 2}))
+    with pytest.raises(ConflictError, match="redis"):
+        multi.record_events([{"user_id": "u1", "item_id": "i1"}])
+    multi.close()
+
+
+def test_ttl_forgets_a_quiet_user(bundle):
+    users = histories(bundle)
+    old = next(u for u, (h, _) in users.items() if h)
+    state = ServerState(load_serve_config(raw={"bundle": str(bundle), "feature_store": {
+        "ttl_seconds": 0.5}}))
+    try:
+        assert np.abs(served(state, old) - explicit(bundle, old, CANDS, users[old][0])
+                      ).max() < 1e-6
+        state.record_events([{"user_id": "x5", "item_id": "i15"}])
+        time.sleep(0.3)
+        state.record_events([{"user_id": "x6", "item_id": "i16"}])
+        assert np.abs(served(state, "x6") - explicit(bundle, "x6", CANDS, ["i16"])).max() < 1e-6
+        time.sleep(0.3)  # x5's history and the bootstrapped ones have expired, x6's not yet
+        for user, hist in (("x5", []), (old, []), ("x6", ["i16"])):
+            assert np.abs(served(state, user) - explicit(bundle, user, CANDS, hist)
+                          ).max() < 1e-6, user
+        state.record_events([{"user_id": "x5", "item_id": "i25"}])  # starts again
+        assert np.abs(served(state, "x5") - explicit(bundle, "x5", CANDS, ["i25"])).max() < 1e-6
+    finally:
+        state.close()
+
+
+@pytest.fixture
+def redis_url():
+    exe = shutil.which("redis-server")
+    if exe is None:
+        pytest.skip("redis-server is not installed (apt-get install redis-server)")
+    port = free_port()
+    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no"], stdout=subprocess.DEVNULL)
+    import redis
+
+    client = redis.Redis(port=port)
+    for _ in range(100):
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    yield f"redis://127.0.0.1:{port}/0"
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def test_redis_histories_are_shared_and_survive_a_restart(bundle, redis_url):
+    users = histories(bundle)
+    user = next(u for u, (h, _) in users.items() if len(h) >= 3)
+    raw = {"bundle": str(bundle), "feature_store": {"backend": "redis", "url": redis_url}}
+    mem = ServerState(load_serve_config(raw={"bundle": str(bundle)}))
+    a = ServerState(load_serve_config(raw=raw))
+    b = ServerState(load_serve_config(raw=raw))  # a second worker on the same Redis
+    try:
+        assert np.abs(served(a, user) - served(mem, user)).max() < 1e-6
+        for st in (a, mem):
+            st.record_events([{"user_id": user, "item_id": "i12"}])
+        assert np.abs(served(b, user) - served(mem, user)).max() < 1e-6
+        b.close()
+        b = ServerState(load_serve_config(raw=raw))  # a restart: the event is kept
+        assert np.abs(served(b, user) - served(mem, user)).max() < 1e-6
+        hist = (list(users[user][0]) + ["i12"])[-5:]
+        assert np.abs(served(b, user) - explicit(bundle, user, CANDS, hist)).max() < 1e-6
+    finally:
+        for st in (mem, a, b):
+            st.close()
+
+
+def test_events_route_token_and_clients(bundle):
+    srv = Served([str(bundle)], env={"SAMPAN_EVENTS_TOKEN": "ev-token"})
+    try:
+        with Client(srv.url) as anon, Client(srv.url, events_token="ev-token") as c, \
+                GrpcClient(srv.grpc, events_token="ev-token") as g, GrpcClient(srv.grpc) as ga:
+            with pytest.raises(ServingError) as e:
+                anon.events([{"user_id": "u1", "item_id": "i1"}])
+            assert e.value.status == 401 and e.value.field == "authorization"
+            with pytest.raises(ServingError) as e:
+                ga.events([{"user_id": "u1", "item_id": "i1"}])
+            assert e.value.status == "UNAUTHENTICATED"
+            before = c.rank(CANDS, context={"user_id": "fresh"}, k=len(CANDS))
+            assert c.events([{"user_id": "fresh", "item_id": "i3"}]).accepted == 1
+            assert g.events([{"user_id": "fresh", "item_id": "i13"}]).users == 1
+            after = c.rank(CANDS, context={"user_id": "fresh"}, k=len(CANDS))
+            grpc_after = g.rank(CANDS, context={"user_id": "fresh"}, k=len(CANDS))
+            with pytest.raises(ServingError) as e:
+                g.events([{"user_id": "fresh", "colour": "red"}])
+            assert e.value.status == "INVALID_ARGUMENT" and e.value.field == "colour"
+    finally:
+        srv.stop()
+    want = explicit(bundle, "fresh", CANDS, ["i3", "i13"])
+    got = dict((i.item, i.score) for i in after.items)
+    assert max(abs(got[c] - w) for c, w in zip(CANDS, want, strict=True)) < 1e-5
+    assert before.ids != after.ids or [i.score for i in before.items] != [
+        i.score for i in after.items]
+    assert grpc_after.ids == after.ids
