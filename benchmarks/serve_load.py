@@ -3,13 +3,20 @@ a fixed time, report throughput, latency percentiles and errors (HTTP and gRPC).
 
 Without ``--bundle`` it trains and exports DeepFM on MovieLens-100k first (needs
 ``../shared/data``). Each scenario sends ``/v1/rank`` requests for a random user with
-``--candidates`` random movies (features joined from the feature store); ``predict``
-scenarios send one record per request.
+``--candidates`` random movies (features joined from the feature store).
+
+``--taobao`` serves a real-time recommender instead: DIN and two-tower trained (one
+epoch) on the Taobao UserBehavior sample, users' histories in the live store. Its
+scenarios: ``/v1/rank`` where the client sends the user's history itself (the baseline),
+``/v1/rank`` with only the user id (history from the live store), and ``/v1/recommend``
+(retrieval top-``--candidates``, then DIN), each client posting one event for its user
+every ``--events-every`` requests (not timed).
 
 Usage::
 
     python benchmarks/serve_load.py                       # 1 and 8 clients, 10 s each
     python benchmarks/serve_load.py --bundle B --clients 1 4 16 --seconds 20 --readme README.md
+    python benchmarks/serve_load.py --taobao --clients 1 4 --readme README.md
 """
 
 from __future__ import annotations
@@ -46,6 +53,29 @@ def make_bundle(work: Path) -> Path:
     subprocess.run([sys.executable, "-m", "sampan.cli", "export", str(work / "run"),
                     "--out", str(out)], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
     return out
+
+
+def make_taobao(work: Path) -> tuple[Path, Path]:
+    """DIN and two-tower bundles of the Taobao sample (the shipped configs, one epoch)."""
+    from sampan.data.behaviour import BuildOptions, build_sequences
+
+    raw = ROOT.parent / "shared/data/taobao_userbehavior/UserBehavior_sample_96168.csv.gz"
+    samples = work / "samples.parquet"
+    build_sequences(str(raw), samples, BuildOptions(
+        columns=["user_id", "item_id", "category_id", "behavior", "timestamp"], header=False,
+        targets="positive", negatives=1, max_len=20))
+    out = []
+    for name in ("taobao_din", "taobao_two_tower"):
+        subprocess.run([sys.executable, "-m", "sampan.cli", "train", f"configs/{name}.yaml",
+                        "--run-dir", str(work / name), "--set", f"data.train={samples}",
+                        "--set", "train.epochs=1", "--set", "train.progress=false",
+                        "--set", "train.tensorboard=false"], cwd=ROOT, check=True,
+                       stdout=subprocess.DEVNULL)
+        subprocess.run([sys.executable, "-m", "sampan.cli", "export", str(work / name),
+                        "--out", str(work / f"bundle-{name}")], cwd=ROOT, check=True,
+                       stdout=subprocess.DEVNULL)
+        out.append(work / f"bundle-{name}")
+    return out[0], out[1]
 
 
 def start_server(bundle: Path, *options: str, env: dict | None = None
@@ -127,6 +157,46 @@ class HttpRank:
         return r.status_code == 200
 
 
+class LiveCall:
+    """``/v1/rank`` (``route="rank"``) or ``/v1/recommend`` for a random user of the live
+    store, through :class:`sampan.client.Client`; with ``explicit`` the request carries
+    the user's history (the caller-side baseline). One event every ``events_every``."""
+
+    def __init__(self, url: str, route: str, users: dict[str, tuple[list, list]],
+                 items: list[str], n: int, events_every: int, explicit: bool = False):
+        self.url, self.route, self.n = url, route, n
+        self.users, self.names, self.items = users, list(users), items
+        self.events_every, self.explicit = events_every, explicit
+
+    def setup(self):
+        from sampan.client import Client
+
+        return [Client(self.url, timeout=30), 0]
+
+    def __call__(self, rng, state) -> bool:
+        from sampan.client import ServingError
+
+        client, count = state
+        user = self.names[rng.integers(len(self.names))]
+        state[1] += 1
+        try:
+            if self.events_every and count % self.events_every == 0:
+                client.events([{"user_id": user,
+                                "item_id": self.items[rng.integers(len(self.items))]}])
+            context = {"user_id": user}
+            if self.explicit:
+                hist, cats = self.users[user]
+                context |= {"hist_item_id": hist, "hist_category_id": cats}
+            if self.route == "recommend":
+                client.recommend(context, n=self.n, k=10)
+            else:
+                client.rank([self.items[i] for i in rng.integers(0, len(self.items), self.n)],
+                            context=context, k=10)
+            return True
+        except ServingError:
+            return False
+
+
 class GrpcRank:
     def __init__(self, target: str, users: list[str], items: list[str], n: int):
         self.target, self.users, self.items, self.n = target, users, items, n
@@ -156,11 +226,16 @@ class GrpcRank:
 
 def markdown(report: dict) -> str:
     m = report["machine"]
+    what = (f"DIN and two-tower on the Taobao sample, one event per "
+            f"{report.get('events_every')} requests per client; `/v1/rank` with "
+            f"{report['candidates']} candidates, the history sent by the client (baseline) "
+            "or read from the live store; `/v1/recommend` retrieving "
+            f"{report['candidates']} then ranking them" if report.get("taobao") else
+            f"`/v1/rank` with {report['candidates']} candidates per request, features "
+            "joined from the in-memory feature store")
     lines = [f"Serving load (`python benchmarks/serve_load.py {report['args']}`; "
              f"{m['cpu']} ({', '.join(m['isa'])}), {m['cores']} cores; server and clients "
-             "on the same machine): "
-             f"`/v1/rank` with {report['candidates']} candidates per request, features joined "
-             "from the in-memory feature store.", "",
+             f"on the same machine): {what}.", "",
              "| protocol | clients | requests/s | p50 ms | p95 ms | p99 ms | errors |",
              "|---|---|---|---|---|---|---|"]
     for r in report["results"]:
@@ -179,25 +254,52 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--candidates", type=int, default=100)
     ap.add_argument("--no-grpc", action="store_true")
+    ap.add_argument("--taobao", action="store_true", help="DIN + two-tower, live store")
+    ap.add_argument("--retrieval-bundle", type=Path,
+                    help="with --taobao and --bundle: served bundles instead of training")
+    ap.add_argument("--events-every", type=int, default=10)
+    ap.add_argument("--server-set", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="serve config overrides (e.g. threads=1)")
     ap.add_argument("--json", default=str(ROOT / "benchmarks/results/serve_load.json"))
     ap.add_argument("--readme", type=Path)
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="sampan-load-"))
-    bundle = args.bundle or make_bundle(work)
+    retrieval = None
+    if args.taobao and args.bundle and args.retrieval_bundle:
+        bundle, retrieval = args.bundle, args.retrieval_bundle
+    elif args.taobao:
+        bundle, retrieval = make_taobao(work)
+    else:
+        bundle = args.bundle or make_bundle(work)
     gport = free_port()
-    server, url = start_server(bundle, "--grpc-port", str(gport))
+    extra = ["--set", f"retrieval_bundle={retrieval}"] if retrieval else []
+    extra += [x for kv in args.server_set for x in ("--set", kv)]
+    server, url = start_server(bundle, "--grpc-port", str(gport), *extra)
     try:
         users, items = ids(bundle, "user_id"), ids(bundle, "item_id")
         results = []
         scenarios = [("http", HttpRank(url, users, items, args.candidates))]
-        if not args.no_grpc:
+        if args.taobao:
+            import pyarrow.parquet as pq
+
+            t = pq.read_table(bundle / "features" / "users.parquet").to_pydict()
+            live = {u: (h, c) for u, h, c in zip(t["user_id"], t["hist_item_id"],
+                                                 t["hist_category_id"], strict=True)}
+            e = args.events_every
+            scenarios = [
+                ("rank, history sent", LiveCall(url, "rank", live, items, args.candidates, e,
+                                                explicit=True)),
+                ("rank, live store", LiveCall(url, "rank", live, items, args.candidates, e)),
+                ("recommend, live", LiveCall(url, "recommend", live, items, args.candidates,
+                                             e))]
+        elif not args.no_grpc:
             scenarios.append(("grpc", GrpcRank(f"127.0.0.1:{gport}", users, items,
                                                args.candidates)))
         for proto, call in scenarios:
             drive(call, 1, 1.0)  # warm-up
             for c in args.clients:
                 r = {"protocol": proto, **drive(call, c, args.seconds)}
-                print(f"{proto:5} clients {c:3}: {r['requests_per_s']:8,.0f} req/s  "
+                print(f"{proto:18} clients {c:3}: {r['requests_per_s']:8,.0f} req/s  "
                       f"p50 {r['p50_ms']:6.2f} ms  p95 {r['p95_ms']:6.2f} ms  "
                       f"p99 {r['p99_ms']:6.2f} ms  errors {r['errors']}", flush=True)
                 results.append(r)
@@ -205,13 +307,16 @@ def main() -> None:
         server.terminate()
         server.wait(timeout=10)
     report = {"args": " ".join(sys.argv[1:]), "candidates": args.candidates,
-              "machine": machine(),
+              "machine": machine(), "taobao": args.taobao,
+              "events_every": args.events_every if args.taobao else None,
               "results": results}
-    Path(args.json).write_text(json.dumps(report, indent=1))
+    key = "serve_load_live" if args.taobao else "serve_load"
+    Path(args.json.replace("serve_load.json", f"{key}.json")).write_text(
+        json.dumps(report, indent=1))
     if args.readme:
         from benchmarks._readme import update_block
 
-        update_block(args.readme, "serve_load", markdown(report))
+        update_block(args.readme, key, markdown(report))
 
 
 if __name__ == "__main__":

@@ -153,6 +153,21 @@ class Bundle:
         return self._session
 
 
+def session_options(threads: int | None = None, spin: bool = True) -> Any:
+    """ONNX Runtime options: ``threads`` intra-op threads (its default when None); with
+    ``spin=False`` idle worker threads sleep instead of spinning (for a session beside the
+    main one, such as the user tower, whose spinning would take the cores the ranking
+    model and the HTTP threads need)."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    if threads:
+        opts.intra_op_num_threads = threads
+    if not spin:
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return opts
+
+
 class _Session:
     """ONNX Runtime (or TorchScript) behind one call: tensors or arrays in, ``[B, T]`` out."""
 
@@ -162,10 +177,8 @@ class _Session:
         if fmt == "onnx":
             import onnxruntime as ort
 
-            opts = ort.SessionOptions()
-            if threads:
-                opts.intra_op_num_threads = threads
-            self.ort = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+            self.ort = ort.InferenceSession(str(path), session_options(threads),
+                                            providers=["CPUExecutionProvider"])
         else:  # only a TorchScript bundle needs torch in the serving process
             import torch
 

@@ -25,12 +25,18 @@ def eval_(
         min=0, help="Resample the rows this many times (e.g. 1000) and add each AUC's 95 % "
                     "interval as auc_ci95 (auc_0_ci95, ... per task): on a small test set, "
                     "AUCs that differ by less than this are not told apart.")] = 0,
+    ranking: Annotated[int, typer.Option(
+        "--ranking", min=0, metavar="K", help="Rank each group's rows (features.group, "
+        "e.g. the user) as one query: MRR, NDCG@K, HitRate@K and Recall@K over the groups "
+        "with a positive (at K=10 they are in every evaluation of a run with groups).")] = 0,
 ) -> None:
-    """Evaluate a trained run's best model: AUC, LogLoss (and GAUC when groups are set)."""
+    """Evaluate a trained run's best model: AUC, LogLoss (and GAUC, MRR, NDCG@10 and
+    HitRate@10 per group when features.group is set)."""
     from sampan.train.experiment import RunArtifacts
 
     art = RunArtifacts(run_dir)
-    metrics = art.evaluate(data if data else split, bootstrap=bootstrap)
+    metrics = art.evaluate(data if data else split, bootstrap=bootstrap,
+                           ranking=ranking or None)
     if data:
         log = art.last_log
         err.print(log.describe())

@@ -69,7 +69,9 @@ class ServeConfig(_Strict):
                           "candidate ids")
     retrieval_bundle: str | None = Field(None, description="a two_tower bundle: enables "
                                          "/v1/recommend (ANN candidates, then ranking)")
-    threads: int | None = Field(None, gt=0, description="ONNX Runtime intra-op threads")
+    threads: int | None = Field(None, gt=0, description="ONNX Runtime intra-op threads of "
+                                "the ranking model (default: 1 when a retrieval bundle is "
+                                "served too, else ONNX Runtime's own)")
     admin_token: str | None = Field(None, description="bearer token of /v1/admin/reload; "
                                     "the SAMPAN_ADMIN_TOKEN environment variable wins")
     feature_store: FeatureStoreConfig = FeatureStoreConfig()

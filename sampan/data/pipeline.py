@@ -190,6 +190,8 @@ class FeaturePipeline:
         for enc in vocabs:
             enc.index.prepare(rows)
 
+    PARALLEL_ROWS = 4096  # tables at least this long encode their columns in threads
+
     def transform(self, table: pa.Table, with_labels: bool = True) -> dict[str, np.ndarray]:
         """Arrays for ``table``: ``dense [n, Nd] f32``, ``sparse [n, F] i64``,
         ``labels [n, T] f32`` (when ``with_labels``), ``group [n] i64`` (when configured),
@@ -204,8 +206,13 @@ class FeaturePipeline:
             sparse[:, j] = self.categorical[j].transform(
                 self._input(table, self.categorical[j].spec))
 
-        # Arrow kernels release the GIL: the columns are encoded on all cores.
-        list(_pool().map(encode, range(len(self.categorical))))
+        # Arrow kernels release the GIL: the columns of a chunk are encoded on all cores;
+        # a request's few rows are encoded here (handing them to threads costs more)
+        if n >= self.PARALLEL_ROWS:
+            list(_pool().map(encode, range(len(self.categorical))))
+        else:
+            for j in range(len(self.categorical)):
+                encode(j)
         dense = np.empty((n, len(self.numeric)), dtype=np.float32)
         for j, enc in enumerate(self.numeric):
             dense[:, j] = enc.transform(_col(table, enc.spec.column or enc.spec.name))

@@ -116,14 +116,12 @@ def start_grpc(state: Any, host: str, port: int, threads: int = 16):  # type: ig
         request = parse(pb.RecommendRequest, data)
         counts(request, "n", "k", "task")
         context = struct(request.context)
-        found = state.retrieve(context, request.n or 100)
-        if not found:
-            return ranking([], state.current()[0], context, True)
-        candidates = [item for item, _ in found]
-        predictor, fut = state.rank_future(context, candidates)
-        return ranking(state.ranked(predictor, fut.result(), candidates, request.k or 10,
-                                    request.task, dict(found)), predictor, context, True,
-                       len(candidates))
+        found, predictor, fut = state.recommend_future(context, request.n or 100)
+        if fut is None:
+            return ranking([], predictor, context, True)
+        return ranking(state.ranked(predictor, fut.result(), [i for i, _ in found],
+                                    request.k or 10, request.task, dict(found)), predictor,
+                       context, True, len(found))
 
     def events(data: bytes, context: Any) -> Any:
         if state.events_token and not state.check_token(

@@ -231,16 +231,15 @@ def create_app(state: ServerState):  # type: ignore[no-untyped-def]
         """A context (the user) -> n candidates from the retrieval model's index, ranked
         by the ranking model; the k best, best first."""
         warnings = state.context_warnings(req.context, recommend=True)
-        found = await run_in_threadpool(state.retrieve, req.context, req.n)
-        if not found:
-            return {"items": [], "retrieved": 0, "model_version": state.predictor.version,
+        found, predictor, fut = await run_in_threadpool(state.recommend_future, req.context,
+                                                         req.n)
+        if fut is None:
+            return {"items": [], "retrieved": 0, "model_version": predictor.version,
                     "warnings": warnings}
-        candidates = [item for item, _ in found]
-        predictor, fut = await run_in_threadpool(state.rank_future, req.context, candidates)
         scores = await asyncio.wrap_future(fut)
-        return {"items": state.ranked(predictor, scores, candidates, req.k, req.task,
-                                      dict(found)),
-                "retrieved": len(candidates), "model_version": predictor.version,
+        return {"items": state.ranked(predictor, scores, [i for i, _ in found], req.k,
+                                      req.task, dict(found)),
+                "retrieved": len(found), "model_version": predictor.version,
                 "warnings": warnings}
 
     @app.post("/v1/events", **doc(EventsResponse, {

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from sampan.bundle import Bundle
+from sampan.bundle import Bundle, session_options
 from sampan.errors import BundleError
 from sampan.serving.predictor import Predictor, RequestError
 
@@ -32,8 +32,11 @@ class Retriever:
         self.info = info
         self.predictor = Predictor(self.bundle, max_records=max_records)
         self.predictor.name = f"retrieval model {self.bundle.manifest.get('model', '?')!r}"
+        # one user per call: a single thread, which does not spin (see session_options)
         self.session = ort.InferenceSession(str(self.bundle.file(info["user_tower"])),
+                                            session_options(1, spin=False),
                                             providers=["CPUExecutionProvider"])
+        faiss.omp_set_num_threads(1)  # one query per call: threads only add hand-offs
         self.index = faiss.read_index(str(self.bundle.file(info["index"])))
         self.items = pq.read_table(self.bundle.file(info["items"])).column("item").to_pylist()
         # raw columns the user tower does not read: sent as missing values

@@ -160,6 +160,16 @@ class ServerState:
                 self.live.extend(hist)
         return self.live
 
+    def _threads(self, retrieval_bundle: str | None) -> int | None:
+        """The ranking session's threads: the config's; else one when a retrieval bundle
+        is served too (its user tower and the ranker would each keep a pool spinning on
+        the same cores: measured in benchmarks/serve_load.py --taobao), else ONNX
+        Runtime's default."""
+        if self.cfg.threads is not None:
+            return self.cfg.threads
+        both = retrieval_bundle or self.cfg.retrieval_bundle or self.retriever is not None
+        return 1 if both else None
+
     def load(self, bundle: str | None, retrieval_bundle: str | None = None,
              check: Any = None) -> tuple[Predictor | None, Any]:
         """Open the given bundles (a ranking bundle, a two-tower bundle for
@@ -174,7 +184,7 @@ class ServerState:
         try:
             if bundle is not None:
                 predictor = Predictor(bundle, max_records=self.cfg.max_records,
-                                      threads=self.cfg.threads)
+                                      threads=self._threads(retrieval_bundle))
                 if check is not None:
                     check(predictor)
                 tables = self._tables_for(predictor)
@@ -277,6 +287,14 @@ class ServerState:
                                "retrieval_bundle=PATH of an exported two_tower run, or "
                                "reload one)", "retrieval_bundle")
         return retriever.search(context, n, store)
+
+    def recommend_future(self, context: dict[str, Any], n: int):  # type: ignore
+        """Retrieve ``n`` candidates, then submit them for ranking: ``(found, predictor,
+        future)`` (``future`` is None when nothing was retrieved)."""
+        found = self.retrieve(context, n)
+        if not found:
+            return found, self.current()[0], None
+        return (found, *self.rank_future(context, [item for item, _ in found]))
 
     def check_token(self, header: str | None, token: str | None = None) -> bool:
         """Whether an ``Authorization`` header carries ``token`` (default: the admin

@@ -32,7 +32,7 @@ from sampan.data.store import SplitArrays, Store, build_store, iter_transformed,
 from sampan.distributed.strategy import SingleProcess, strategy_for
 from sampan.embedding.collection import dynamic_summary
 from sampan.errors import DataError, ExistingPathError, MissingPathError, RunError
-from sampan.metrics import auc, auc_bootstrap, paired_auc_comparison
+from sampan.metrics import auc, auc_bootstrap, grouped_ranking_metrics, paired_auc_comparison
 from sampan.models import build_model
 from sampan.tasks import make_task
 from sampan.train import checkpoint as ckpt
@@ -298,10 +298,12 @@ class RunArtifacts:
             return data
         return self.read(split_or_files, with_labels=True)
 
-    def evaluate(self, split_or_files: str | list[str], bootstrap: int = 0
-                 ) -> dict[str, Any]:
+    def evaluate(self, split_or_files: str | list[str], bootstrap: int = 0,
+                 ranking: int | None = None) -> dict[str, Any]:
         """The run's metrics on a split or raw files; with ``bootstrap`` resamples of the
-        rows, each AUC also gets ``<name>_ci95``: its 95 % bootstrap interval."""
+        rows, each AUC also gets ``<name>_ci95``: its 95 % bootstrap interval. With
+        ``ranking`` = K, each group (``features.group``, e.g. the user) is also ranked as a
+        query: MRR, NDCG@K, HitRate@K and Recall@K over the groups with a positive."""
         data = self.labelled(split_or_files)
         outputs: list[torch.Tensor] = []
 
@@ -310,6 +312,14 @@ class RunArtifacts:
             return outputs[-1]
 
         metrics: dict[str, Any] = dict(self.evaluator.task.evaluate(self.model, data, infer))
+        if ranking:
+            if data.group is None or not outputs:
+                raise RunError(f"{self.run}: ranking metrics rank each group's rows (set "
+                               "features.group, e.g. to user_id, and train again)"
+                               if data.group is None else "ranking metrics need a CTR model")
+            metrics.update(grouped_ranking_metrics(
+                outputs[0][:, 0], torch.from_numpy(np.array(data.labels[:, 0])),
+                torch.from_numpy(np.array(data.group)), ranking))
         if bootstrap and "auc" in metrics:
             logits = outputs[0]
             labels = torch.from_numpy(np.array(data.labels, dtype=np.float32))

@@ -6,6 +6,7 @@ import random
 import shutil
 import subprocess
 import time
+from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -217,3 +218,23 @@ def test_events_route_token_and_clients(bundle):
     assert before.ids != after.ids or [i.score for i in before.items] != [
         i.score for i in after.items]
     assert grpc_after.ids == after.ids
+
+
+def test_eval_ranking_per_user_matches_plain_python(bundle):
+    """`sampan eval RUN --ranking K` on raw rows: each user's rows ranked as one query."""
+    import json
+    import sys
+
+    from sampan.train.experiment import RunArtifacts
+    from tests.unit.test_metrics import _grouped_reference
+
+    run = json.loads((bundle / "manifest.json").read_text())["run_dir"]
+    samples = str(Path(run).parent / "samples.parquet")
+    out = subprocess.run([sys.executable, "-m", "sampan.cli", "eval", run, "--data", samples,
+                          "--ranking", "3"], capture_output=True, text=True, check=True)
+    got = json.loads(out.stdout)
+    probs = RunArtifacts(run).predict(samples)[:, 0]
+    t = pq.read_table(samples).to_pydict()
+    want = _grouped_reference(probs.tolist(), t["label"], t["user_id"], 3)
+    for key, value in want.items():
+        assert got[key] == pytest.approx(value, abs=1e-6), key

@@ -626,3 +626,30 @@ def test_an_onnx_server_runs_without_torch(bundles):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_openapi_documents_every_route_with_examples(server):
+    from sampan.serving.service import ROUTES
+
+    url, _ = server
+    r = httpx.get(f"{url}/openapi.json")
+    assert r.status_code == 200
+    spec = r.json()
+    schemas = spec["components"]["schemas"]
+
+    def examples(node):
+        """The examples a schema (or the schema it refers to) carries."""
+        if "$ref" in node:
+            node = schemas[node["$ref"].rsplit("/", 1)[1]]
+        return node.get("examples") or []
+
+    for route in ROUTES:
+        (method, op), = spec["paths"][route].items()
+        ok = op["responses"]["200"]["content"]
+        media = next(iter(ok.values()))
+        assert media.get("example") is not None or examples(media["schema"]), route
+        if method == "post" and route != "/v1/admin/rollback":
+            body = op["requestBody"]["content"]["application/json"]["schema"]
+            assert examples(body), route
+            assert "400" in op["responses"] or route.startswith("/v1/admin"), route
+    assert httpx.get(f"{url}/docs").status_code == 200
