@@ -42,6 +42,9 @@ class FeatureStoreConfig(_Strict):
                             "bundle's user table (their latest history in the training data)")
     ttl_seconds: float | None = Field(None, gt=0, description="forget a user's live "
                                       "histories this long after their last event")
+    max_live_users: int = Field(1_000_000, gt=0, description="memory backend: users with "
+                                "events held at most; the least recently active beyond it "
+                                "go back to their bootstrapped history (Redis: use ttl)")
     events_token: str | None = Field(None, description="bearer token POST /v1/events "
                                      "needs (SAMPAN_EVENTS_TOKEN wins); open when unset")
 

@@ -37,16 +37,19 @@ class LiveHistories:
 
     The histories loaded at start (:meth:`bootstrap`) stay in Arrow arrays and are looked
     up in bulk; a user who has had events since is held in a dict on top of them (only
-    such users cost Python objects). Not shared between processes: with ``--workers N``,
-    use the Redis backend.
+    such users cost Python objects), at most ``max_users`` of them: beyond that the least
+    recently active is forgotten, back to their bootstrapped history. Not shared between
+    processes: with ``--workers N``, use the Redis backend.
     """
 
     shared = False
 
-    def __init__(self, key: str, histories: list[History], ttl: float | None = None):
+    def __init__(self, key: str, histories: list[History], ttl: float | None = None,
+                 max_users: int = 1_000_000):
         self.key = key
         self.histories = {h.column: h for h in histories}
         self.ttl = ttl
+        self.max_users = max_users  # users with events held; the least recent go first
         self._base: KeyedTable | None = None
         self._base_time = time.time()
         self._live: dict[str, tuple[float, dict[str, list[str]]]] = {}
@@ -86,7 +89,10 @@ class LiveHistories:
                     h = hist.setdefault(c, [])
                     h.append(events[c][i])
                     del h[:-self.histories[c].max_len]
+                self._live.pop(u, None)  # re-inserted last: the dict is in recency order
                 self._live[u] = (now, hist)
+            while len(self._live) > self.max_users:  # back to their bootstrapped history
+                del self._live[next(iter(self._live))]
             self._appends += len(users)
             if self.ttl and self._appends > 4096:
                 self._appends = 0

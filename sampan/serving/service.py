@@ -147,7 +147,8 @@ class ServerState:
         if self.live is None:
             key, hist, _ = specs[0]
             live = RedisLiveHistories(fs.url, key, hist, fs.ttl_seconds, fs.prefix) \
-                if fs.backend == "redis" else LiveHistories(key, hist, fs.ttl_seconds)
+                if fs.backend == "redis" else LiveHistories(key, hist, fs.ttl_seconds,
+                                                            fs.max_live_users)
             for _, more, _ in specs[1:]:
                 live.extend(more)
             start = next((t for _, _, t in specs if t is not None), None)

@@ -165,12 +165,17 @@ def test_compare_two_runs_paired_bootstrap(tmp_path):
     """`sampan compare A B`: both AUCs and B - A on the same test rows, with an interval
     from resamples shared by the two models; a run against itself differs by exactly 0;
     runs on different rows are refused."""
+    from rich.console import Console
+
+    from sampan.config import load_config
+    from sampan.train.experiment import run_experiment
+
     runs = {}
     for name, rows in (("lr", 6000), ("deepfm", 6000), ("other", 3000)):
         cfg = tiny_config(tmp_path, rows=rows)
         cfg["model"] = {"name": name} if name == "lr" else cfg["model"]
-        runs[name] = tmp_path / name
-        sampan("train", str(write_cfg(tmp_path, cfg)), "--run-dir", str(runs[name]))
+        runs[name] = tmp_path / name  # trained here: the commands under test are compare, eval
+        run_experiment(load_config(raw=cfg), run_dir=runs[name], console=Console(quiet=True))
     test = {n: json.loads((runs[n] / "results.json").read_text())["test"] for n in runs}
     out = json.loads(sampan("compare", str(runs["lr"]), str(runs["deepfm"]),
                             "--resamples", "400").stdout)

@@ -328,8 +328,9 @@ def ranks_of(run) -> list[int]:
     return pids
 
 
-@pytest.mark.parametrize("placement,resume_procs", [("replicated", 2), ("row_sharded", 2),
-                                                    ("row_sharded", 1)])
+@pytest.mark.parametrize("placement,resume_procs", [
+    pytest.param("replicated", 2, marks=pytest.mark.heavy), ("row_sharded", 2),
+    pytest.param("row_sharded", 1, marks=pytest.mark.heavy)])
 def test_killed_two_process_run_resumes(tmp_path, placement, resume_procs):
     """Killed after a checkpoint, the run resumes to the same end; a row-sharded checkpoint
     (in per-process parts) also resumes in one process, to the same steps and AUC within

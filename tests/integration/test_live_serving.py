@@ -238,3 +238,17 @@ def test_eval_ranking_per_user_matches_plain_python(bundle):
     want = _grouped_reference(probs.tolist(), t["label"], t["user_id"], 3)
     for key, value in want.items():
         assert got[key] == pytest.approx(value, abs=1e-6), key
+
+
+def test_the_memory_store_holds_at_most_max_live_users(bundle):
+    state = ServerState(load_serve_config(raw={"bundle": str(bundle), "feature_store": {
+        "max_live_users": 3}}))
+    try:
+        for u in ("a", "b", "c", "a", "d"):  # "b" is then the least recently active
+            state.record_events([{"user_id": u, "item_id": "i1"}])
+        assert list(state.live._live) == ["c", "a", "d"]
+        assert np.abs(served(state, "a") - explicit(bundle, "a", CANDS, ["i1", "i1"])
+                      ).max() < 1e-6
+        assert np.abs(served(state, "b") - explicit(bundle, "b", CANDS, [])).max() < 1e-6
+    finally:
+        state.close()

@@ -23,10 +23,11 @@ def invariants(idx: KeyIndex) -> dict[int, int]:
     return dict(zip(keys.tolist(), live.tolist(), strict=True))
 
 
-def test_distinct_keys_never_share_a_row_while_the_capacity_allows():
-    n = 10_000_000
+@pytest.mark.parametrize("n", [1_000_000, pytest.param(10_000_000, marks=pytest.mark.heavy)])
+def test_distinct_keys_never_share_a_row_while_the_capacity_allows(n):
     g = torch.Generator().manual_seed(0)
-    # 10 M distinct keys over the whole int64 range, extremes included, in batches of 100k
+    # n distinct keys over the whole int64 range, extremes included, in batches of 100k
+    # (10 M with -m heavy)
     keys = torch.unique(torch.randint(-2**63, 2**63 - 1, (n + n // 50,), generator=g))[:n]
     keys[:3] = torch.tensor([-2**63, 2**63 - 1, 0])
     keys = keys[torch.randperm(n, generator=g)]
