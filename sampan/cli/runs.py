@@ -44,6 +44,26 @@ def eval_(
 
 
 @app.command()
+def report(
+    runs: Annotated[list[Path], typer.Argument(help="Finished run directories.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder for index.html and the "
+                                      "PNGs (created).")] = Path("report"),
+    split: Annotated[str, typer.Option(help="Split whose scores are drawn: train, valid "
+                                       "or test.")] = "test",
+    resamples: Annotated[int, typer.Option(min=0, help="Bootstrap resamples of the AUC "
+                                           "interval.")] = 500,
+) -> None:
+    """Draw runs: training curves (loss, validation metrics, learning rate), ROC,
+    calibration and score histogram, the feature table and rejected rows, as an HTML page
+    with PNGs; several runs are also overlaid with one metric table."""
+    from sampan.report import write_report
+
+    page = write_report(list(runs), out, split=split, resamples=resamples)
+    console.print(f"report: {page} ({len(runs)} run(s); open it in a browser)",
+                  highlight=False)
+
+
+@app.command()
 def compare(
     run_a: Annotated[Path, typer.Argument(help="A finished run directory (the baseline).")],
     run_b: Annotated[Path, typer.Argument(help="Another run, on the same data and split.")],

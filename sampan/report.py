@@ -1,0 +1,313 @@
+"""``sampan report RUN [RUN ...]``: an HTML page and PNGs that show how runs trained and
+how good their scores are.
+
+For each run:
+
+* ``curves.png``: train loss over steps (each logged value and a moving average),
+  validation AUC and LogLoss at every evaluation (the best marked), the learning rate;
+* ``roc.png``: the ROC curve on the chosen split, with its AUC;
+* ``calibration.png``: the reliability curve (mean predicted probability against the
+  observed positive rate in ten equal-count bins, with the expected calibration error) over
+  the histogram of scores, positives and negatives apart;
+* the HTML page: the split's metrics with the AUC's 95 % bootstrap interval, every
+  feature's ids and OOV share, and the rows rejected by reason.
+
+Several runs are also drawn together (``compare_curves.png``, ``compare_roc.png``) with one
+metric table. Figures are drawn with matplotlib's Agg backend (no display needed).
+Retrieval runs have no ROC or calibration (they rank a corpus); their curves still show.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sampan.errors import MissingPathError
+
+BINS = 10
+
+
+@dataclass
+class RunReport:
+    """What the report shows of one run."""
+
+    name: str
+    path: Path
+    results: dict[str, Any]
+    train: list[dict[str, Any]]
+    evals: list[dict[str, Any]]
+    data: dict[str, Any]
+    split: str
+    probs: np.ndarray | None  # the split's probabilities of the first label
+    labels: np.ndarray | None
+    auc_ci95: list[float] | None
+
+
+def load_run(path: str | Path, split: str = "test", resamples: int = 500) -> RunReport:
+    """Read a finished run: its logs, data manifest, and its best model's scores on
+    ``split`` (the AUC's bootstrap interval from ``resamples`` resamples)."""
+    import torch
+
+    from sampan.metrics import auc_bootstrap
+    from sampan.train.evaluate import probabilities
+    from sampan.train.experiment import RunArtifacts
+
+    run = Path(path)
+    if not (run / "metrics.jsonl").is_file():
+        raise MissingPathError(f"{run} is not a finished Sampan run (no metrics.jsonl)")
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x]
+    results = json.loads((run / "results.json").read_text()) if (
+        run / "results.json").is_file() else {}
+    manifest = run / "data" / "manifest.json"
+    data = json.loads(manifest.read_text()) if manifest.is_file() else {}
+    probs = labels = ci = None
+    art = RunArtifacts(run)
+    if getattr(art.model, "task", "binary") != "retrieval":
+        arrays = art.labelled(split)
+        logits = art.evaluator.predict_logits(arrays)
+        probs = probabilities(logits)[:, 0]
+        labels = np.asarray(arrays.labels[:, 0], dtype=np.float64)
+        b = auc_bootstrap(logits[:, 0], torch.from_numpy(labels.astype(np.float32)), resamples)
+        b = b[~b.isnan()]
+        ci = [float(torch.quantile(b, 0.025)), float(torch.quantile(b, 0.975))] if len(
+            b) else None
+    return RunReport(name=run.name if run.name not in ("", ".") else str(run), path=run,
+                     results=results, train=[r for r in rows if r.get("split") == "train"],
+                     evals=[r for r in rows if r.get("split") == "valid"], data=data,
+                     split=split, probs=probs, labels=labels, auc_ci95=ci)
+
+
+def roc_curve(probs: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    """``(false positive rates, true positive rates, AUC)`` at every distinct score (ties
+    move both rates at once, so the trapezoid area is the Mann-Whitney AUC)."""
+    order = np.argsort(-probs, kind="stable")
+    s, y = probs[order], labels[order] > 0.5
+    last = np.r_[np.flatnonzero(np.diff(s)), len(s) - 1]  # the last row of each score
+    tp = np.cumsum(y)[last]
+    fp = np.cumsum(~y)[last]
+    pos, neg = max(int(y.sum()), 1), max(int((~y).sum()), 1)
+    tpr, fpr = np.r_[0.0, tp / pos], np.r_[0.0, fp / neg]
+    return fpr, tpr, float(np.sum(np.diff(fpr) * (tpr[1:] + tpr[:-1]) / 2))
+
+
+def calibration(probs: np.ndarray, labels: np.ndarray, bins: int = BINS
+                ) -> dict[str, Any]:
+    """Reliability in ``bins`` equal-count bins of the predicted probability: each bin's
+    mean prediction, observed positive rate and rows, and the expected calibration error
+    (the rows-weighted mean of ``|observed - predicted|``)."""
+    order = np.argsort(probs, kind="stable")
+    parts = [p for p in np.array_split(order, bins) if len(p)]
+    pred = np.array([probs[p].mean() for p in parts])
+    obs = np.array([(labels[p] > 0.5).mean() for p in parts])
+    rows = np.array([len(p) for p in parts])
+    ece = float((np.abs(obs - pred) * rows).sum() / rows.sum()) if len(rows) else float("nan")
+    return {"predicted": pred, "observed": obs, "rows": rows, "ece": ece}
+
+
+def _plt():  # type: ignore[no-untyped-def]
+    try:
+        import matplotlib
+    except ImportError:
+        raise ImportError("sampan report draws with matplotlib: pip install "
+                          "'sampan[report]' (or matplotlib)") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _smooth(x: np.ndarray, k: int) -> np.ndarray:
+    if len(x) < k or k < 2:
+        return x
+    c = np.cumsum(np.r_[0.0, x])
+    head = c[1:k] / np.arange(1, k)
+    return np.r_[head, (c[k:] - c[:-k]) / k]
+
+
+def _metric(r: RunReport) -> str:
+    return next((m for m in ("auc", "recall@50", "logloss") if any(m in e for e in r.evals)),
+                "auc")
+
+
+def draw_curves(runs: list[RunReport], out: Path) -> Path:
+    """Train loss, validation metric, validation LogLoss and learning rate over steps."""
+    plt = _plt()
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7), constrained_layout=True)
+    (ax_loss, ax_metric), (ax_ll, ax_lr) = axes
+    m = _metric(runs[0])  # one metric on the shared axis (a run without it is not drawn)
+    for i, r in enumerate(runs):
+        color = f"C{i}"
+        label = r.name if len(runs) > 1 else None
+        steps = np.array([t["step"] for t in r.train])
+        loss = np.array([t["loss"] for t in r.train], dtype=float)
+        if len(steps):
+            k = max(1, len(loss) // 20)
+            if len(runs) == 1 or k == 1:
+                ax_loss.plot(steps, loss, color=color, alpha=0.3 if k > 1 else 1.0,
+                             lw=1 if k > 1 else 2, label=label or "logged")
+            if k > 1:
+                ax_loss.plot(steps, _smooth(loss, k), color=color, lw=2,
+                             label=label or f"moving average of {k}")
+            lr = [t.get("lr") for t in r.train]
+            if all(v is not None for v in lr):
+                ax_lr.plot(steps, lr, color=color, lw=2, label=label)
+        ev = [e for e in r.evals if m in e]
+        if ev:
+            x = [e["step"] for e in ev]
+            ax_metric.plot(x, [e[m] for e in ev], "o-", color=color, lw=2,
+                           label=label or f"valid {m}")
+            best = r.results.get("best_step")
+            hit = [e for e in ev if e["step"] == best]
+            if hit:
+                ax_metric.plot([best], [hit[0][m]], "*", color=color, ms=16,
+                               label=None if label else f"best (step {best})")
+            ll = [e for e in r.evals if "logloss" in e]
+            if ll:
+                ax_ll.plot([e["step"] for e in ll], [e["logloss"] for e in ll], "o-",
+                           color=color, lw=2, label=label)
+    last = max((t["step"] for r in runs for t in [*r.train, *r.evals]), default=1)
+    for ax in axes.flat:  # one step axis for all four
+        ax.set_xlim(0, last * 1.03)
+    for ax, title, y in ((ax_loss, "train loss", "loss"),
+                         (ax_metric, f"validation {m}", m),
+                         (ax_ll, "validation LogLoss", "logloss"),
+                         (ax_lr, "learning rate", "lr")):
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.set_ylabel(y)
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+        elif not ax.lines:
+            ax.text(0.5, 0.5, "not logged by this run", ha="center", va="center",
+                    transform=ax.transAxes, color="grey")
+    fig.suptitle("training curves" + (f": {runs[0].name}" if len(runs) == 1 else ""))
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out
+
+
+def draw_roc(runs: list[RunReport], out: Path) -> Path:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5.5, 5.5), constrained_layout=True)
+    for i, r in enumerate(runs):
+        if r.probs is None:
+            continue
+        fpr, tpr, area = roc_curve(r.probs, r.labels)
+        ax.plot(fpr, tpr, color=f"C{i}", lw=2,
+                label=f"{r.name + ': ' if len(runs) > 1 else ''}AUC {area:.4f}")
+    ax.plot([0, 1], [0, 1], "--", color="grey", lw=1, label="chance")
+    ax.set(xlabel="false positive rate", ylabel="true positive rate", xlim=(0, 1),
+           ylim=(0, 1), title=f"ROC on the {runs[0].split} split")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out
+
+
+def draw_calibration(r: RunReport, out: Path) -> Path:
+    plt = _plt()
+    cal = calibration(r.probs, r.labels)
+    fig, (ax, hist) = plt.subplots(2, 1, figsize=(6, 7), height_ratios=[2, 1],
+                                   constrained_layout=True, sharex=True)
+    ax.plot([0, 1], [0, 1], "--", color="grey", lw=1, label="perfectly calibrated")
+    ax.plot(cal["predicted"], cal["observed"], "o-", lw=2, color="C0",
+            label=f"model (ECE {cal['ece']:.4f})")
+    ax.set(ylabel="observed positive rate", ylim=(0, 1),
+           title=f"calibration on the {r.split} split ({BINS} equal-count bins)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    edges = np.linspace(0, 1, 41)
+    pos = r.labels > 0.5
+    hist.hist(r.probs[~pos], bins=edges, alpha=0.6, color="C1", label="negatives")
+    hist.hist(r.probs[pos], bins=edges, alpha=0.6, color="C0", label="positives")
+    hist.set(xlabel="predicted probability", ylabel="rows", xlim=(0, 1))
+    hist.legend(fontsize=8)
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out
+
+
+def _table(head: list[str], rows: list[list[Any]]) -> str:
+    def cell(v: Any) -> str:
+        if isinstance(v, float):
+            return f"{v:.4f}" if abs(v) < 1e4 else f"{v:,.0f}"
+        return html.escape(str(v))
+
+    return ("<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"
+            + "".join("<tr>" + "".join(f"<td>{cell(v)}</td>" for v in row) + "</tr>"
+                      for row in rows) + "</table>")
+
+
+def _metrics_rows(runs: list[RunReport]) -> tuple[list[str], list[list[Any]]]:
+    keys = [k for k in ("auc", "logloss", "gauc", "mrr", "ndcg@10", "hitrate@10",
+                        "recall@50", "ndcg@50") if any(k in r.results.get(r.split, {})
+                                                       for r in runs)]
+    head = ["run", *keys, "AUC 95 % interval", "rows", "steps (best)"]
+    rows = []
+    for r in runs:
+        m = r.results.get(r.split, {})
+        ci = f"[{r.auc_ci95[0]:.4f}, {r.auc_ci95[1]:.4f}]" if r.auc_ci95 else "-"
+        rows.append([r.name, *[m.get(k, "-") for k in keys], ci,
+                     f"{int(m.get('rows', 0)):,}",
+                     f"{r.results.get('steps', '?')} ({r.results.get('best_step', '?')})"])
+    return head, rows
+
+
+def write_report(paths: list[str | Path], out: str | Path, split: str = "test",
+                 resamples: int = 500) -> Path:
+    """Write ``out/index.html`` and its PNGs for the runs at ``paths``; returns the page."""
+    runs = [load_run(p, split, resamples) for p in paths]
+    names = [r.name for r in runs]
+    for r in runs:  # distinct names for the legends and file names
+        if names.count(r.name) > 1:
+            r.name = f"{r.path.parent.name}/{r.name}"
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    head, rows = _metrics_rows(runs)
+    parts = [f"<h1>Sampan report: {html.escape(', '.join(r.name for r in runs))}</h1>",
+             f"<h2>Metrics on the {html.escape(split)} split</h2>", _table(head, rows),
+             "<p>The interval is the 2.5 and 97.5 percentiles of the AUC over "
+             f"{resamples} bootstrap resamples of the split's rows.</p>"]
+    if len(runs) > 1:
+        draw_curves(runs, out / "compare_curves.png")
+        parts.append('<h2>Curves together</h2><img src="compare_curves.png">')
+        if any(r.probs is not None for r in runs):
+            draw_roc(runs, out / "compare_roc.png")
+            parts.append('<img src="compare_roc.png">')
+    for i, r in enumerate(runs):
+        tag = f"run{i}_" if len(runs) > 1 else ""
+        parts.append(f"<h2>{html.escape(r.name)}</h2><p>{html.escape(str(r.path))}</p>")
+        draw_curves([r], out / f"{tag}curves.png")
+        parts.append(f'<img src="{tag}curves.png">')
+        if r.probs is not None:
+            draw_roc([r], out / f"{tag}roc.png")
+            draw_calibration(r, out / f"{tag}calibration.png")
+            parts.append(f'<img src="{tag}roc.png"><img src="{tag}calibration.png">')
+        feats = r.data.get("features") or []
+        if feats:
+            parts.append("<h3>Features</h3>" + _table(
+                ["feature", "kind", "transform", "ids", "OOV / missing share"],
+                [[f.get("feature"), f.get("kind"), f.get("transform", ""),
+                  f.get("ids", "-"), f.get("oov_share", "-")] for f in feats]))
+        rej = r.data.get("rejects") or {}
+        if rej:
+            reasons = ", ".join(f"{k}: {v:,}" for k, v in (rej.get("reasons") or {}).items())
+            parts.append(f"<h3>Rows</h3><p>read {rej.get('read', 0):,}, kept "
+                         f"{rej.get('kept', 0):,}, rejected {rej.get('rejected', 0):,}"
+                         f"{' (' + html.escape(reasons) + ')' if reasons else ''}</p>")
+    style = ("body{font-family:sans-serif;max-width:1200px;margin:2em auto;color:#222}"
+             "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;"
+             "padding:4px 8px;text-align:right}th{background:#f4f4f4}img{max-width:100%;"
+             "margin:0.5em 0}")
+    page = out / "index.html"
+    page.write_text(f"<!doctype html><html><head><meta charset='utf-8'><title>Sampan "
+                    f"report</title><style>{style}</style></head><body>{''.join(parts)}"
+                    "</body></html>")
+    return page

@@ -1,0 +1,78 @@
+"""`sampan report`: the page and pictures of one run and of two together, and the numbers
+drawn checked against plain Python."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from rich.console import Console
+
+from sampan.config import load_config
+from sampan.report import calibration, load_run, roc_curve
+from sampan.train.experiment import run_experiment
+from tests.conftest import tiny_config
+
+pytest.importorskip("matplotlib")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("report")
+    out = []
+    for name, seed in (("a", 0), ("b", 1)):
+        cfg = tiny_config(root, rows=4000, epochs=3)
+        cfg["seed"] = seed
+        run_experiment(load_config(raw=cfg), run_dir=root / name, console=Console(quiet=True))
+        out.append(root / name)
+    return out
+
+
+def test_one_run_and_two_together(runs, tmp_path):
+    r = subprocess.run([sys.executable, "-m", "sampan.cli", "report", *map(str, runs),
+                        "--out", str(tmp_path / "rep"), "--resamples", "200"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    files = {p.name for p in (tmp_path / "rep").iterdir()}
+    assert files == {"index.html", "compare_curves.png", "compare_roc.png",
+                     *(f"run{i}_{k}.png" for i in (0, 1) for k in ("curves", "roc",
+                                                                     "calibration"))}
+    for f in files - {"index.html"}:
+        data = (tmp_path / "rep" / f).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000, f
+    page = (tmp_path / "rep" / "index.html").read_text()
+    for run in runs:
+        auc = json.loads((run / "results.json").read_text())["test"]["auc"]
+        assert f"{auc:.4f}" in page
+    assert "AUC 95 % interval" in page and "OOV / missing share" in page
+
+
+def test_the_drawn_numbers(runs):
+    rep = load_run(runs[0], resamples=200)
+    auc = json.loads((runs[0] / "results.json").read_text())["test"]["auc"]
+    fpr, tpr, area = roc_curve(rep.probs, rep.labels)
+    assert area == pytest.approx(auc, abs=1e-6)
+    assert fpr[0] == tpr[0] == 0 and fpr[-1] == tpr[-1] == 1
+    assert rep.auc_ci95[0] < auc < rep.auc_ci95[1]
+    # equal-count bins, in plain Python
+    pairs = sorted(zip(rep.probs.tolist(), rep.labels.tolist(), strict=True),
+                   key=lambda t: t[0])
+    n = len(pairs)
+    sizes = [n // 10 + (i < n % 10) for i in range(10)]  # the first n % 10 one row more
+    got = calibration(rep.probs, rep.labels)
+    start = 0
+    ece = 0.0
+    for i, size in enumerate(sizes):
+        part = pairs[start:start + size]
+        start += size
+        pred = sum(p for p, _ in part) / size
+        obs = sum(y > 0.5 for _, y in part) / size
+        assert got["predicted"][i] == pytest.approx(pred)
+        assert got["observed"][i] == pytest.approx(obs)
+        ece += abs(obs - pred) * size / n
+    assert got["ece"] == pytest.approx(ece)
+    # a tiny case by hand: scores 0.1 0.4 0.35 0.8, labels 0 0 1 1 -> AUC 0.75
+    fpr, tpr, area = roc_curve(np.array([0.1, 0.4, 0.35, 0.8]), np.array([0, 0, 1, 1.0]))
+    assert area == 0.75 and fpr.tolist() == [0, 0, 0.5, 0.5, 1] and tpr.tolist() == [
+        0, 0.5, 0.5, 1, 1]
