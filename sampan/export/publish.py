@@ -73,7 +73,9 @@ class Publisher:
         versions = read_versions(self.dir)
         number = int(versions.get("latest", 0)) + 1
         name = f"v{number:06d}"
-        out = export_run(self.run, self.dir / name, overwrite=True)
+        # no feature tables: a stream run's rows are not files to read again, and a
+        # publish must be quick (users' histories come from events in serving)
+        out = export_run(self.run, self.dir / name, overwrite=True, feature_tables=False)
         manifest = json.loads((out / "manifest.json").read_text())
         entry = {"version": number, "parent": versions.get("latest") or None, "path": name,
                  "windows": info["windows"], "rows": info["rows"],
