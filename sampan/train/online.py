@@ -37,54 +37,25 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import torch
 from rich.console import Console
 
-from sampan.config import ExperimentConfig, dump_config, load_config
+from sampan.config import ExperimentConfig, dump_config
 from sampan.data.arrays import SplitArrays
 from sampan.data.loader import BatchLoader
 from sampan.data.pipeline import FeaturePipeline
 from sampan.data.rejects import RejectLog
-from sampan.data.roles import ColumnRoles
-from sampan.data.store import MARK, _SplitWriter
 from sampan.data.stream import Window, WindowReader, open_source
-from sampan.errors import (
-    ConfigError,
-    DivergenceError,
-    MissingPathError,
-    RunError,
-    SampanError,
-)
+from sampan.errors import ConfigError, DivergenceError, MissingPathError, RunError, SampanError
 from sampan.metrics import auc
 from sampan.models import build_model
 from sampan.train import checkpoint as ckpt
 from sampan.train import guard
-from sampan.train.experiment import lock_run, new_run_dir
+from sampan.train import stream_data as sd
+from sampan.train.experiment import lock_run
 from sampan.train.state import BEST, LAST
+from sampan.train.stream_data import TRACE_ENV, StreamData, read_roles, resolve_run
 from sampan.train.trainer import Trainer
-
-RECENT_ROWS = 1024  # rows of the latest window kept in data/valid
-TRACE_ENV = "SAMPAN_STREAM_TRACE"  # a test hook: what every checkpointed window held
-
-
-def stream_train_config(cfg: ExperimentConfig) -> tuple[ExperimentConfig, list[str]]:
-    """The training settings of a stream: one pass per window, a constant rate after the
-    warmup (a stream has no end to decay towards), no early stopping, no warm start;
-    returns the config and notes on what changed."""
-    tc = cfg.train
-    notes = []
-    upd: dict[str, Any] = {"epochs": 1, "max_steps": None, "eval_every_steps": None,
-                           "checkpoint_every_steps": None, "first_order_warm_start": False,
-                           "shuffle": "none", "progress": False}
-    if tc.schedule != "constant":
-        notes.append(f"train.schedule {tc.schedule} -> constant: a stream has no end to "
-                     "decay the learning rate towards")
-        upd["schedule"] = "constant"
-    if tc.embedding_placement == "row_sharded":
-        raise ConfigError("sampan stream runs in one process; train.embedding_placement "
-                          "row_sharded is for data-parallel runs")
-    return cfg.model_copy(update={"train": tc.model_copy(update=upd)}), notes
 
 
 class StreamRun:
@@ -116,72 +87,9 @@ class StreamRun:
         self._late_told = 0
         self.trainer: Trainer | None = None
         self.pipe: FeaturePipeline | None = None
+        self.dir = StreamData(run, self.s)  # data/: pipeline, manifest, latest rows
 
     # ---------------------------------------------------------------- the parts
-    def _read_roles(self, pipe: FeaturePipeline) -> ColumnRoles:
-        roles = pipe.roles(with_labels=True, with_extra=False)
-        extra = [c for c in (self.s.time_column, self.cfg.data.oracle_column)
-                 if c and c not in roles.all]
-        return ColumnRoles(numeric=roles.numeric + extra, categorical=roles.categorical,
-                           required=roles.required, labels=roles.labels, lists=roles.lists)
-
-    def _arrays(self, table: pa.Table) -> SplitArrays:
-        assert self.pipe is not None
-        data = SplitArrays.concat([self.pipe.transform(table, with_labels=True)], None)
-        oc = self.cfg.data.oracle_column
-        if oc and oc in table.column_names:
-            data.oracle = table.column(oc).to_numpy(zero_copy_only=False).astype(np.float64)
-        return data
-
-    def _write_data(self, pipe: FeaturePipeline, table: pa.Table, fitted_on: str) -> None:
-        """``data/``: the pipeline (once), then the manifest and the first rows of
-        ``table`` as ``valid`` (:meth:`_write_recent`)."""
-        root = self.run / "data"
-        if not (root / "pipeline").exists():
-            root.mkdir(parents=True, exist_ok=True)
-            (root / MARK).touch()
-            pipe.save(root / "pipeline")
-        self._manifest = {"schema": pipe.schema().to_json(),
-                          "stream": self.s.model_dump(mode="json"),
-                          "fitted_on": {"split": fitted_on, "rows": pipe.fitted_rows_},
-                          "features": pipe.feature_report(), "oracle": False}
-        self._write_recent(table)
-
-    def _write_recent(self, table: pa.Table) -> None:
-        """The first rows of ``table`` as the ``valid`` split, swapped in whole: a kill at
-        any moment leaves the old rows or the new ones (see :meth:`_repair_recent`)."""
-        assert self.pipe is not None
-        root = self.run / "data"
-        part = table.slice(0, RECENT_ROWS)
-        tmp, dest, old = root / "valid.tmp", root / "valid", root / "valid.old"
-        shutil.rmtree(tmp, ignore_errors=True)
-        w = _SplitWriter(tmp, self.pipe.schema(), part.num_rows, None)
-        w.append(self.pipe.transform(part, with_labels=True))
-        w.close()
-        shutil.rmtree(old, ignore_errors=True)
-        if dest.exists():
-            os.replace(dest, old)
-        os.replace(tmp, dest)
-        shutil.rmtree(old, ignore_errors=True)
-        manifest = {**self._manifest, "splits": {
-            "train": {"rows": 0, "from": "the stream"},
-            "valid": {"rows": part.num_rows, "from": "the latest window's first rows"},
-            "test": {"rows": 0, "from": "the stream"}}}
-        mtmp = root / "manifest.json.tmp"
-        mtmp.write_text(json.dumps(manifest, indent=1))
-        os.replace(mtmp, root / "manifest.json")
-
-    def _repair_recent(self) -> None:
-        """After a kill in :meth:`_write_recent`: the rows it was swapping out come back."""
-        root = self.run / "data"
-        if not (root / "valid").exists() and (root / "valid.old").exists():
-            os.replace(root / "valid.old", root / "valid")
-        for p in ("valid.tmp", "valid.old", "manifest.json.tmp"):
-            q = root / p
-            shutil.rmtree(q, ignore_errors=True) if q.is_dir() else q.unlink(missing_ok=True)
-        self._manifest = {k: v for k, v in json.loads(
-            (root / "manifest.json").read_text()).items() if k != "splits"}
-
     # ------------------------------------------------------------------ starting
     def _start(self) -> tuple[WindowReader, Window | None]:
         """Open the source where the run stands and build the model and its Trainer;
@@ -192,7 +100,7 @@ class StreamRun:
         first: Window | None = None
         if self.resume:
             self.pipe = FeaturePipeline.load(run / "data" / "pipeline")
-            self._repair_recent()
+            self.dir.repair()
             sample = SplitArrays.load(run / "data" / "valid")
             model = build_model(cfg.model, self.pipe.schema())
             trainer = self._trainer(model, sample)
@@ -203,7 +111,7 @@ class StreamRun:
             self.history.extend(state.get("history", []))
             trainer.reference_loss = state["reference_loss"]
             trainer.explode_at = 3.0 * trainer.reference_loss + 1.0
-            self._truncate_trace()
+            sd.truncate_trace(self.windows)
             self.console.print(f"resumed at window {self.windows} ({self.rows:,} rows, "
                                f"step {trainer.state.step}) from {self._where()}")
         else:
@@ -211,7 +119,8 @@ class StreamRun:
                 self.pipe = FeaturePipeline.load(self.from_run / "data" / "pipeline")
             else:  # from scratch: the pipeline is fitted on the first window
                 self.pipe = FeaturePipeline(cfg.features)
-            source = open_source(self.s, cfg.data, self._read_roles(self.pipe), log)
+            roles = read_roles(self.pipe, self.s, cfg.data)
+            source = open_source(self.s, cfg.data, roles, log)
             reader = WindowReader(source, self.s, None)
             self.console.print(f"waiting for the first window ({self.s.window_rows:,} rows"
                                + (f" or {self.s.window_seconds:g} s"
@@ -223,7 +132,7 @@ class StreamRun:
                                "was trained")
             if self.from_run is None:
                 self.pipe.fit([first.table])
-            self._write_data(self.pipe, first.table, "the stream's first window"
+            self.dir.write(self.pipe, first.table, "the stream's first window"
                              if self.from_run is None else f"{self.from_run}")
             model = build_model(cfg.model, self.pipe.schema())
             if self.from_run is not None:
@@ -231,7 +140,7 @@ class StreamRun:
                 if not weights.exists():
                     weights = self.from_run / "checkpoints" / LAST
                 model.load_state_dict(ckpt.load(weights)["model"])
-            data = self._arrays(first.table)
+            data = sd.stream_arrays(self.pipe, first.table, self.cfg.data)
             trainer = self._trainer(model, data)
             # the resolved settings are the run's from now on: a resume plans the same
             self.cfg = cfg = cfg.model_copy(update={"train": trainer.tc})
@@ -244,8 +153,8 @@ class StreamRun:
             self.source = source
             return reader, first
         self.trainer = trainer
-        self.source = open_source(self.s, cfg.data, self._read_roles(self.pipe), log,
-                                  self.position)
+        self.source = open_source(self.s, cfg.data, read_roles(self.pipe, self.s, cfg.data),
+                                  log, self.position)
         return WindowReader(self.source, self.s, self.position), None
 
     def _trainer(self, model: torch.nn.Module, data: SplitArrays) -> Trainer:
@@ -288,7 +197,7 @@ class StreamRun:
     def _window(self, w: Window) -> None:
         t = self.trainer
         assert t is not None
-        data = self._arrays(w.table)
+        data = sd.stream_arrays(self.pipe, w.table, self.cfg.data)
         fresh = self.from_run is None and self.windows == 0 and not self.resume
         m = self._score(data, fresh)
         loss, speed = self._train(data)
@@ -342,7 +251,7 @@ class StreamRun:
     def _checkpoint(self, w: Window, prev: dict[str, Any] | None) -> None:
         t = self.trainer
         assert t is not None
-        self._write_recent(w.table)
+        self.dir.write_recent(self.pipe, w.table)
         if trace := os.environ.get(TRACE_ENV):  # before: a resume cuts what it lacks
             with open(trace, "a") as f:
                 f.write(json.dumps({"window": self.windows, "rows": self.rows,
@@ -361,19 +270,6 @@ class StreamRun:
         except (SampanError, OSError) as e:
             self.publish_failures += 1
             self.console.print(f"[yellow]publish failed[/] after window {self.windows}: {e}")
-
-    def _truncate_trace(self) -> None:
-        trace = os.environ.get(TRACE_ENV)
-        if not trace or not Path(trace).exists():
-            return
-        keep = []
-        for line in Path(trace).read_text().splitlines():
-            try:
-                if json.loads(line)["window"] <= self.windows:
-                    keep.append(line)
-            except (json.JSONDecodeError, KeyError):
-                continue  # cut short by a kill
-        Path(trace).write_text("".join(k + "\n" for k in keep))
 
     # -------------------------------------------------------------------- the loop
     def run_loop(self) -> dict[str, Any]:
@@ -451,7 +347,7 @@ class StreamRun:
         state = t.restored["stream"]
         self.position, self.windows, self.rows = (state["position"], state["windows"],
                                                   state["rows"])
-        self._truncate_trace()
+        sd.truncate_trace(self.windows)
         self.console.print(f"[yellow]diverged[/] ({reason}): back to window {self.windows} "
                            f"with the learning rates halved")
         self.source.seek(self.position)
@@ -471,24 +367,10 @@ def run_stream(cfg: ExperimentConfig, run_dir: str | Path | None = None,
     (:class:`sampan.export.publish.Publisher`, which ``sampan stream`` passes).
     """
     console = console or Console()
-    from_path = Path(from_run) if from_run is not None else None
-    if resume:
-        if run_dir is None:
-            raise ConfigError("resume needs the run directory")
-        run = Path(run_dir)
-        if not (run / "config.yaml").exists():
-            raise MissingPathError(f"{run} is not a stream run directory (no config.yaml)")
-        cfg = load_config(run / "config.yaml")
-        saved = run / "stream-from.txt"
-        if saved.exists():
-            from_path = Path(saved.read_text().strip())
-    else:
-        run = Path(run_dir) if run_dir is not None else new_run_dir(cfg)
-        if (run / "config.yaml").exists():
-            raise RunError(f"{run} already holds a run; resume it with --resume {run}")
+    cfg, run, from_path = resolve_run(cfg, run_dir, from_run, resume)
     if from_path is not None and not (from_path / "data" / "pipeline").exists():
         raise MissingPathError(f"--from {from_path}: not a finished run (no data/pipeline)")
-    cfg, notes = stream_train_config(cfg)
+    cfg, notes = sd.stream_train_config(cfg)
     lock = lock_run(run)
     try:
         if resume and not (run / "checkpoints" / LAST).exists():
