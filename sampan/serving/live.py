@@ -60,6 +60,10 @@ class LiveHistories:
     def columns(self) -> list[str]:
         return list(self.histories)
 
+    def _expired(self, last: float, now: float) -> bool:
+        """Whether a history last written at ``last`` is past the TTL at ``now``."""
+        return bool(self.ttl) and last + self.ttl < now
+
     def extend(self, histories: list[History]) -> None:
         """Hold these histories too (a reloaded bundle may read more, or longer, ones)."""
         for h in histories:
@@ -82,7 +86,7 @@ class LiveHistories:
         with self._lock:
             for i, u in enumerate(users):  # one dict update per event: the write path
                 entry = self._live.get(u)
-                if entry is None or (self.ttl and entry[0] + self.ttl < now):
+                if entry is None or self._expired(entry[0], now):
                     entry = (now, self._start(u, now, entry is not None))
                 hist = entry[1]
                 for c in cols:
@@ -96,10 +100,11 @@ class LiveHistories:
             self._appends += len(users)
             if self.ttl and self._appends > 4096:
                 self._appends = 0
-                self._live = {u: e for u, e in self._live.items() if e[0] + self.ttl >= now}
+                self._live = {u: e for u, e in self._live.items()
+                              if not self._expired(e[0], now)}
 
     def _start(self, user: str, now: float, expired: bool) -> dict[str, list[str]]:
-        if expired or self._base is None or (self.ttl and self._base_time + self.ttl < now):
+        if expired or self._base is None or self._expired(self._base_time, now):
             return {}
         values, found = self._base.take(pa.array([user]))
         if not found[0].as_py():
@@ -111,7 +116,7 @@ class LiveHistories:
         texts = key_text(keys)
         n = len(texts)
         now = time.time()
-        if self._base is not None and not (self.ttl and self._base_time + self.ttl < now):
+        if self._base is not None and not self._expired(self._base_time, now):
             out, found = self._base.take(texts)
         else:
             out, found = {c: pa.nulls(n, LIST) for c in self.columns}, pa.array(np.zeros(n, bool))
@@ -125,20 +130,18 @@ class LiveHistories:
         for i, k in enumerate(texts.to_pylist()):  # per request key: a dict lookup
             e = live.get(k) if k is not None else None
             if e is not None:
-                rows[i] = e[1] if not (self.ttl and e[0] + self.ttl < now) else {}
+                rows[i] = {} if self._expired(e[0], now) else e[1]
         if not rows:
             return out, found
         idx = list(rows)
         mask = np.zeros(n, bool)
         mask[idx] = True
+        take = np.arange(n)  # row i of [base; live rows]: a live user's comes from below
+        take[idx] = n + np.arange(len(idx))
+        take = pa.array(take)
         for c in self.columns:
             given = pa.array([rows[i].get(c, []) for i in idx], LIST)
-            pos = np.full(n, -1)
-            pos[idx] = np.arange(len(idx))
-            base = out[c]
-            merged = pa.concat_arrays([base.cast(LIST), given])
-            take = np.where(mask, n + pos, np.arange(n))
-            out[c] = pc.take(merged, pa.array(take))
+            out[c] = pc.take(pa.concat_arrays([out[c].cast(LIST), given]), take)
         found = pc.or_(found, pa.array(mask))
         return out, found
 
@@ -240,22 +243,16 @@ def append_events(live: Any, events: list[dict[str, Any]], tables: list[Any],
     table has them). Returns ``{"accepted": events, "users": distinct users}``."""
     from sampan.data.io.lines import CellError, records_table
     from sampan.data.roles import ColumnRoles
+    from sampan.serving.predictor import check_objects
 
     if live is None:
         raise RequestError("no served model reads behaviour histories (sequence "
                            "features sharing an item vocabulary), so there is nothing "
                            "for events to update", "events")
-    if not isinstance(events, list) or not events:
-        raise RequestError("events must be a non-empty list of objects", "events")
-    if len(events) > max_records:
-        raise RequestError(f"{len(events)} events exceed the limit of "
-                           f"{max_records} per request", "events")
+    check_objects(events, "event", max_records)
     hist = list(live.histories.values())
     fields = [live.key, *dict.fromkeys(h.event for h in hist)]
     for i, e in enumerate(events):
-        if not isinstance(e, dict):
-            raise RequestError(f"event {i} is {type(e).__name__}, expected an object",
-                               "events", i)
         unknown = [k for k in e if k not in fields]
         if unknown:
             raise RequestError(f"event {i} has unknown field(s) {unknown}; an event "
@@ -294,9 +291,11 @@ def _derive(values: dict[str, Any], tables: list[Any]) -> dict[str, Any]:
     return values
 
 
-def live_spec(bundle: Any) -> tuple[str, list[History], pa.Table | None] | None:
+def live_spec(bundle: Any, with_table: bool = True
+              ) -> tuple[str, list[History], pa.Table | None] | None:
     """``(user key, histories, the bundle's user histories or None)`` of a bundle whose
-    model reads behaviour histories; None when it reads none."""
+    model reads behaviour histories (the table read only ``with_table``); None when it
+    reads none."""
     import pyarrow.parquet as pq
 
     from sampan.data.entities import entity_keys, histories
@@ -304,8 +303,8 @@ def live_spec(bundle: Any) -> tuple[str, list[History], pa.Table | None] | None:
     users = (bundle.manifest.get("feature_tables") or {}).get("users")
     if isinstance(users, dict) and users.get("histories"):
         hist = [History(**h) for h in users["histories"]]
-        t = pq.read_table(bundle.file(users["file"]),
-                          columns=[users["key"], *[h.column for h in hist]])
+        t = pq.read_table(bundle.file(users["file"]), columns=[
+            users["key"], *[h.column for h in hist]]) if with_table else None
         return users["key"], hist, t
     feats = bundle.pipeline().features
     hist = histories(feats)

@@ -68,17 +68,10 @@ class Predictor:
         ``store`` when the record holds that table's key (e.g. the user's attributes by
         ``user_id``); whatever is still missing is an error naming the feature.
         """
-        if not isinstance(records, list) or not records:
-            raise RequestError("records must be a non-empty list of objects", "records")
-        if len(records) > self.max_records:
-            raise RequestError(f"{len(records)} records exceed the limit of "
-                               f"{self.max_records} per request", "records")
+        check_objects(records, "record", self.max_records)
         known = self.known(store)
-        keys = records[0].keys() if isinstance(records[0], dict) else set()
+        keys = records[0].keys()
         for i, r in enumerate(records):
-            if not isinstance(r, dict):
-                raise RequestError(f"record {i} is {type(r).__name__}, expected an object",
-                                   "records", i)
             unknown = [k for k in r if k not in known]
             if unknown:
                 raise RequestError(f"record {i} has unknown feature(s) {unknown} for "
@@ -186,6 +179,21 @@ class Predictor:
             for c in context:
                 cols[c] = pc.take(one.column(c).combine_chunks(), zeros)
         return self._validated(self._complete(cols, store))
+
+
+def check_objects(items: Any, what: str, limit: int) -> None:
+    """A request's list of ``what`` (records, events): a non-empty list of at most
+    ``limit`` JSON objects, else a :class:`RequestError` naming the one that is not."""
+    field = f"{what}s"
+    if not isinstance(items, list) or not items:
+        raise RequestError(f"{field} must be a non-empty list of objects", field)
+    if len(items) > limit:
+        raise RequestError(f"{len(items)} {field} exceed the limit of {limit} per request",
+                           field)
+    for i, r in enumerate(items):
+        if not isinstance(r, dict):
+            raise RequestError(f"{what} {i} is {type(r).__name__}, expected an object",
+                               field, i)
 
 
 def _records_table(records: list[dict[str, Any]], roles: ColumnRoles, where: str

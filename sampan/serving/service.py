@@ -140,7 +140,9 @@ class ServerState:
         reloads): created and started from the first bundle's user table on first use."""
         from sampan.serving.live import LiveHistories, RedisLiveHistories
 
-        specs = [s for s in (live_spec(b) for b in bundles) if s is not None]
+        # the user table is read only to start the state (a reload keeps the live one)
+        specs = [s for s in (live_spec(b, self.live is None) for b in bundles)
+                 if s is not None]
         if not specs:
             return self.live
         fs = self.cfg.feature_store

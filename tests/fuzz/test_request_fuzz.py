@@ -20,8 +20,8 @@ from benchmarks.serve_load import start_server
 from sampan.config import load_config
 from sampan.export import export_run
 from sampan.train.experiment import run_experiment
+from tests.conftest import free_port
 from tests.fuzz import EXAMPLES, fuzz
-from tests.integration.test_serving import free_port
 
 TOKEN = "fuzz-token"
 

@@ -3,7 +3,6 @@ events that append to users' histories (memory and a real redis-server), the TTL
 events route of a real server with its token, through the Python client."""
 
 import random
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -21,7 +20,7 @@ from sampan.export import export_run
 from sampan.serving import Predictor
 from sampan.serving.service import ConflictError, ServerState
 from sampan.train.experiment import run_experiment
-from tests.conftest import Served, free_port
+from tests.conftest import Served
 
 
 @pytest.fixture(scope="module")
@@ -145,28 +144,6 @@ def test_ttl_forgets_a_quiet_user(bundle):
         assert np.abs(served(state, "x5") - explicit(bundle, "x5", CANDS, ["i25"])).max() < 1e-6
     finally:
         state.close()
-
-
-@pytest.fixture
-def redis_url():
-    exe = shutil.which("redis-server")
-    if exe is None:
-        pytest.skip("redis-server is not installed (apt-get install redis-server)")
-    port = free_port()
-    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no"], stdout=subprocess.DEVNULL)
-    import redis
-
-    client = redis.Redis(port=port)
-    for _ in range(100):
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            time.sleep(0.05)
-    yield f"redis://127.0.0.1:{port}/0"
-    proc.terminate()
-    proc.wait(timeout=10)
 
 
 def test_redis_histories_are_shared_and_survive_a_restart(bundle, redis_url):

@@ -5,7 +5,6 @@ store against a real redis-server."""
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -23,14 +22,9 @@ from sampan.config import load_config
 from sampan.export import export_run
 from sampan.serving import Predictor
 from sampan.train.experiment import run_experiment
+from tests.conftest import Served, free_port
 
 TOKEN = "test-token"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -81,30 +75,11 @@ def bundles(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(bundles, tmp_path_factory):
-    port, gport = free_port(), free_port()
-    env = {**os.environ, "SAMPAN_ADMIN_TOKEN": TOKEN}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sampan.cli", "serve", str(bundles[0]), "--port", str(port),
-         "--grpc-port", str(gport), "--set", "max_body_bytes=200000",
-         "--set", f"retrieval_bundle={bundles[2]}",
-         "--set", "max_wait_ms=1"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(200):
-        try:
-            if httpx.get(f"{url}/readyz").status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None:
-            pytest.fail(f"server exited: {proc.stdout.read()}")
-        time.sleep(0.1)
-    else:
-        proc.kill()
-        pytest.fail("server did not become ready")
-    yield url, gport
-    proc.terminate()
-    proc.wait(timeout=10)
+    srv = Served([str(bundles[0]), "--set", "max_body_bytes=200000",
+                  "--set", f"retrieval_bundle={bundles[2]}", "--set", "max_wait_ms=1"],
+                 env={"SAMPAN_ADMIN_TOKEN": TOKEN})
+    yield srv.url, int(srv.grpc.rsplit(":", 1)[1])
+    srv.stop()
 
 
 def rank(url, user="u3", candidates=("i1", "i2", "i3", "i4", "i59", "never"), k=3):
@@ -254,28 +229,6 @@ def test_reload_under_traffic_and_metrics(server, bundles):
     calls = float(next(line.split()[-1] for line in text.splitlines()
                        if line.startswith("sampan_batch_requests_count")))
     assert batches >= calls  # requests per model call, at least one
-
-
-@pytest.fixture
-def redis_url():
-    exe = shutil.which("redis-server")
-    if exe is None:
-        pytest.skip("redis-server is not installed (apt-get install redis-server)")
-    port = free_port()
-    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no"], stdout=subprocess.DEVNULL)
-    import redis
-
-    client = redis.Redis(port=port)
-    for _ in range(100):
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            time.sleep(0.05)
-    yield f"redis://127.0.0.1:{port}/0"
-    proc.terminate()
-    proc.wait(timeout=10)
 
 
 def test_redis_feature_store_matches_memory(bundles, redis_url):
