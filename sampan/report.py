@@ -262,16 +262,29 @@ def _metrics_rows(runs: list[RunReport]) -> tuple[list[str], list[list[Any]]]:
 
 def write_report(paths: list[str | Path], out: str | Path, split: str = "test",
                  resamples: int = 500) -> Path:
-    """Write ``out/index.html`` and its PNGs for the runs at ``paths``; returns the page."""
-    runs = [load_run(p, split, resamples) for p in paths]
+    """Write ``out/index.html`` and its PNGs for the runs at ``paths``; returns the page.
+    A ``sampan tune`` study folder among them adds its study section, and its defaults and
+    best runs."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    studies, run_paths = [], []
+    for p in paths:
+        from sampan.tune.plots import is_study, study_section
+
+        if is_study(p):
+            section, study_runs = study_section(Path(p), out, _plt(), _table)
+            studies.append(section)
+            run_paths += study_runs
+        else:
+            run_paths.append(p)
+    runs = [load_run(p, split, resamples) for p in run_paths]
     names = [r.name for r in runs]
     for r in runs:  # distinct names for the legends and file names
         if names.count(r.name) > 1:
             r.name = f"{r.path.parent.name}/{r.name}"
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     head, rows = _metrics_rows(runs)
-    parts = [f"<h1>Sampan report: {html.escape(', '.join(r.name for r in runs))}</h1>",
+    parts = [f"<h1>Sampan report: {html.escape(', '.join(str(p) for p in paths))}</h1>",
+             *studies,
              f"<h2>Metrics on the {html.escape(split)} split</h2>", _table(head, rows),
              "<p>The interval is the 2.5 and 97.5 percentiles of the AUC over "
              f"{resamples} bootstrap resamples of the split's rows.</p>"]

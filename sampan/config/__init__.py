@@ -41,14 +41,15 @@ from sampan.config.model import MLPModelConfig, ModelConfig
 from sampan.config.serve import FeatureStoreConfig, ServeConfig, load_serve_config
 from sampan.config.stream import DirectoryConfig, KafkaConfig, PublishConfig, StreamConfig
 from sampan.config.train import EarlyStoppingConfig, TrainConfig
+from sampan.config.tune import ParamSpec, TuneConfig
 from sampan.errors import ConfigError
 
 __all__ = [
     "PACKAGE_FEATURE_DEFAULTS", "PRESETS", "Auto", "CategoricalFeature", "ConfigError",
     "DataConfig", "DirectoryConfig", "EarlyStoppingConfig", "ExperimentConfig",
     "FeatureStoreConfig", "FeaturesConfig", "JoinConfig", "KafkaConfig", "LabelSpec",
-    "ListFeature", "MLPModelConfig", "ModelConfig", "NonNegFloat", "NonNegInt",
-    "NumericFeature", "PosInt", "PublishConfig", "ServeConfig", "SplitConfig", "StreamConfig",
-    "SyntheticConfig", "TrainConfig", "apply_override", "builtin_config_path", "deep_merge",
-    "dump_config", "format_validation_error", "load_config", "load_serve_config",
+    "ListFeature", "MLPModelConfig", "ModelConfig", "NonNegFloat", "NonNegInt", "NumericFeature",
+    "ParamSpec", "PosInt", "PublishConfig", "ServeConfig", "SplitConfig", "StreamConfig",
+    "SyntheticConfig", "TrainConfig", "TuneConfig", "apply_override", "builtin_config_path",
+    "deep_merge", "dump_config", "format_validation_error", "load_config", "load_serve_config",
 ]

@@ -18,6 +18,7 @@ from sampan.config.features import FeaturesConfig
 from sampan.config.model import ModelConfig
 from sampan.config.stream import StreamConfig
 from sampan.config.train import TrainConfig
+from sampan.config.tune import TuneConfig
 
 
 # ----------------------------------------------------------------------------- experiment
@@ -42,6 +43,8 @@ class ExperimentConfig(_Strict):
     stream: StreamConfig | None = Field(None, description="online training from a Kafka "
                                         "topic or time-partitioned directories (sampan "
                                         "stream)")
+    tune: TuneConfig | None = Field(None, description="the search space and budget of "
+                                    "sampan tune (sampan train ignores it)")
 
     _notices: list[str] = PrivateAttr(default_factory=list)
 

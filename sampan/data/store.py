@@ -354,3 +354,32 @@ def transform_files(cfg: ExperimentConfig, pipe: FeaturePipeline, spec: str | li
     data = SplitArrays.concat(parts, None)
     data.line = np.concatenate([p["line"] for p in parts])
     return data, log
+
+
+def reuse_store(cfg: ExperimentConfig, src_run: Path, root: Path) -> bool:
+    """Hard-link the processed data of the finished run ``src_run`` into ``root`` when it
+    was built from the same ``data``, ``features`` and ``plugins`` sections (a processed
+    store is never written again, so links are safe); ``False``, and nothing made, when they
+    differ or ``src_run`` has no complete data. Copies where links cannot be made."""
+    import os
+
+    import yaml
+
+    src = Path(src_run) / "data"
+    if not (src / "manifest.json").exists() or not (Path(src_run) / "config.yaml").exists():
+        return False
+    theirs = yaml.safe_load((Path(src_run) / "config.yaml").read_text()) or {}
+    mine = cfg.model_dump(mode="json")
+    if any(theirs.get(k) != mine.get(k) for k in ("data", "features", "plugins")):
+        return False
+    if root.exists():
+        shutil.rmtree(root)
+
+    def link(s: str, d: str) -> None:
+        try:
+            os.link(s, d)
+        except OSError:
+            shutil.copy2(s, d)
+
+    shutil.copytree(src, root, copy_function=link)
+    return True

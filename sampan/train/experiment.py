@@ -15,8 +15,7 @@ A run directory holds everything needed to evaluate, predict, resume or export l
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,14 @@ from rich.table import Table
 from sampan import distributed
 from sampan.config import ExperimentConfig, dump_config, load_config
 from sampan.data.sources import RejectLog
-from sampan.data.store import SplitArrays, Store, build_store, iter_transformed, transform_files
+from sampan.data.store import (
+    SplitArrays,
+    Store,
+    build_store,
+    iter_transformed,
+    reuse_store,
+    transform_files,
+)
 from sampan.distributed.strategy import SingleProcess, strategy_for
 from sampan.embedding.collection import dynamic_summary
 from sampan.errors import DataError, ExistingPathError, MissingPathError, RunError
@@ -38,59 +44,21 @@ from sampan.tasks import make_task
 from sampan.train import checkpoint as ckpt
 from sampan.train.compute import apply_saved
 from sampan.train.evaluate import Evaluator, headline_metrics, probabilities, resolve_device
+from sampan.train.rundir import _clear_for_restart, lock_run, new_run_dir
 from sampan.train.trainer import BEST, LAST, Trainer
 from sampan.train.warm_start import fit_first_order
 
 
-def lock_run(run: Path) -> Any:
-    """Take the run directory's lock (``run/.lock``, an exclusive ``flock`` released when
-    the process ends, kill -9 included) and return the open file that holds it; refuse
-    with :class:`~sampan.errors.SampanError` when another process holds it."""
-    import fcntl
-    import os
-
-    from sampan.errors import SampanError
-
-    run.mkdir(parents=True, exist_ok=True)
-    f = open(run / ".lock", "a+")  # noqa: SIM115 - held until the run ends
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.seek(0)
-        holder = f.read().strip() or "another process"
-        f.close()
-        raise SampanError(f"{run} is in use by {holder}: it is still training; wait for it "
-                          "to finish (or stop it) before resuming") from None
-    f.truncate(0)
-    f.write(f"process {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-    f.flush()
-    return f
-
-
-def _clear_for_restart(run: Path) -> None:
-    """Everything a run stopped before its first checkpoint wrote, but its config and lock:
-    partial data, metrics records, a start checkpoint, temporary files."""
-    import shutil
-
-    for p in run.iterdir():
-        if p.name not in ("config.yaml", ".lock"):
-            shutil.rmtree(p) if p.is_dir() else p.unlink()
-
-
-def new_run_dir(cfg: ExperimentConfig) -> Path:
-    base = Path(cfg.output_dir) / cfg.name
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    path = base / stamp
-    k = 1
-    while path.exists():
-        k += 1
-        path = base / f"{stamp}-{k}"
-    return path
-
-
 def run_experiment(cfg: ExperimentConfig, run_dir: str | Path | None = None,
-                   resume: bool = False, console: Console | None = None) -> dict[str, Any]:
+                   resume: bool = False, console: Console | None = None,
+                   should_stop: Callable[[int, float, dict[str, float]], str | None]
+                   | None = None, data_from: Path | None = None) -> dict[str, Any]:
     """Prepare data (unless resuming), train, evaluate on test; returns ``results.json``.
+
+    ``should_stop(step, epochs, valid_metrics)``, asked after every validation, may return
+    a reason to stop there (``sampan tune``'s ``"pruned"``), kept as ``stopped_by``.
+    ``data_from``: a finished run whose processed data this run links to when it was built
+    from the same data and features sections (else the data is prepared as usual).
 
     Under a distributed launch (``WORLD_SIZE`` > 1) every process runs this: rank 0 names
     the run directory and prepares the data, the others wait and open it; only rank 0
@@ -134,7 +102,11 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path | None = None,
                 console.print(f"[bold]run[/] {run}")
                 for notice in cfg.notices:
                     console.print(f"[yellow]note[/]: {notice}")
-                build_store(cfg, run / "data", echo=console.print)
+                if data_from is not None and reuse_store(cfg, data_from, run / "data"):
+                    console.print(f"data: the processed data of {data_from} (same data and "
+                                  "features sections)")
+                else:
+                    build_store(cfg, run / "data", echo=console.print)
             except Exception as e:  # noqa: BLE001 - told to the other ranks, then re-raised
                 problem = e
         failed = distributed.broadcast_object(None if problem is None else repr(problem))
@@ -162,6 +134,7 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path | None = None,
     console.print(f"model {cfg.model.name}: {n_params:,} parameters on "
                   f"{cfg.train.device if cfg.train.device != 'auto' else 'auto device'}")
     trainer = Trainer(model, cfg, run, train, valid, console=console, strategy=strategy)
+    trainer.should_stop = should_stop
     if strategy.enabled:
         console.print(f"distributed: {strategy.world} processes, global batch "
                       f"{trainer.tc.batch_size} ({trainer.tc.batch_size // strategy.world} "
@@ -181,6 +154,8 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path | None = None,
                                # without a validation split the final weights are kept
                                "best_step": state.best_step if valid is not None else state.step,
                                "stopped_early": state.stopped_early,
+                               **({"stopped_by": trainer.stopped_by} if trainer.stopped_by
+                                  else {}),
                                "train_seconds": round(train_time, 2)}
     if trainer.warm_start is not None:
         results["first_order_warm_start"] = trainer.warm_start

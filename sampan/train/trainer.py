@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +112,10 @@ class Trainer:
         self.explode_at = 3.0 * self.reference_loss + 1.0
         self._window: tuple[torch.Tensor | None, int] = (None, 0)  # the loop's log window
         self._fit_t0 = time.perf_counter()  # reset by fit()
+        # asked after every validation with (step, epochs done, metrics): a reason to stop
+        # (e.g. "pruned" by sampan tune) ends training as an early stop does
+        self.should_stop: Callable[[int, float, dict[str, float]], str | None] | None = None
+        self.stopped_by: str | None = None
 
     def describe_plan(self) -> list[str]:
         """What the run chose for the ``auto`` values, and why (one line each)."""
@@ -301,10 +306,14 @@ class Trainer:
         st.history.append(record)
         if self.metrics is not None:
             self.metrics.write(record)
+        if self.should_stop is not None and not st.stopped_early and (
+                reason := self.should_stop(st.step, st.step / max(len(self.loader), 1), m)):
+            st.stopped_early, self.stopped_by = True, reason
         mark = "*" if improved else " "
         shown = " ".join(f"{k} {m[k]:.4f}" for k in headline_metrics(m))
         self.console.print(f"  step {st.step:>6} epoch {st.epoch}  valid {shown} {mark}"
-                           + ("  (early stop)" if st.stopped_early else ""))
+                           + (f"  ({self.stopped_by or 'early stop'})" if st.stopped_early
+                              else ""))
 
     # ----------------------------------------------------------------- evaluation
     def infer(self, fn, data: SplitArrays) -> torch.Tensor:  # type: ignore[no-untyped-def]

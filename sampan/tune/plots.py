@@ -1,0 +1,221 @@
+"""A study's pictures for ``sampan report STUDY_FOLDER``.
+
+* ``study_history.png``: every trial's value in trial order (pruned ones at their last
+  reported value), the best so far, and the defaults run's value;
+* ``study_curves.png``: the validation metric over epochs of every trial, pruned ones grey:
+  where the pruner stopped them;
+* ``study_importance.png``: each parameter's share of the value's variance (Optuna's fANOVA
+  importances over the completed trials);
+* ``study_parallel.png``: parallel coordinates: one line per completed trial through its
+  parameters (log ranges on a log axis, choices evenly spaced), coloured by its value.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sampan.errors import MissingPathError
+from sampan.tune.study import EPOCH_UNITS, STUDY_FILE, _optuna
+
+
+def is_study(path: str | Path) -> bool:
+    return (Path(path) / STUDY_FILE).is_file()
+
+
+def load_study(folder: Path) -> tuple[dict[str, Any], Any]:
+    meta = json.loads((folder / STUDY_FILE).read_text())
+    optuna = _optuna()
+    try:
+        study = optuna.load_study(study_name=meta["study"], storage=meta["storage"])
+    except KeyError:
+        raise MissingPathError(f"{folder}: the study {meta['study']!r} is not in "
+                               f"{meta['storage']}") from None
+    return meta, study
+
+
+def _finished(study: Any) -> tuple[list[Any], list[Any]]:
+    optuna = _optuna()
+    S = optuna.trial.TrialState
+    trials = study.get_trials(deepcopy=False)
+    return ([t for t in trials if t.state == S.COMPLETE],
+            [t for t in trials if t.state == S.PRUNED])
+
+
+def draw_history(study: Any, meta: dict[str, Any], defaults: float | None, out: Path,
+                 plt: Any) -> Path:
+    complete, pruned = _finished(study)
+    maximize = meta["direction"] == "maximize"
+    fig, ax = plt.subplots(figsize=(9, 4.2), constrained_layout=True)
+    if pruned:
+        ax.scatter([t.number for t in pruned],
+                   [t.intermediate_values[max(t.intermediate_values)] for t in pruned],
+                   marker="x", color="0.6", label=f"pruned ({len(pruned)}): last value")
+    xs = [t.number for t in complete]
+    ys = [t.value for t in complete]
+    ax.scatter(xs, ys, color="C0", zorder=3, label=f"completed ({len(complete)})")
+    if ys:
+        best = np.maximum.accumulate(ys) if maximize else np.minimum.accumulate(ys)
+        ax.step(xs, best, where="post", color="C3", label="best so far")
+    if defaults is not None:
+        ax.axhline(defaults, color="k", ls="--", lw=1, label=f"defaults {defaults:.4f}")
+    ax.set(xlabel="trial", ylabel=f"valid {meta['metric']}",
+           title=f"study {meta['study']}: {meta['direction']} valid {meta['metric']}")
+    _zoom(ax, ys + ([defaults] if defaults is not None else []))
+    ax.legend(fontsize=8, loc="lower right" if maximize else "upper right")
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out
+
+
+def _zoom(ax: Any, ys: list[float]) -> None:
+    """Limit the y axis to the values that matter (a diverged trial would flatten it)."""
+    ys = [y for y in ys if y is not None and math.isfinite(y)]
+    if len(ys) >= 2:
+        lo, hi = np.percentile(ys, [10, 100])
+        pad = max(hi - lo, 1e-4) * 0.25
+        ax.set_ylim(lo - pad, hi + pad)
+
+
+def draw_curves(study: Any, meta: dict[str, Any], out: Path, plt: Any) -> Path:
+    complete, pruned = _finished(study)
+    fig, ax = plt.subplots(figsize=(9, 4.2), constrained_layout=True)
+    cmap = plt.get_cmap("viridis")
+    values = [t.value for t in complete]
+    lo, hi = (min(values), max(values)) if values else (0.0, 1.0)
+    for t in pruned:
+        steps = sorted(t.intermediate_values)
+        ax.plot(np.array(steps) / EPOCH_UNITS, [t.intermediate_values[s] for s in steps],
+                color="0.7", lw=1, marker="x", ms=4)
+    for t in complete:
+        steps = sorted(t.intermediate_values)
+        shade = (t.value - lo) / (hi - lo) if hi > lo else 1.0
+        ax.plot(np.array(steps) / EPOCH_UNITS, [t.intermediate_values[s] for s in steps],
+                color=cmap(shade), lw=1.3)
+    ax.plot([], [], color="0.7", marker="x", label="pruned")
+    ax.plot([], [], color=cmap(1.0), label="completed (colour: final value)")
+    ax.set(xlabel="epochs", ylabel=f"valid {meta['metric']}",
+           title="validation curve of every trial")
+    _zoom(ax, [v for t in complete for v in t.intermediate_values.values()])
+    ax.legend(fontsize=8)
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out
+
+
+def draw_importance(study: Any, out: Path, plt: Any) -> Path | None:
+    optuna = _optuna()
+    try:
+        imp = optuna.importance.get_param_importances(study)
+    except (RuntimeError, ValueError):  # too few completed trials, or nothing varied
+        return None
+    if not imp:
+        return None
+    names = list(imp)[::-1]
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(names) + 1.4), constrained_layout=True)
+    ax.barh(names, [imp[n] for n in names], color="C0")
+    for y, n in enumerate(names):
+        ax.text(imp[n], y, f" {imp[n]:.2f}", va="center", fontsize=8)
+    ax.set(xlabel="share of the value's variance (fANOVA)", xlim=(0, 1.1),
+           title="parameter importance (completed trials)")
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out
+
+
+def draw_parallel(study: Any, meta: dict[str, Any], out: Path, plt: Any) -> Path | None:
+    complete, _ = _finished(study)
+    params = sorted({p for t in complete for p in t.params})
+    if not complete or not params:
+        return None
+    axes_pos: dict[str, dict[Any, float] | tuple[float, float, bool]] = {}
+    for p in params:
+        dist = next(t.distributions[p] for t in complete if p in t.distributions)
+        if hasattr(dist, "choices"):
+            axes_pos[p] = {c: i / max(len(dist.choices) - 1, 1)
+                           for i, c in enumerate(dist.choices)}
+        else:
+            axes_pos[p] = (float(dist.low), float(dist.high), bool(dist.log))
+
+    def where(p: str, v: Any) -> float:
+        pos = axes_pos[p]
+        if isinstance(pos, dict):
+            return pos[v]
+        lo, hi, log = pos
+        if log:
+            return (math.log(v) - math.log(lo)) / (math.log(hi) - math.log(lo))
+        return (v - lo) / (hi - lo) if hi > lo else 0.5
+
+    values = np.array([t.value for t in complete])
+    lo, hi = float(values.min()), float(values.max())
+    cmap = plt.get_cmap("viridis")
+    fig, ax = plt.subplots(figsize=(max(7, 1.6 * (len(params) + 1)), 4.6),
+                           constrained_layout=True)
+    for t, v in sorted(zip(complete, values, strict=True), key=lambda x: x[1]):
+        shade = (v - lo) / (hi - lo) if hi > lo else 1.0
+        ys = [where(p, t.params[p]) if p in t.params else np.nan for p in params] + [shade]
+        ax.plot(range(len(params) + 1), ys, color=cmap(shade), lw=1.2, alpha=0.85)
+    for i, p in enumerate(params):
+        ax.axvline(i, color="0.3", lw=0.8)
+        pos = axes_pos[p]
+        labels = ([(y, str(c)) for c, y in pos.items()] if isinstance(pos, dict) else
+                  [(0.0, f"{pos[0]:.3g}"), (1.0, f"{pos[1]:.3g}")])
+        for y, text in labels:
+            ax.text(i + 0.03, y, text, fontsize=7, va="center")
+    ax.axvline(len(params), color="0.3", lw=0.8)
+    ax.text(len(params) + 0.03, 0.0, f"{lo:.4f}", fontsize=7)
+    ax.text(len(params) + 0.03, 1.0, f"{hi:.4f}", fontsize=7)
+    ax.set_xticks(range(len(params) + 1),
+                  [p.rsplit(".", 1)[-1] for p in params] + [meta["metric"]], fontsize=8)
+    ax.set_yticks([])
+    ax.set(xlim=(-0.1, len(params) + 0.5), ylim=(-0.05, 1.05),
+           title="completed trials through their parameters (colour: value)")
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out
+
+
+def study_section(folder: Path, out: Path, plt: Any, table: Any) -> tuple[str, list[Path]]:
+    """The study's HTML and pictures, and the runs the report shows with it (the defaults
+    and the best trial, when they exist)."""
+    import html
+
+    meta, study = load_study(folder)
+    summary = json.loads((folder / "summary.json").read_text()) if (
+        folder / "summary.json").is_file() else {}
+    defaults = (summary.get("defaults") or {}).get("value")
+    parts = [f"<h2>Study {html.escape(meta['study'])}</h2><p>{html.escape(str(folder))}: "
+             f"{meta['direction']} valid {meta['metric']}, storage "
+             f"{html.escape(meta['storage'])}</p>"]
+    if t := summary.get("time"):
+        c = summary.get("trials", {})
+        parts.append(f"<p>{c.get('complete', 0)} completed, {c.get('pruned', 0)} pruned, "
+                     f"{c.get('fail', 0)} failed trials; they took {t['trial_seconds']:.0f} "
+                     f"s; the pruned ones would have taken about "
+                     f"{t['saved_seconds_estimate']:.0f} s more run to the end.</p>")
+    if cmp := summary.get("best_vs_defaults"):
+        lo, hi = cmp["diff_ci95"]
+        parts.append(f"<p>Test AUC of the best trial minus the defaults': "
+                     f"{cmp['diff']:+.4f}, 95 % interval [{lo:+.4f}, {hi:+.4f}] (paired "
+                     f"bootstrap, {cmp['rows']:,} rows).</p>")
+    for png in (draw_history(study, meta, defaults, out / "study_history.png", plt),
+                draw_curves(study, meta, out / "study_curves.png", plt),
+                draw_importance(study, out / "study_importance.png", plt),
+                draw_parallel(study, meta, out / "study_parallel.png", plt)):
+        if png is not None:
+            parts.append(f'<img src="{png.name}">')
+    complete, pruned = _finished(study)
+    top = sorted(complete, key=lambda t: t.value, reverse=meta["direction"] == "maximize")
+    parts.append("<h3>Best trials</h3>" + table(
+        ["trial", f"valid {meta['metric']}", "seconds", "parameters"],
+        [[t.number, t.value, t.user_attrs.get("seconds", "-"),
+          ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                    for k, v in t.params.items())] for t in top[:10]]))
+    runs = [p for p in ([folder / "defaults"] + (
+        [folder / top[0].user_attrs["run_dir"]] if top else []))
+        if (p / "results.json").is_file()]
+    return "".join(parts), runs
