@@ -283,7 +283,8 @@ def write_report(paths: list[str | Path], out: str | Path, split: str = "test",
         if names.count(r.name) > 1:
             r.name = f"{r.path.parent.name}/{r.name}"
     head, rows = _metrics_rows(runs)
-    parts = [f"<h1>Sampan report: {html.escape(', '.join(str(p) for p in paths))}</h1>",
+    parts = [f"<h1>Sampan report: {html.escape(', '.join(Path(p).name or str(p) for p in paths))}"
+             "</h1>",
              *studies,
              f"<h2>Metrics on the {html.escape(split)} split</h2>", _table(head, rows),
              "<p>The interval is the 2.5 and 97.5 percentiles of the AUC over "

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from sampan.config.base import _Strict
 
@@ -42,6 +42,12 @@ class ParamSpec(_Strict):
     when: dict[str, dict[str, ParamSpec]] | None = Field(
         None, description="per choice, the parameters that only that choice has")
 
+    @field_validator("when", mode="before")
+    @classmethod
+    def _choice_keys(cls, v: Any) -> Any:
+        # `when: {8: {...}}` names the choice 8: keys are matched as text
+        return {str(k): x for k, x in v.items()} if isinstance(v, dict) else v
+
     @model_validator(mode="after")
     def _one_kind(self) -> ParamSpec:
         ranged = self.low is not None or self.high is not None
@@ -52,7 +58,7 @@ class ParamSpec(_Strict):
             if len(set(labels)) != len(labels):
                 raise ValueError(f"choices repeat a value: {labels}")
             for key in self.when or {}:
-                if key not in labels:
+                if key not in [str(x) for x in labels]:
                     raise ValueError(f"when: {key!r} is not one of the choices {labels}")
             return self
         if self.when is not None:

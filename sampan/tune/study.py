@@ -378,7 +378,8 @@ def run_trial(job: TuneJob, study: Any, trial: Any, console: Console, tag: str =
             study.tell(trial, float(valid[job.metric]))
             how = f"{job.metric} {valid[job.metric]:.4f}"
         console.print(f"{tag}trial {trial.number:>3}: {how:<26} {seconds:6.1f} s  "
-                      f"{_values_text(values)}", highlight=False, markup=False)
+                      f"{_values_text(values)}", highlight=False, markup=False,
+                      soft_wrap=True)
     except ConfigError:
         study.tell(trial, state=optuna.trial.TrialState.FAIL)
         raise
@@ -387,5 +388,6 @@ def run_trial(job: TuneJob, study: Any, trial: Any, console: Console, tag: str =
         trial.set_user_attr("error", f"{type(e).__name__}: {e}")
         study.tell(trial, state=optuna.trial.TrialState.FAIL)
         console.print(f"{tag}trial {trial.number:>3}: failed ({type(e).__name__}: {e}); "
-                      f"traceback in {run_dir / 'error.txt'}", highlight=False, markup=False)
+                      f"traceback in {run_dir / 'error.txt'}", highlight=False, markup=False,
+                      soft_wrap=True)
     return state

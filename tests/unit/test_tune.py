@@ -154,3 +154,11 @@ def test_a_dead_processs_trial_is_failed_and_queued_again(tmp_path):
     assert again.params == study.trials[t.number].params
     assert study.trials[again.number].user_attrs["retry_of"] == t.number
     assert young.number != again.number
+
+
+def test_a_number_choice_opens_its_branch_by_its_value():
+    space = TuneConfig(space={"model.embedding_dim": {
+        "choices": [8, 16], "when": {8: {"train.lr": {"choices": [0.1, 0.2]}}}}}).space
+    assert sorted(grid(space), key=str) == sorted(
+        [{"model.embedding_dim": 8, "train.lr": 0.1},
+         {"model.embedding_dim": 8, "train.lr": 0.2}, {"model.embedding_dim": 16}], key=str)
