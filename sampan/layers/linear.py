@@ -87,13 +87,13 @@ class Linear(nn.Linear):
         if (self.kernel == "onednn" and x.device.type == "cpu" and x.dtype == torch.float32
                 and self.weight.dtype == torch.float32
                 and not torch.is_autocast_enabled("cpu") and _ONEDNN
-                # exported and traced graphs use the standard op
-                and not torch.compiler.is_exporting() and not torch.jit.is_tracing()):
+                # compiled, exported and traced graphs use the standard op (inductor
+                # lowers it; it has no lowering of the oneDNN call)
+                and not torch.compiler.is_compiling() and not torch.jit.is_tracing()):
             return _onednn_linear(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
 
-@torch.compiler.disable  # an opaque call inside compiled graphs (inductor has no lowering)
 def _onednn_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
     lead = x.shape[:-1]
     out = _OneDNNLinear.apply(x.reshape(-1, x.shape[-1]), w, b)
