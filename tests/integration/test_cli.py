@@ -26,6 +26,22 @@ def sampan(*args, check=True, timeout=300):
     return r
 
 
+def sampan_here(*args, check=False):
+    """``sampan ARGS`` in this process (no interpreter start, for commands whose process
+    itself is not under test); the same handler, exit code and streams as the command
+    line. ``check``: fail the test on a non-zero exit."""
+    from types import SimpleNamespace
+
+    from typer.testing import CliRunner
+
+    from sampan.cli import app
+
+    r = CliRunner(env={"COLUMNS": "120"}).invoke(app, list(args), catch_exceptions=False)
+    if check and r.exit_code != 0:
+        raise AssertionError(f"sampan {' '.join(args)} failed:\n{r.stdout}\n{r.stderr}")
+    return SimpleNamespace(returncode=r.exit_code, stdout=r.stdout, stderr=r.stderr)
+
+
 def write_cfg(tmp_path, cfg):
     p = tmp_path / "exp.yaml"
     p.write_text(yaml.safe_dump(cfg))
@@ -48,11 +64,12 @@ def test_train_prints_test_auc_next_to_oracle_then_eval_and_predict(tmp_path):
     assert {"train", "valid"} <= {x["split"] for x in records}
 
     # eval on the stored test split reproduces the training run's number
-    r = sampan("eval", str(run))
+    r = sampan_here("eval", str(run), check=True)
     assert json.loads(r.stdout)["auc"] == pytest.approx(test["auc"], abs=1e-9)
     # --bootstrap adds the AUC's 95 % interval over resampled test rows; its width agrees
     # with the Hanley-McNeil standard error of an AUC on this many positives / negatives
-    lo, hi = json.loads(sampan("eval", str(run), "--bootstrap", "400").stdout)["auc_ci95"]
+    lo, hi = json.loads(sampan_here("eval", str(run), "--bootstrap", "400",
+                                    check=True).stdout)["auc_ci95"]
     a, p = test["auc"], round(test["ctr"] * test["rows"])
     q = test["rows"] - p
     q1, q2 = a / (2 - a), 2 * a * a / (1 + a)
@@ -73,7 +90,7 @@ def test_train_prints_test_auc_next_to_oracle_then_eval_and_predict(tmp_path):
                     for v in row]
             f.write("\t".join(vals) + "\n")
     out = tmp_path / "pred.csv"
-    sampan("predict", str(run), str(raw), "--out", str(out))
+    sampan_here("predict", str(run), str(raw), "--out", str(out), check=True)
     pred = np.genfromtxt(out, delimiter=",", names=True)
     assert len(pred) == 50
     assert pred["line"].tolist() == list(range(1, 51))
@@ -92,13 +109,13 @@ def test_train_prints_test_auc_next_to_oracle_then_eval_and_predict(tmp_path):
     # too many bad rows: the command fails and leaves no output behind
     bad = tmp_path / "bad.tsv"
     bad.write_text("".join("1\tnot-a-number\n" for _ in range(5)))
-    r = sampan("predict", str(run), str(bad), "--out", str(tmp_path / "bad.csv"), check=False)
+    r = sampan_here("predict", str(run), str(bad), "--out", str(tmp_path / "bad.csv"))
     assert r.returncode != 0 and "rejected" in (r.stdout + r.stderr).lower()
     assert not (tmp_path / "bad.csv").exists() and not list(tmp_path.glob(".bad.csv*"))
     # the same rows evaluated through `eval --data` give the AUC of those probabilities
     from sklearn.metrics import roc_auc_score
 
-    r = sampan("eval", str(run), "--data", str(raw))
+    r = sampan_here("eval", str(run), "--data", str(raw), check=True)
     labels = np.array(t.column("label").to_pylist())
     assert json.loads(r.stdout)["auc"] == pytest.approx(
         roc_auc_score(labels, pred["probability"]), abs=1e-6)
@@ -107,18 +124,18 @@ def test_train_prints_test_auc_next_to_oracle_then_eval_and_predict(tmp_path):
 def test_misspelt_key_fails_with_nearest_key_and_exit_code_2(tmp_path):
     cfg = tiny_config(tmp_path)
     cfg["train"]["learning_rate"] = 0.1
-    r = sampan("train", str(write_cfg(tmp_path, cfg)), check=False)
+    r = sampan_here("train", str(write_cfg(tmp_path, cfg)))
     assert r.returncode == 2
     assert "learning_rate" in r.stderr and "valid keys" in r.stderr
-    r = sampan("train", "--set", "train.epoch=3", check=False)
+    r = sampan_here("train", "--set", "train.epoch=3")
     assert r.returncode == 2 and "did you mean 'epochs'" in r.stderr
 
 
 def test_help_is_there_for_every_command():
-    for cmd in ("train", "eval", "predict", "models"):
-        r = sampan(cmd, "--help")
-        assert "Usage" in r.stdout
-    assert "deepfm" in sampan("models").stdout
+    for cmd in ("train", "eval", "predict", "models", "tune", "report"):
+        r = sampan_here(cmd, "--help")
+        assert r.returncode == 0 and "Usage" in r.stdout
+    assert "deepfm" in sampan("models").stdout  # and once from a real process
 
 
 @pytest.mark.slow
@@ -177,7 +194,7 @@ def test_compare_two_runs_paired_bootstrap(tmp_path):
         runs[name] = tmp_path / name  # trained here: the commands under test are compare, eval
         run_experiment(load_config(raw=cfg), run_dir=runs[name], console=Console(quiet=True))
     test = {n: json.loads((runs[n] / "results.json").read_text())["test"] for n in runs}
-    out = json.loads(sampan("compare", str(runs["lr"]), str(runs["deepfm"]),
+    out = json.loads(sampan_here("compare", str(runs["lr"]), str(runs["deepfm"]),
                             "--resamples", "400").stdout)
     assert out["a"]["auc"] == pytest.approx(test["lr"]["auc"], abs=1e-9)
     assert out["b"]["auc"] == pytest.approx(test["deepfm"]["auc"], abs=1e-9)
@@ -185,12 +202,13 @@ def test_compare_two_runs_paired_bootstrap(tmp_path):
     lo, hi = out["diff_ci95"]
     assert lo < out["diff"] < hi and out["rows"] == 600 and 0 <= out["p_b_better"] <= 1
     # the paired interval is narrower than either AUC's own interval
-    own = json.loads(sampan("eval", str(runs["lr"]), "--bootstrap", "400").stdout)["auc_ci95"]
+    own = json.loads(sampan_here("eval", str(runs["lr"]), "--bootstrap", "400",
+                                 check=True).stdout)["auc_ci95"]
     assert hi - lo < own[1] - own[0]
-    same = json.loads(sampan("compare", str(runs["lr"]), str(runs["lr"]),
+    same = json.loads(sampan_here("compare", str(runs["lr"]), str(runs["lr"]),
                              "--resamples", "200").stdout)
     assert same["diff"] == 0 and same["diff_ci95"] == [0.0, 0.0] and same["p_b_better"] == 0
-    r = sampan("compare", str(runs["lr"]), str(runs["other"]), check=False)
+    r = sampan_here("compare", str(runs["lr"]), str(runs["other"]))
     assert r.returncode == 2 and "do not hold the same rows" in r.stderr
 
 
@@ -202,8 +220,7 @@ def test_compare_two_runs_paired_bootstrap(tmp_path):
     ("train.device=gpu", "train.device: String should match pattern"),
 ])
 def test_bad_values_are_one_line_errors_at_load_time(tmp_path, override, message):
-    r = sampan("train", "--set", override, "--set", f"output_dir={tmp_path / 'runs'}",
-               check=False, timeout=60)
+    r = sampan_here("train", "--set", override, "--set", f"output_dir={tmp_path / 'runs'}")
     assert r.returncode == 2 and message in " ".join(r.stderr.split()), r.stderr
     assert "Traceback" not in r.stderr
     assert not any(tmp_path.parent.glob("x")) and not (tmp_path / "runs").exists()
@@ -213,8 +230,8 @@ def test_a_cuda_device_this_machine_lacks_is_a_one_line_error(tmp_path):
     import torch
 
     n = torch.cuda.device_count()
-    r = sampan("train", "--set", f"train.device=cuda:{n + 7}", "--set",
-               f"output_dir={tmp_path}", "--set", "data.synthetic.rows=500", check=False)
+    r = sampan_here("train", "--set", f"train.device=cuda:{n + 7}", "--set",
+                    f"output_dir={tmp_path}", "--set", "data.synthetic.rows=500")
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     want = "CUDA is not available" if n == 0 else f"has {n} CUDA device(s)"
     assert want in " ".join(r.stderr.split())
@@ -225,18 +242,18 @@ def test_corrupt_truncated_or_empty_checkpoints_are_one_line_errors(tmp_path):
     warning; an empty last.pt printed "Aborted."; a truncated one a 50-line traceback."""
     path = write_cfg(tmp_path, tiny_config(tmp_path, rows=1500, epochs=1))
     run = tmp_path / "run"
-    sampan("train", str(path), "--run-dir", str(run))
+    assert sampan_here("train", str(path), "--run-dir", str(run)).returncode == 0
     best, last = run / "checkpoints" / "best.pt", run / "checkpoints" / "last.pt"
     data = bytearray(best.read_bytes())
     for i in range(len(data) // 2, len(data) // 2 + 16):
         data[i] ^= 0x55
     best.write_bytes(bytes(data))
-    r = sampan("eval", str(run), check=False)
+    r = sampan_here("eval", str(run))
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert "is corrupt" in " ".join(r.stderr.split()) and "best.pt" in r.stderr
     for content, message in ((b"", "is empty"), (last.read_bytes()[:5000], "no Sampan checksum")):
         last.write_bytes(content)
-        r = sampan("train", "--resume", str(run), check=False)
+        r = sampan_here("train", "--resume", str(run))
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
         assert message in " ".join(r.stderr.split()) and "Aborted" not in r.stderr
 
@@ -255,7 +272,7 @@ def test_resume_of_a_run_still_training_is_refused(tmp_path):
         while not (run / "checkpoints" / "last.pt").exists() and time.time() < deadline:
             assert proc.poll() is None, proc.stderr.read()
             time.sleep(0.05)
-        r = sampan("train", "--resume", str(run), check=False)
+        r = sampan_here("train", "--resume", str(run))  # flock: refused here as anywhere
         assert r.returncode == 2 and "is in use by process" in " ".join(r.stderr.split())
         assert "Traceback" not in r.stderr
         assert proc.poll() is None  # the first run goes on
@@ -271,21 +288,22 @@ def test_new_user_defects_of_issue_13(tmp_path):
     """`sampan models` lists options, `data inspect` reads the Parquet that
     `build-sequences` writes (list columns), `build-sequences` refuses a header-less file
     instead of taking its first event for names, and a dataset too small to split fails."""
-    out = sampan("models").stdout
+    out = sampan_here("models").stdout
     flat = " ".join(out.split())
     assert "Every model takes embedding_dim=16" in flat
     assert "deepfm: DeepFM (Guo et al., 2017)" in flat and "``" not in out
     assert "cross_layers=3" in flat and "mlp=[256, 128]" in flat
     events = tmp_path / "events.csv"
     events.write_text("".join(f"u{i % 7},i{i % 13},{i}\n" for i in range(300)))
-    r = sampan("data", "build-sequences", str(events), "--out", str(tmp_path / "s.parquet"),
-               "--category", "", "--action", "", check=False)
+    r = sampan_here("data", "build-sequences", str(events), "--out",
+                    str(tmp_path / "s.parquet"), "--category", "", "--action", "")
     assert r.returncode == 2 and "looks like data, not a header" in " ".join(r.stderr.split())
-    r = sampan("data", "build-sequences", str(events), "--out", str(tmp_path / "s.parquet"),
-               "--category", "", "--action", "", "--columns", "user_id,item_id,timestamp")
+    r = sampan_here("data", "build-sequences", str(events), "--out",
+                    str(tmp_path / "s.parquet"), "--category", "", "--action", "",
+                    "--columns", "user_id,item_id,timestamp")
     assert "wrote 300 samples" in " ".join(r.stdout.split())
-    r = sampan("data", "inspect", str(tmp_path / "s.parquet"))
+    r = sampan_here("data", "inspect", str(tmp_path / "s.parquet"))
     assert "hist_item_id" in r.stdout and "large_list" in r.stdout
-    r = sampan("train", "--set", "data.synthetic.rows=1", "--set", f"output_dir={tmp_path}",
-               check=False)
+    r = sampan_here("train", "--set", "data.synthetic.rows=1", "--set",
+                    f"output_dir={tmp_path}")
     assert r.returncode == 2 and "came out empty" in " ".join(r.stderr.split()), r.stderr

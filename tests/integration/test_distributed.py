@@ -266,19 +266,26 @@ def losses(run):
     return [(r["step"], r["loss"]) for r in rows if r["split"] == "train"]
 
 
-def test_two_processes_follow_one(tmp_path):
+# the replicated placement is checked against one process in-process too
+# (test_two_ranks_equal_one_process); its full CLI run is in `pytest -m heavy`
+@pytest.mark.parametrize("placements", [
+    ("sharded",), pytest.param(("two", "sharded"), marks=pytest.mark.heavy)])
+def test_two_processes_follow_one(tmp_path, placements):
     # with the first-order warm start: the LR before the model is data-parallel too, and a
     # row-sharded table takes its rows of it
     cfg = write_cfg(tmp_path, epochs=2, first_order_warm_start=True)
     run_cli("train", str(cfg), "--run-dir", str(tmp_path / "one"))
-    r = run_cli("train", str(cfg), "--nproc-per-node", "2", "--run-dir", str(tmp_path / "two"))
-    assert "distributed: 2 processes, global batch 256 (128 per process)" in r.stdout
-    assert "replicated (sparse gradients all-gathered)" in r.stdout
+    if "two" in placements:
+        r = run_cli("train", str(cfg), "--nproc-per-node", "2", "--run-dir",
+                    str(tmp_path / "two"))
+        assert "distributed: 2 processes, global batch 256 (128 per process)" in r.stdout
+        assert "replicated (sparse gradients all-gathered)" in r.stdout
     r = run_cli("train", str(cfg), "--nproc-per-node", "2", "--run-dir",
                 str(tmp_path / "sharded"), "--set", "train.embedding_placement=row_sharded")
+    assert "distributed: 2 processes, global batch 256 (128 per process)" in r.stdout
     assert "row-sharded: ranks 0-1" in r.stdout
     a = json.loads((tmp_path / "one" / "results.json").read_text())
-    for run in ("two", "sharded"):
+    for run in placements:
         one, two = losses(tmp_path / "one"), losses(tmp_path / run)
         assert [s for s, _ in one] == [s for s, _ in two] and len(one) >= 8
         for (_, x), (_, y) in zip(one, two, strict=True):
@@ -309,7 +316,7 @@ def test_two_processes_follow_one(tmp_path):
     from sampan.export import export_run
     from sampan.serving import Predictor
 
-    for run in ("two", "sharded"):  # the sharded checkpoint holds the gathered table
+    for run in placements:  # the sharded checkpoint holds the gathered table
         bundle = export_run(tmp_path / run, tmp_path / f"bundle-{run}")
         assert Predictor(bundle).bundle.manifest["parity"]["max_abs_diff"] < 1e-5
 
