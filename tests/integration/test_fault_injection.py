@@ -69,10 +69,12 @@ def reference(tmp_path_factory):
     cfg["model"]["dropout"] = 0.1  # dropout draws random numbers: a resume must restore them
     cfg["train"]["early_stopping"] = {"patience": 10}
     path = write_cfg(root, cfg)
-    sampan("train", str(path), "--run-dir", str(root / "ref"))
-    sampan("export", str(root / "ref"), "--out", str(root / "ref-bundle"))
+    from sampan.export import export_run
+
+    sampan("train", str(path), "--run-dir", str(root / "ref"))  # as the killed runs train
+    export_run(root / "ref", root / "ref-bundle")
     sampan("train", str(path), "--run-dir", str(root / "ref-b"), "--set", "seed=7")
-    sampan("export", str(root / "ref-b"), "--out", str(root / "ref-b-bundle"))
+    export_run(root / "ref-b", root / "ref-b-bundle")
     return root, path, json.loads((root / "ref" / "results.json").read_text())
 
 

@@ -45,7 +45,7 @@ def test_every_model_is_covered():
 
 def _ctr(tmp_path, name):
     return run(tmp_path, {"preset": "criteo",
-                          "data": {"format": "synthetic", "synthetic": {"rows": 40000}},
+                          "data": {"format": "synthetic", "synthetic": {"rows": 24000}},
                           "model": {"name": name, "embedding_dim": 8, **FAST.get(name, {})},
                           "train": TRAIN})["test"]["auc"]
 
@@ -57,7 +57,7 @@ def lr_auc(tmp_path_factory):
 
 @pytest.mark.parametrize("name", CTR)
 def test_ctr_model_beats_lr(tmp_path, lr_auc, name):
-    # LR reaches about 0.77 here, models of interactions 0.82-0.83 (oracle 0.887)
+    # LR reaches about 0.75 here, models of interactions 0.80-0.81 (24,000 rows)
     assert _ctr(tmp_path, name) > lr_auc + 0.02
 
 
