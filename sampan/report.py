@@ -66,8 +66,8 @@ def load_run(path: str | Path, split: str = "test", resamples: int = 500) -> Run
     manifest = run / "data" / "manifest.json"
     data = json.loads(manifest.read_text()) if manifest.is_file() else {}
     probs = labels = ci = None
-    art = RunArtifacts(run)
-    if getattr(art.model, "task", "binary") != "retrieval":
+    art = RunArtifacts(run) if results else None  # still training: its curves only
+    if art is not None and getattr(art.model, "task", "binary") != "retrieval":
         arrays = art.labelled(split)
         logits = art.evaluator.predict_logits(arrays)
         probs = probabilities(logits)[:, 0]
@@ -135,10 +135,19 @@ def _metric(r: RunReport) -> str:
 
 
 def draw_curves(runs: list[RunReport], out: Path) -> Path:
-    """Train loss, validation metric, validation LogLoss and learning rate over steps."""
+    """Train loss, validation metric, validation LogLoss and learning rate over steps; the
+    dense gradient norm and the embedding row norm (log scale: vanishing or exploding
+    gradients) where the runs logged them."""
     plt = _plt()
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7), constrained_layout=True)
-    (ax_loss, ax_metric), (ax_ll, ax_lr) = axes
+    norms = any("grad_norm" in t for r in runs for t in r.train)
+    fig, axes = plt.subplots(3 if norms else 2, 2, figsize=(11, 10.5 if norms else 7),
+                             constrained_layout=True)
+    (ax_loss, ax_metric), (ax_ll, ax_lr) = axes[:2]
+    panels = []
+    if norms:
+        ax_g, ax_e = axes[2]
+        panels = [(ax_g, "dense gradient norm (logged steps)", "L2 norm"),
+                  (ax_e, "embedding row norm (mean)", "L2 norm")]
     m = _metric(runs[0])  # one metric on the shared axis (a run without it is not drawn)
     for i, r in enumerate(runs):
         color = f"C{i}"
@@ -156,6 +165,8 @@ def draw_curves(runs: list[RunReport], out: Path) -> Path:
             lr = [t.get("lr") for t in r.train]
             if all(v is not None for v in lr):
                 ax_lr.plot(steps, lr, color=color, lw=2, label=label)
+            if norms:
+                _norm_lines(r, ax_g, ax_e, color, label)
         ev = [e for e in r.evals if m in e]
         if ev:
             x = [e["step"] for e in ev]
@@ -176,7 +187,7 @@ def draw_curves(runs: list[RunReport], out: Path) -> Path:
     for ax, title, y in ((ax_loss, "train loss", "loss"),
                          (ax_metric, f"validation {m}", m),
                          (ax_ll, "validation LogLoss", "logloss"),
-                         (ax_lr, "learning rate", "lr")):
+                         (ax_lr, "learning rate", "lr"), *panels):
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.set_ylabel(y)
@@ -190,6 +201,21 @@ def draw_curves(runs: list[RunReport], out: Path) -> Path:
     fig.savefig(out, dpi=90)
     plt.close(fig)
     return out
+
+
+def _norm_lines(r: RunReport, ax_g: Any, ax_e: Any, color: str, label: str | None) -> None:
+    rows = [t for t in r.train if "grad_norm" in t]
+    if rows:
+        ax_g.plot([t["step"] for t in rows], [t["grad_norm"] for t in rows], color=color,
+                  lw=1.5, label=label)
+        ax_g.set_yscale("log")
+    keys = sorted({k for t in r.train for k in t if k.startswith("embedding_norm")})
+    for j, k in enumerate(keys):
+        rows = [t for t in r.train if k in t]
+        name = k.partition("/")[2] or "embedding"
+        ax_e.plot([t["step"] for t in rows], [t[k] for t in rows], color=color, lw=1.5,
+                  ls=("-", "--", ":", "-.")[j % 4],
+                  label=(f"{label}: {name}" if label else name) if len(keys) > 1 else label)
 
 
 def draw_roc(runs: list[RunReport], out: Path) -> Path:
@@ -261,7 +287,7 @@ def _metrics_rows(runs: list[RunReport]) -> tuple[list[str], list[list[Any]]]:
 
 
 def write_report(paths: list[str | Path], out: str | Path, split: str = "test",
-                 resamples: int = 500) -> Path:
+                 resamples: int = 500, refresh: float | None = None) -> Path:
     """Write ``out/index.html`` and its PNGs for the runs at ``paths``; returns the page.
     A ``sampan tune`` study folder among them adds its study section, and its defaults and
     best runs."""
@@ -321,7 +347,8 @@ def write_report(paths: list[str | Path], out: str | Path, split: str = "test",
              "padding:4px 8px;text-align:right}th{background:#f4f4f4}img{max-width:100%;"
              "margin:0.5em 0}")
     page = out / "index.html"
-    page.write_text(f"<!doctype html><html><head><meta charset='utf-8'><title>Sampan "
+    reload = f"<meta http-equiv='refresh' content='{refresh:g}'>" if refresh else ""
+    page.write_text(f"<!doctype html><html><head><meta charset='utf-8'>{reload}<title>Sampan "
                     f"report</title><style>{style}</style></head><body>{''.join(parts)}"
                     "</body></html>")
     return page

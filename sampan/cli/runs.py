@@ -52,15 +52,29 @@ def report(
                                        "or test.")] = "test",
     resamples: Annotated[int, typer.Option(min=0, help="Bootstrap resamples of the AUC "
                                            "interval.")] = 500,
+    follow: Annotated[float, typer.Option(
+        min=0, metavar="SECONDS", help="Draw again every SECONDS while a run trains (the "
+        "page reloads itself), until every run has finished; 0: once.")] = 0,
 ) -> None:
-    """Draw runs: training curves (loss, validation metrics, learning rate), ROC,
-    calibration and score histogram, the feature table and rejected rows, as an HTML page
-    with PNGs; several runs are also overlaid with one metric table."""
+    """Draw runs: training curves (loss, validation metrics, learning rate, gradient and
+    embedding norms), ROC, calibration and score histogram, the feature table and rejected
+    rows, as an HTML page with PNGs; several runs are also overlaid with one metric table;
+    a `sampan tune` folder adds its study. A run still training shows its curves so far."""
+    import time
+
     from sampan.report import write_report
 
-    page = write_report(list(runs), out, split=split, resamples=resamples)
-    console.print(f"report: {page} ({len(runs)} run(s); open it in a browser)",
-                  highlight=False)
+    while True:
+        running = [r for r in runs if (r / "metrics.jsonl").is_file()
+                   and not (r / "results.json").is_file() and not (r / "study.json").is_file()]
+        page = write_report(list(runs), out, split=split, resamples=resamples,
+                            refresh=follow if follow and running else None)
+        console.print(f"report: {page} ({len(runs)} run(s); open it in a browser)"
+                      + (f"; {len(running)} still training, again in {follow:g} s"
+                         if follow and running else ""), highlight=False)
+        if not (follow and running):
+            return
+        time.sleep(follow)
 
 
 @app.command()

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -76,3 +77,46 @@ def make_progress(console: Console, enabled: bool) -> Progress:
         transient=True,
         disable=not enabled,
     )
+
+
+SAMPLED_ROWS = 4096  # embedding rows whose norm stands for a table's in the log
+
+
+def grad_norm(params: list[torch.nn.Parameter]) -> torch.Tensor | None:
+    """The L2 norm of the dense gradients, on the device (no host sync)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return None
+    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+
+
+def embedding_norms(model: torch.nn.Module) -> dict[str, float]:
+    """The mean L2 norm of embedding rows per table collection, over at most
+    :data:`SAMPLED_ROWS` rows spread evenly over each table (cheap for any size)."""
+    from sampan.embedding import EmbeddingCollection
+
+    out = {}
+    for name, m in model.named_modules():
+        if isinstance(m, EmbeddingCollection) and not m.weight.is_meta and len(m.weight):
+            w = m.weight.detach()
+            rows = torch.linspace(0, len(w) - 1, min(len(w), SAMPLED_ROWS),
+                                  device=w.device).long()
+            key = "embedding_norm" + (f"/{name}" if name else "")
+            out[key] = float(w.index_select(0, rows).float().norm(dim=1).mean())
+    return out
+
+
+def train_record(trainer: Any, loss: float, speed: float) -> dict[str, Any]:
+    """The train record of a log step: loss, speed, learning rate, the dense gradient norm
+    of this step (vanishing or exploding gradients) and the embedding row norms."""
+    from sampan.train.schedules import lr_factor
+
+    st, tc = trainer.state, trainer.tc
+    rec = {"step": st.step, "epoch": st.epoch, "split": "train", "loss": loss,
+           "samples_per_s": speed,
+           "lr": trainer.base_lrs[-1][0] * st.lr_scale * lr_factor(
+               st.step - 1, trainer.total_steps, tc.warmup_steps, tc.schedule,
+               tc.min_lr_ratio)}
+    if trainer.last_grad_norm is not None:
+        rec["grad_norm"] = float(trainer.last_grad_norm)
+    return {**rec, **embedding_norms(trainer.model)}

@@ -38,7 +38,7 @@ from sampan.train.evaluate import (  # noqa: F401  (importable from here as befo
     probabilities,
     resolve_device,
 )
-from sampan.train.logging import MetricsLog, make_progress
+from sampan.train.logging import MetricsLog, grad_norm, make_progress, train_record
 from sampan.train.plan import plan_training
 from sampan.train.schedules import lr_factor
 from sampan.train.state import BEST, LAST, START, TrainState  # noqa: F401  (importable here)
@@ -112,10 +112,10 @@ class Trainer:
         self.explode_at = 3.0 * self.reference_loss + 1.0
         self._window: tuple[torch.Tensor | None, int] = (None, 0)  # the loop's log window
         self._fit_t0 = time.perf_counter()  # reset by fit()
-        # asked after every validation with (step, epochs done, metrics): a reason to stop
-        # (e.g. "pruned" by sampan tune) ends training as an early stop does
+        # after every validation (step, epochs, metrics): a reason to stop (tune's "pruned")
         self.should_stop: Callable[[int, float, dict[str, float]], str | None] | None = None
         self.stopped_by: str | None = None
+        self.last_grad_norm: torch.Tensor | None = None  # of the last logged step
 
     def describe_plan(self) -> list[str]:
         """What the run chose for the ``auto`` values, and why (one line each)."""
@@ -154,15 +154,19 @@ class Trainer:
             for g, base in zip(opt.param_groups, bases, strict=True):
                 g["lr"] = base * f
 
-    def _train_step(self, batch: Batch, weight: float = 1.0) -> torch.Tensor:
+    def _train_step(self, batch: Batch, weight: float = 1.0,
+                    measure: bool = False) -> torch.Tensor:
         """One step; ``weight`` is this rank's share of the global batch (1 in a single
-        process), so that the gradients summed over ranks are the global mean's."""
+        process), so that the gradients summed over ranks are the global mean's;
+        ``measure`` (a logged step) keeps the dense gradients' norm."""
         self._set_lr()
         with torch.autocast(self.device.type, dtype=torch.bfloat16,
                             enabled=self.tc.amp == "bf16"):
             loss = self.task.loss(self.model, batch)
         (loss * weight if weight != 1.0 else loss).backward()
         self.strategy.reduce_gradients(self.dense_params)  # a single process's: no-op
+        if measure:
+            self.last_grad_norm = grad_norm(self.dense_params)
         if self.tc.clip_grad_norm is not None and self.dense_params:
             # Clips the dense parameters; embedding rows are bounded by their optimizer.
             torch.nn.utils.clip_grad_norm_(self.dense_params, self.tc.clip_grad_norm)
@@ -231,7 +235,8 @@ class Trainer:
                 batch = batch.to(self.device, non_blocking=True)
                 weight = self.strategy.batch_weight(batch.size,
                                                     self.loader.global_rows(st.batch))
-                loss_sum += self._train_step(batch, weight)
+                loss_sum += self._train_step(batch, weight, measure=(
+                    (st.step + 1) % self.tc.log_every_steps == 0 or st.batch + 1 == n_batches))
                 loss_n += 1
                 self._window = (loss_sum, loss_n)
                 seen += batch.size
@@ -243,12 +248,7 @@ class Trainer:
                     mean_loss = (loss_sum / loss_n).item()  # the only host sync, every N
                     guard.check_loss(self, mean_loss, loss_n)
                     if self.metrics is not None:
-                        self.metrics.write({
-                            "step": st.step, "epoch": st.epoch, "split": "train",
-                            "loss": mean_loss, "samples_per_s": speed,
-                            "lr": self.base_lrs[-1][0] * st.lr_scale * lr_factor(
-                                st.step - 1, self.total_steps, self.tc.warmup_steps,
-                                self.tc.schedule, self.tc.min_lr_ratio)})
+                        self.metrics.write(train_record(self, mean_loss, speed))
                     progress.update(bar, completed=st.step, loss=f"{mean_loss:.4f}",
                                     speed=f"{speed:,.0f}")
                     loss_sum.zero_()

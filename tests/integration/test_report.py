@@ -76,3 +76,35 @@ def test_the_drawn_numbers(runs):
     fpr, tpr, area = roc_curve(np.array([0.1, 0.4, 0.35, 0.8]), np.array([0, 0, 1, 1.0]))
     assert area == 0.75 and fpr.tolist() == [0, 0, 0.5, 0.5, 1] and tpr.tolist() == [
         0, 0.5, 0.5, 1, 1]
+
+
+def test_norms_are_logged_and_a_run_still_training_is_drawn(runs, tmp_path):
+    import shutil
+
+    import torch
+
+    from sampan.report import write_report
+
+    train = [json.loads(x) for x in (runs[0] / "metrics.jsonl").read_text().splitlines()
+             if '"train"' in x]
+    assert train and all("grad_norm" in t and "embedding_norm/features.embedding" in t
+                         for t in train)
+    # the last record's embedding norm is that of the final weights (last.pt), taken again
+    from sampan.train import checkpoint as ckpt
+
+    last = ckpt.load(runs[0] / "checkpoints" / "last.pt")
+    assert last["state"]["step"] == train[-1]["step"]
+    w = last["model"]["features.embedding.weight"]
+    rows = torch.linspace(0, len(w) - 1, min(len(w), 4096)).long()
+    assert train[-1]["embedding_norm/features.embedding"] == pytest.approx(
+        float(w[rows].norm(dim=1).mean()), rel=1e-5)
+    assert all(0 < t["grad_norm"] < 100 for t in train)
+    # a run still training (no results.json yet): its curves, and a page that reloads itself
+    live = tmp_path / "live"
+    shutil.copytree(runs[1], live)
+    (live / "results.json").unlink()
+    page = write_report([live], tmp_path / "rep", refresh=5)
+    html = page.read_text()
+    assert "http-equiv='refresh' content='5'" in html
+    assert (tmp_path / "rep" / "curves.png").exists()
+    assert not (tmp_path / "rep" / "roc.png").exists()
