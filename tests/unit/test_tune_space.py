@@ -162,3 +162,20 @@ def test_a_number_choice_opens_its_branch_by_its_value():
     assert sorted(grid(space), key=str) == sorted(
         [{"model.embedding_dim": 8, "train.lr": 0.1},
          {"model.embedding_dim": 8, "train.lr": 0.2}, {"model.embedding_dim": 16}], key=str)
+
+
+def test_the_pruners_count_in_hundredths_of_an_epoch_and_the_deadline_stops_asking(tmp_path):
+    from rich.console import Console
+
+    from sampan.tune.study import EPOCH_UNITS, counts, prepare, pruner, work
+
+    job = prepare(write(tmp_path, BRANCHED), [], tmp_path / "study")
+    tc = job.tune
+    assert isinstance(pruner(tc), optuna.pruners.MedianPruner)
+    hb = pruner(tc.model_copy(update={"pruner": "hyperband"}))
+    assert isinstance(hb, optuna.pruners.HyperbandPruner) and hb._min_resource == EPOCH_UNITS
+    assert isinstance(pruner(tc.model_copy(update={"pruner": "none"})),
+                      optuna.pruners.NopPruner)
+    job.deadline = 0.0  # --timeout passed: no trial is asked for
+    assert work(job, 0, Console(quiet=True)) == 0
+    assert sum(counts(job.study()).values()) == 0
