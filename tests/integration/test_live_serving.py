@@ -124,7 +124,13 @@ def test_events_append_like_training(bundle):
     multi.close()
 
 
-def test_ttl_forgets_a_quiet_user(bundle):
+def test_ttl_forgets_a_quiet_user(bundle, monkeypatch):
+    from types import SimpleNamespace
+
+    import sampan.serving.live as live
+
+    now = [time.time()]  # the store's clock, moved by the test (a loaded machine is slow)
+    monkeypatch.setattr(live, "time", SimpleNamespace(time=lambda: now[0]))
     users = histories(bundle)
     old = next(u for u, (h, _) in users.items() if h)
     state = ServerState(load_serve_config(raw={"bundle": str(bundle), "feature_store": {
@@ -133,10 +139,10 @@ def test_ttl_forgets_a_quiet_user(bundle):
         assert np.abs(served(state, old) - explicit(bundle, old, CANDS, users[old][0])
                       ).max() < 1e-6
         state.record_events([{"user_id": "x5", "item_id": "i15"}])
-        time.sleep(0.3)
+        now[0] += 0.3
         state.record_events([{"user_id": "x6", "item_id": "i16"}])
         assert np.abs(served(state, "x6") - explicit(bundle, "x6", CANDS, ["i16"])).max() < 1e-6
-        time.sleep(0.3)  # x5's history and the bootstrapped ones have expired, x6's not yet
+        now[0] += 0.3  # x5's history and the bootstrapped ones have expired, x6's not yet
         for user, hist in (("x5", []), (old, []), ("x6", ["i16"])):
             assert np.abs(served(state, user) - explicit(bundle, user, CANDS, hist)
                           ).max() < 1e-6, user

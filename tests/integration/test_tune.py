@@ -70,7 +70,8 @@ def test_a_killed_study_resumes_to_its_budget(tmp_path):
     folder = tmp_path / "study"
     cmd = [sys.executable, "-m", "sampan", "tune", str(config), "--out", str(folder),
            "--workers", "2"]
-    main = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    main = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)  # its own group: kill -9 the whole job
     deadline = time.time() + 120
     while time.time() < deadline and main.poll() is None:
         s = _study(folder)
@@ -78,11 +79,11 @@ def test_a_killed_study_resumes_to_its_budget(tmp_path):
             break
         time.sleep(0.2)
     assert main.poll() is None, main.stdout.read().decode()
-    main.send_signal(signal.SIGKILL)
+    os.killpg(main.pid, signal.SIGKILL)  # the command and its workers, mid-trial
     main.wait()
-    while _tune_processes(folder) and time.time() < deadline:  # its workers follow it
+    while _tune_processes(folder) and time.time() < deadline:
         time.sleep(0.2)
-    assert not _tune_processes(folder), "the workers outlived their killed parent"
+    assert not _tune_processes(folder)
     killed = _study(folder)
     assert killed.get("RUNNING", 0) >= 1
     assert killed.get("COMPLETE", 0) + killed.get("PRUNED", 0) < 6
@@ -103,10 +104,14 @@ def test_a_killed_study_resumes_to_its_budget(tmp_path):
     assert lo <= summary["best_vs_defaults"]["diff"] <= hi
     cfg = load_config(folder / "best.yaml")
     assert cfg.tune is None and cfg.train.lr == pytest.approx(best["params"]["train.lr"])
-    # every trial's data is the defaults' own, linked (same data and features sections)
-    trial_dirs = sorted((folder / "trials").iterdir())
-    assert all((d / "data" / "manifest.json").is_file() for d in trial_dirs)
-    assert os.stat(trial_dirs[-1] / "data" / "manifest.json").st_ino == os.stat(
+    # a finished trial's data is the defaults' own, linked (same data and features
+    # sections); the last one started after the defaults had theirs
+    finished = [t for t in optuna.load_study(
+        study_name="tiny", storage=f"sqlite:///{folder / 'study.db'}").trials
+        if t.state.name in ("COMPLETE", "PRUNED")]
+    dirs = [folder / t.user_attrs["run_dir"] for t in finished]
+    assert all((d / "data" / "manifest.json").is_file() for d in dirs)
+    assert os.stat(dirs[-1] / "data" / "manifest.json").st_ino == os.stat(
         folder / "defaults" / "data" / "manifest.json").st_ino
 
     report = subprocess.run([sys.executable, "-m", "sampan", "report", str(folder), "--out",
