@@ -340,6 +340,7 @@ def run_trial(job: TuneJob, study: Any, trial: Any, console: Console, tag: str =
     values = sample(trial, job.tune.space)
     run_dir = job.folder / "trials" / f"{trial.number:04d}"
     trial.set_user_attr("run_dir", str(run_dir.relative_to(job.folder)))
+    trial.set_user_attr("values", values)  # config values (a choice's, not its label)
     state = optuna.trial.TrialState.FAIL
     reported = [0]  # the last step reported
 

@@ -49,13 +49,13 @@ def write_best_yaml(job: TuneJob, values: dict[str, Any], out: Path, header: str
     must not keep the old model's options), without the ``tune`` section. When that does not
     load to the trial's exact config (plugins with relative paths...), the trial's resolved
     config is written instead."""
-    want = dump_config(trial_config(job.config, job.overrides, values))
+    cfg = trial_config(job.config, job.overrides, values)
+    want = dump_config(cfg)
     raw = yaml.safe_load(job.config.read_text()) or {}
     raw.pop("tune", None)
     for item in [*job.overrides, *as_overrides(values)]:
         apply_override(raw, item)
-    raw["model"] = trial_config(job.config, job.overrides, values).model.model_dump(
-        mode="json")
+    raw["model"] = cfg.model.model_dump(mode="json")
     text = yaml.safe_dump(raw, sort_keys=False)
     out.write_text(text)
     try:
@@ -98,8 +98,7 @@ def summarize(job: TuneJob, console: Console, resamples: int = 1000) -> dict[str
         console.print("no trial has completed yet", highlight=False)
         return summary
     best = study.best_trial
-    values = {k: v for k, v in best.params.items()}
-    spec_values = _config_values(job, values)
+    spec_values = best.user_attrs["values"]
     best_run = job.folder / best.user_attrs["run_dir"]
     summary["best"] = {"trial": best.number, "value": best.value, "params": spec_values,
                        "run_dir": str(best_run)}
@@ -123,27 +122,6 @@ def summarize(job: TuneJob, console: Console, resamples: int = 1000) -> dict[str
     (job.folder / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     print_summary(summary, console)
     return summary
-
-
-def _config_values(job: TuneJob, params: dict[str, Any]) -> dict[str, Any]:
-    """Optuna's params (choices by label) back to config values."""
-    from sampan.config.tune import choice_label
-
-    def walk(space: dict[str, Any]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for key, spec in space.items():
-            if key not in params:
-                continue
-            if spec.choices is None:
-                out[key] = params[key]
-                continue
-            labels = [choice_label(c) for c in spec.choices]
-            out[key] = spec.choices[labels.index(params[key])]
-            if spec.when and str(params[key]) in spec.when:
-                out.update(walk(spec.when[str(params[key])]))
-        return out
-
-    return walk(job.tune.space)
 
 
 def print_summary(s: dict[str, Any], console: Console) -> None:
