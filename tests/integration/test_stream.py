@@ -316,7 +316,7 @@ def test_published_versions_reach_a_server_under_load(tmp_path: Path) -> None:
     from sampan.export.publish import read_versions
 
     parts, models = tmp_path / "parts", tmp_path / "models"
-    table = drift_table(6 * PART_ROWS, seed=5)
+    table = drift_table(4 * PART_ROWS, seed=5)
     write_partitions(parts, table.slice(0, 2 * PART_ROWS))
     config = stream_config(tmp_path, {
         "source": "directory", "directory": {"root": str(parts), "poll_seconds": 0.1},
@@ -358,7 +358,7 @@ def test_published_versions_reach_a_server_under_load(tmp_path: Path) -> None:
         for t in clients:
             t.start()
         seen = set()
-        for k in range(2, 6):  # new partitions arrive while the server is under load
+        for k in range(2, 4):  # new partitions arrive while the server is under load
             d = parts / "20261201" / f"{k:02d}"
             d.mkdir(parents=True)
             pacsv.write_csv(table.slice(k * PART_ROWS, PART_ROWS), d / "part-0.csv")
@@ -375,7 +375,7 @@ def test_published_versions_reach_a_server_under_load(tmp_path: Path) -> None:
         auth = {"Authorization": f"Bearer {token}"}
         r = httpx.post(f"{url}/v1/admin/rollback", headers=auth, timeout=60)
         assert r.status_code == 200, r.text
-        assert r.json()["version"] < 6
+        assert r.json()["version"] < 4
         time.sleep(1.0)  # the watcher holds the rolled-back version
         back = httpx.get(f"{url}/readyz").json()["published"]["version"]
         stop.set()
@@ -383,7 +383,7 @@ def test_published_versions_reach_a_server_under_load(tmp_path: Path) -> None:
             t.join()
         assert not failures and len(done) > 20, (failures[:5], len(done))
         assert back == r.json()["version"]
-        assert len(seen - {None}) >= 3  # the clients saw the versions move on
+        assert len(seen - {None}) >= 2  # the clients saw the versions move on
         streamer.terminate()  # SIGTERM: a clean stop with a checkpoint
         out = streamer.communicate(timeout=120)[0].decode()
         assert streamer.returncode == 0, out
@@ -418,7 +418,7 @@ def test_published_versions_reach_a_server_under_load(tmp_path: Path) -> None:
     assert [e["version"] for e in v["versions"]] == list(range(v["latest"] - 2, v["latest"] + 1))
     for a, b in zip(v["versions"], v["versions"][1:], strict=False):
         assert b["parent"] == a["version"] and b["rows"] > a["rows"]
-    assert v["versions"][-1]["position"]["partition"] == "20261201/05"
+    assert v["versions"][-1]["position"]["partition"] == "20261201/03"
     assert sorted(p.name for p in models.iterdir() if p.is_dir()) == [
         e["path"] for e in v["versions"]]
 
