@@ -1,8 +1,9 @@
 """Kernel choice per layer shape: for the linear layers of DeepFM, DCNv2 and DIN at their
-real shapes (the synthetic Criteo shape of ``train_throughput.py``, batch 4096), forward +
-both backward GEMMs timed with ``nn.Linear`` (MKL) and with oneDNN, interleaved, next to the
-kernel ``train.kernels: auto`` chooses. The chosen kernel should never be slower than
-``nn.Linear`` beyond noise.
+real shapes (the synthetic Criteo shape of ``train_throughput.py``, batch 4096), each of the
+three GEMMs (forward, input gradient, weight gradient) timed on MKL and on oneDNN, and the
+whole layer (forward + backward) timed as ``nn.Linear`` (MKL), as oneDNN for all three, and
+with the libraries ``train.kernels: auto`` chooses, in interleaved rounds. The chosen kernels
+should never be slower than ``nn.Linear`` beyond noise.
 
 Usage::
 
@@ -59,7 +60,7 @@ def model_and_probe(name: str, batch: int):  # type: ignore[no-untyped-def]
 
 
 def main() -> None:
-    from sampan.layers.kernels import KERNELS, layer_shapes, plan_kernels, time_linear
+    from sampan.layers.kernels import GEMMS, layer_shapes, measure, plan_kernels, time_layer
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default="deepfm,dcn_v2,din")
@@ -76,21 +77,28 @@ def main() -> None:
             plan = plan_kernels(model, "auto", probe, cache=Path(cache) / "kernels.json")
         shapes = sorted(set(layer_shapes(model, probe).values()), key=lambda s: -s[1] * s[2])
         for s in shapes:
-            best = {k: float("inf") for k in KERNELS}
-            for _ in range(args.rounds):  # interleaved, independent of the choice's timings
-                for k in KERNELS:
-                    best[k] = min(best[k], time_linear(k, s, repeats=3))
             chosen = plan.layers[next(n for n, x in plan.shapes.items() if x == s)]
+            # independent of the choice's own timings: fresh, interleaved rounds
+            gemm = measure(s, rounds=args.rounds)
+            whole = {k: float("inf") for k in ("mkl", "onednn", chosen)}
+            for _ in range(args.rounds):
+                for k in whole:
+                    whole[k] = min(whole[k], time_layer(k, s, repeats=3))
             gflops = 6 * s[0] * s[1] * s[2] / 1e9  # 3 GEMMs of 2 N K O flops
-            r = {"model": name, "shape": "x".join(map(str, s)),
-                 "nn_linear_ms": best["mkl"] * 1e3, "onednn_ms": best["onednn"] * 1e3,
-                 "chosen": chosen, "chosen_vs_nn_linear": best[chosen] / best["mkl"],
-                 "gflop_s": {k: gflops / best[k] for k in KERNELS}}
+            r = {"model": name, "shape": "x".join(map(str, s)), "chosen": chosen,
+                 "gemm_ms": {gm: {k: t * 1e3 for k, t in gemm[gm].items()} for gm in GEMMS},
+                 "nn_linear_ms": whole["mkl"] * 1e3, "onednn_ms": whole["onednn"] * 1e3,
+                 "chosen_ms": whole[chosen] * 1e3,
+                 "chosen_vs_nn_linear": whole[chosen] / whole["mkl"],
+                 "gflop_s": {k: gflops / whole[k] for k in whole}}
             rows.append(r)
-            print(f"{name:7} {r['shape']:>16}  nn.Linear {r['nn_linear_ms']:7.2f} ms "
-                  f"({r['gflop_s']['mkl']:5.0f} GFLOP/s)  oneDNN {r['onednn_ms']:7.2f} ms "
-                  f"({r['gflop_s']['onednn']:5.0f} GFLOP/s)  chosen {chosen:6} "
-                  f"{r['chosen_vs_nn_linear']:.3f}x nn.Linear's time", flush=True)
+            per = "  ".join(f"{gm} mkl {gemm[gm]['mkl'] * 1e3:6.2f} onednn "
+                            f"{gemm[gm]['onednn'] * 1e3:6.2f}" for gm in GEMMS)
+            print(f"{name:7} {r['shape']:>16}  {per}  ms", flush=True)
+            print(f"{'':7} {'':>16}  layer: nn.Linear {r['nn_linear_ms']:7.2f} ms "
+                  f"({r['gflop_s']['mkl']:4.0f} GFLOP/s), oneDNN {r['onednn_ms']:7.2f} ms, "
+                  f"chosen {chosen} {r['chosen_ms']:7.2f} ms ({r['gflop_s'][chosen]:4.0f} "
+                  f"GFLOP/s) = {r['chosen_vs_nn_linear']:.3f}x nn.Linear's time", flush=True)
     worst = max(rows, key=lambda r: r["chosen_vs_nn_linear"])
     print(f"worst chosen / nn.Linear: {worst['chosen_vs_nn_linear']:.3f} ({worst['model']} "
           f"{worst['shape']})")

@@ -1,18 +1,19 @@
-"""Which GEMM path each :class:`~sampan.layers.linear.Linear` layer runs, chosen by
-measurement on this machine.
+"""Which library each GEMM of each :class:`~sampan.layers.linear.Linear` layer runs on,
+chosen by measurement on this machine.
 
-On the CPU a linear layer can run its three GEMMs (forward, input gradient, weight gradient)
-on MKL (``torch.nn.functional.linear``, PyTorch's default) or on oneDNN
+On the CPU a linear layer's training step is three GEMMs (forward, input gradient, weight
+gradient), and each can run on MKL (PyTorch's default ``addmm`` / ``mm``) or on oneDNN
 (:mod:`sampan.layers.linear`). Which one is faster depends on the CPU (oneDNN's fp32 GEMM
-uses AVX-512 on AMD EPYC, where MKL keeps to AVX2; on an AVX2-only CPU MKL can win) and on
-the shape, so neither is a safe default. ``train.kernels: auto`` times both, once, at each
-layer's real shape (the rows of a training batch, its in and out features), forward and
-backward, and gives every layer the faster one.
+uses AVX-512 on AMD EPYC, where MKL keeps to AVX2; on an AVX2-only CPU they are close), on
+the shape and on the GEMM (oneDNN's weight gradient pays for a transposed copy), so no fixed
+choice is safe. ``train.kernels: auto`` times each GEMM on both libraries, once, at each
+layer's real shape (the rows of a training batch, its in and out features), and gives every
+GEMM of every layer the faster one.
 
 Choices are cached in ``$SAMPAN_CACHE_DIR/kernels.json`` (default
 ``~/.cache/sampan``) under a key made of the CPU model, its ISA flags, the torch version and
 the thread count. A cached entry is trusted after a cheap re-check: the largest shape is
-timed again, and if the cached winner is no longer the faster one by the measurement's own
+timed again, and if a cached winner is no longer the faster one by the measurement's own
 margin, every shape is measured again. A run keeps its choice in ``kernels.json`` in the run
 directory, so a resumed run computes with the same kernels (bit-exact resume).
 """
@@ -33,11 +34,24 @@ import torch.nn.functional as F
 from torch import nn
 
 from sampan.errors import ConfigError
-from sampan.layers.linear import Linear, _onednn_linear, onednn_available
+from sampan.layers.linear import (
+    ALL_MKL,
+    GEMMS,
+    KERNELS,
+    Choice,
+    Linear,
+    forward_gemm,
+    input_grad_gemm,
+    kernel_name,
+    linear,
+    onednn_available,
+    parse_kernel,
+    weight_grad_gemm,
+)
 
-KERNELS = ("mkl", "onednn")
 Shape = tuple[int, int, int]  # rows, in features, out features
-Timer = Callable[[str, Shape], float]
+Timer = Callable[[str, str, Shape], float]  # (kernel, gemm, shape) -> seconds
+Times = dict[str, dict[str, float]]  # gemm -> kernel -> seconds, for one shape
 
 
 def machine_key(threads: int | None = None) -> str:
@@ -62,25 +76,74 @@ def cache_file() -> Path:
     return Path(root) / "kernels.json"
 
 
-def time_linear(kernel: str, shape: Shape, repeats: int = 5) -> float:
-    """Seconds for forward + both backward GEMMs of one layer (the best of ``repeats``),
-    on inputs from a private generator (the training RNG is not touched)."""
+def _operands(shape: Shape) -> tuple[torch.Tensor, ...]:
+    """``x [N, K], w [O, K], b [O], g [N, O]`` from a private generator (the training RNG is
+    not touched)."""
     n, k, o = shape
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(n, k, generator=g, requires_grad=True)
-    w = torch.randn(o, k, generator=g, requires_grad=True)
-    b = torch.zeros(o, requires_grad=True)
-    up = torch.randn(n, o, generator=g)
-    run = (lambda: F.linear(x, w, b)) if kernel == "mkl" else (lambda: _onednn_linear(x, w, b))
+    gen = torch.Generator().manual_seed(0)
+    return (torch.randn(n, k, generator=gen), torch.randn(o, k, generator=gen),
+            torch.zeros(o), torch.randn(n, o, generator=gen))
+
+
+def _best_of(run: Callable[[], Any], repeats: int) -> float:
     best = float("inf")
-    for i in range(repeats + 2):  # two warm-up calls
+    for i in range(repeats + 1):  # one warm-up call
         t0 = time.perf_counter()
-        run().backward(up)
+        run()
         dt = time.perf_counter() - t0
-        if i >= 2:
+        if i:
             best = min(best, dt)
-        x.grad = w.grad = b.grad = None
     return best
+
+
+def time_gemm(kernel: str, gemm: str, shape: Shape, repeats: int = 3) -> float:
+    """Seconds for one of a layer's GEMMs (see :data:`~sampan.layers.linear.GEMMS`) on
+    ``kernel``'s library, with what it needs beyond the GEMM (a transposed copy): the best
+    of ``repeats``."""
+    x, w, b, g = _operands(shape)
+    run = {"forward": lambda: forward_gemm(kernel, x, w, b),
+           "input_grad": lambda: input_grad_gemm(kernel, g, w),
+           "weight_grad": lambda: weight_grad_gemm(kernel, g, x)}[gemm]
+    return _best_of(run, repeats)
+
+
+def time_layer(kernel: str, shape: Shape, repeats: int = 5) -> float:
+    """Seconds for a whole layer's forward + backward (the best of ``repeats``) with
+    ``kernel`` (see :func:`~sampan.layers.linear.parse_kernel`; ``"mkl"`` is exactly
+    ``nn.Linear``)."""
+    x, w, b, up = _operands(shape)
+    x.requires_grad_(), w.requires_grad_(), b.requires_grad_()
+    choice = parse_kernel(kernel)
+    forward = (lambda: F.linear(x, w, b)) if choice == ALL_MKL else \
+        (lambda: linear(x, w, b, choice))
+
+    def run() -> None:
+        forward().backward(up)
+        x.grad = w.grad = b.grad = None
+
+    return _best_of(run, repeats)
+
+
+def measure(shape: Shape, timer: Timer = time_gemm, rounds: int = 2) -> Times:
+    """Every GEMM of ``shape`` on every library, in interleaved rounds (the best of each:
+    a machine whose speed drifts meanwhile favours neither)."""
+    times: Times = {gm: dict.fromkeys(KERNELS, float("inf")) for gm in GEMMS}
+    for _ in range(rounds):
+        for gm in GEMMS:
+            for k in KERNELS:
+                times[gm][k] = min(times[gm][k], timer(k, gm, shape))
+    return times
+
+
+def fastest(times: Times) -> Choice:
+    """The faster library of each GEMM (MKL on a tie)."""
+    pick = [min(KERNELS, key=lambda k, gm=gm: (times[gm][k], k != "mkl")) for gm in GEMMS]
+    return (pick[0], pick[1], pick[2])
+
+
+def layer_time(times: Times, choice: Choice) -> float:
+    """A layer's three GEMMs with ``choice``, in seconds."""
+    return sum(times[gm][k] for gm, k in zip(GEMMS, choice, strict=True))
 
 
 @dataclass
@@ -88,43 +151,56 @@ class KernelPlan:
     """The kernel of every layer (by module name), and how it was decided."""
 
     mode: str
-    layers: dict[str, str] = field(default_factory=dict)
+    layers: dict[str, str] = field(default_factory=dict)  # name -> kernel (parse_kernel)
     shapes: dict[str, Shape] = field(default_factory=dict)
-    times: dict[str, dict[str, float]] = field(default_factory=dict)  # "NxKxO" -> kernel: s
+    times: dict[str, Times] = field(default_factory=dict)  # "NxKxO" -> gemm -> kernel -> s
     source: str = ""  # measured / cached / forced / run
 
     def describe(self) -> str:
         if not self.layers:
             return "no linear layers on the CPU: nothing to choose"
-        count = {k: sum(v == k for v in self.layers.values()) for k in KERNELS}
-        picked = ", ".join(f"{k} for {n} layer(s)" for k, n in count.items() if n)
+        count: dict[str, int] = {}
+        for k in self.layers.values():
+            count[k] = count.get(k, 0) + 1
+        picked = ", ".join(f"{k} for {n} layer(s)" for k, n in sorted(count.items()))
         if self.mode != "auto":
             return f"{picked} (train.kernels={self.mode})"
         gains = []
         for s, t in self.times.items():
-            fast, slow = sorted(t.values())
-            gains.append(f"{s} {min(t, key=t.get)} {slow / fast:.2f}x")
-        return f"{picked} ({self.source}: {'; '.join(gains)})"
+            best = fastest(t)
+            gains.append(f"{s} {kernel_name(best)} "
+                         f"{layer_time(t, ALL_MKL) / layer_time(t, best):.2f}x")
+        return f"{picked} ({self.source}, time of nn.Linear / chosen: {'; '.join(gains)})"
 
     def to_json(self) -> dict[str, Any]:
         return {"mode": self.mode, "layers": self.layers, "source": self.source,
-                "shapes": {k: list(v) for k, v in self.shapes.items()}, "times": self.times}
+                "shapes": {k: list(v) for k, v in self.shapes.items()}, "times": self.times,
+                "gemms": list(GEMMS)}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> KernelPlan:
+        # a run saved before kernels were chosen per GEMM names one library per layer,
+        # which parse_kernel reads as that library for all three
+        times = d.get("times", {}) if "gemms" in d else {}
         return cls(d["mode"], dict(d["layers"]), {k: tuple(v) for k, v in d["shapes"].items()},
-                   d.get("times", {}), "run")
+                   times, "run")
 
 
 def _key(shape: Shape) -> str:
     return "x".join(map(str, shape))
 
 
-def choose(shapes: Iterable[Shape], timer: Timer = time_linear, cache: Path | None = None,
-           machine: str | None = None) -> tuple[dict[str, str], dict[str, dict[str, float]],
-                                                 str]:
-    """The faster kernel for each shape (``"NxKxO" -> kernel``), the times, and whether they
-    were ``measured`` or ``cached`` (cached entries re-checked on the largest shape)."""
+def _valid(entry: Any) -> bool:
+    """A cache entry of per-GEMM times (older caches held one time per library)."""
+    return isinstance(entry, dict) and all(
+        isinstance(entry.get(gm), dict) and set(entry[gm]) >= set(KERNELS) for gm in GEMMS)
+
+
+def choose(shapes: Iterable[Shape], timer: Timer = time_gemm, cache: Path | None = None,
+           machine: str | None = None) -> tuple[dict[str, Choice], dict[str, Times], str]:
+    """The faster library of each GEMM for each shape (``"NxKxO" -> choice``), the times,
+    and whether they were ``measured`` or ``cached`` (cached entries re-checked on the
+    largest shape)."""
     shapes = sorted(set(shapes), key=lambda s: -s[0] * s[1] * s[2])
     cache = cache or cache_file()
     machine = machine or machine_key()
@@ -132,20 +208,22 @@ def choose(shapes: Iterable[Shape], timer: Timer = time_linear, cache: Path | No
         stored = json.loads(cache.read_text())
     except (OSError, ValueError):
         stored = {}
-    entry: dict[str, dict[str, float]] = stored.get(machine, {})
+    entry: dict[str, Times] = {k: v for k, v in stored.get(machine, {}).items() if _valid(v)}
     source = "cached"
     if shapes and all(_key(s) in entry for s in shapes):
         top = shapes[0]
-        now = {k: timer(k, top) for k in KERNELS}
-        was = entry[_key(top)]
-        if min(now, key=now.get) != min(was, key=was.get) and \
-                abs(now["mkl"] - now["onednn"]) > 0.05 * min(now.values()):
-            entry = {}  # the machine no longer behaves as recorded: measure everything
+        now, was = measure(top, timer, rounds=1), entry[_key(top)]
+        for gm in GEMMS:
+            a, b = now[gm]["mkl"], now[gm]["onednn"]
+            if fastest(now)[GEMMS.index(gm)] != fastest(was)[GEMMS.index(gm)] and \
+                    abs(a - b) > 0.05 * min(a, b):
+                entry = {}  # the machine no longer behaves as recorded: measure everything
+                break
     missing = [s for s in shapes if _key(s) not in entry]
     if missing:
         source = "measured"
         for s in missing:
-            entry[_key(s)] = {k: timer(k, s) for k in KERNELS}
+            entry[_key(s)] = measure(s, timer)
         stored[machine] = entry
         try:
             cache.parent.mkdir(parents=True, exist_ok=True)
@@ -155,7 +233,7 @@ def choose(shapes: Iterable[Shape], timer: Timer = time_linear, cache: Path | No
         except OSError:
             pass  # a read-only home: measured again next time
     times = {_key(s): entry[_key(s)] for s in shapes}
-    return {s: min(t, key=t.get) for s, t in times.items()}, times, source
+    return {s: fastest(t) for s, t in times.items()}, times, source
 
 
 def layer_shapes(model: nn.Module, probe: Callable[[], Any]) -> dict[str, Shape]:
@@ -167,7 +245,8 @@ def layer_shapes(model: nn.Module, probe: Callable[[], Any]) -> dict[str, Shape]
         if isinstance(m, Linear) and m.weight.device.type == "cpu":
             def hook(mod: nn.Module, args: tuple, _out: Any, name: str = name) -> None:
                 x = args[0]
-                shapes[name] = (x.numel() // x.shape[-1], mod.in_features, mod.out_features)
+                # in features from the input: a caller may pass a weight of its own
+                shapes[name] = (x.numel() // x.shape[-1], x.shape[-1], mod.out_features)
             hooks.append(m.register_forward_hook(hook))
     was_training = model.training
     try:
@@ -182,7 +261,7 @@ def layer_shapes(model: nn.Module, probe: Callable[[], Any]) -> dict[str, Shape]
 
 
 def plan_kernels(model: nn.Module, mode: str, probe: Callable[[], Any],
-                 timer: Timer = time_linear, cache: Path | None = None) -> KernelPlan:
+                 timer: Timer = time_gemm, cache: Path | None = None) -> KernelPlan:
     """Decide every layer's kernel (``mode``: auto, mkl or onednn) and apply it."""
     if mode == "onednn" and not onednn_available():
         raise ConfigError("train.kernels=onednn, but this torch build cannot run oneDNN "
@@ -193,7 +272,7 @@ def plan_kernels(model: nn.Module, mode: str, probe: Callable[[], Any],
         mode, plan.source = "mkl", "oneDNN unavailable"
     if mode == "auto" and shapes:
         best, plan.times, plan.source = choose(shapes.values(), timer, cache)
-        plan.layers = {n: best[_key(s)] for n, s in shapes.items()}
+        plan.layers = {n: kernel_name(best[_key(s)]) for n, s in shapes.items()}
     else:
         plan.layers = {n: mode for n in shapes}
     apply(model, plan)

@@ -56,10 +56,13 @@ class MLP(nn.Module):
         layers: list[nn.Module] = []
         d = in_dim
         for h in hidden:
-            layers.append(Linear(d, h))
+            # a ReLU straight after the GEMM runs inside it (see Linear); the Identity keeps
+            # the layers' indices, so state_dict keys are those of an unfused MLP
+            fuse = act == "relu" and not batch_norm
+            layers.append(Linear(d, h, activation="relu" if fuse else None))
             if batch_norm:
                 layers.append(nn.BatchNorm1d(h))
-            layers.append(activation(act, h))
+            layers.append(nn.Identity() if fuse else activation(act, h))
             if dropout > 0:
                 layers.append(nn.Dropout(dropout))
             d = h

@@ -109,7 +109,7 @@ class DIEN(nn.Module):
         # the graph free of host syncs and exportable.
         states, _ = self.extractor(x)
         target = e[:, self.target_idx]
-        a = self.attention.softmax(target, states, mask)
+        a = self.attention(target, states, mask)
         interest = self.evolution(states, a, mask)
         aux = self.aux_weight * self._aux_loss(states, x, mask) \
             if self.training and self.aux_weight > 0 else None

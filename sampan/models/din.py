@@ -50,10 +50,10 @@ class DIN(nn.Module):
         self.embedding = EmbeddingCollection(schema.tables(cfg.embedding_dim),
                                              cfg.embedding_init_std)
         self.attention = TargetAttention(cfg.embedding_dim, cfg.attention_mlp,
-                                         cfg.attention_activation)
+                                         cfg.attention_activation,
+                                         cfg.attention_normalization)
         # other sequences and bags are pooled into fields; the history is attended
         d = (schema.num_fields() + 1) * cfg.embedding_dim + schema.num_dense
-        self.softmax = cfg.attention_normalization == "softmax"
         self.input_norm = nn.BatchNorm1d(d) if cfg.input_norm else nn.Identity()
         self.mlp = MLP(d, cfg.mlp, out=schema.num_tasks, dropout=cfg.dropout,
                        batch_norm=cfg.batch_norm, act=cfg.activation)
@@ -65,12 +65,10 @@ class DIN(nn.Module):
     def forward(self, batch: Batch) -> torch.Tensor:
         e, hist = embed_fields(self.embedding, batch, self.schema, attend=(self.history,))
         keys, mask = hist[self.history], batch.sequences[self.history] != 0
-        if self.softmax:  # weights sum to 1 over the real events
-            w = self.attention.softmax(e[:, self.target_idx], keys, mask)
-            interest = torch.bmm(w.unsqueeze(1), keys).squeeze(1)
-        else:  # the paper's raw weights: the pooled vector keeps the intensity of interest
-            interest = self.attention(e[:, self.target_idx], keys, mask)
-        # the interest-target product joins the MLP input, as in the authors' code
+        # softmax: weights sum to 1 over the real events; none: the paper's raw weights (the
+        # pooled vector keeps the intensity of interest)
         target = e[:, self.target_idx]
+        interest = self.attention.pool(self.attention(target, keys, mask), keys)
+        # the interest-target product joins the MLP input, as in the authors' code
         return self.mlp(self.input_norm(torch.cat([e.flatten(1), interest, interest * target,
                                                    batch.dense], dim=1)))

@@ -1,5 +1,6 @@
-"""Kernel choice by measurement (issue 14): the faster path per layer shape, with injected
-timings; the cache, its re-check, forced modes, and that a run keeps its choice."""
+"""Kernel choice by measurement (issue 14): the faster library per GEMM of each layer shape,
+with injected timings; the cache, its re-check, forced modes, and that a run keeps its
+choice."""
 
 from __future__ import annotations
 
@@ -14,33 +15,39 @@ from sampan.layers.linear import Linear, onednn_available
 
 
 class FakeTimer:
-    """oneDNN wins on wide layers, MKL on narrow ones; counts calls."""
+    """oneDNN wins the forward and input-gradient GEMMs of wide layers, MKL their weight
+    gradient and every GEMM of narrow layers (``flip`` turns every result round); counts
+    calls."""
 
     def __init__(self, flip: bool = False):
         self.calls, self.flip = 0, flip
 
-    def __call__(self, kernel, shape):
+    def __call__(self, kernel, gemm, shape):
         self.calls += 1
         n, k, o = shape
-        wide = k * o >= 400 * 400
+        wide = k * o >= 400 * 400 and gemm != "weight_grad"
         onednn_faster = wide != self.flip
         return 1.0 if (kernel == "onednn") == onednn_faster else 1.3
 
 
-def test_choose_picks_the_faster_kernel_per_shape_and_caches(tmp_path):
+def test_choose_picks_the_faster_kernel_per_gemm_and_caches(tmp_path):
     cache = tmp_path / "kernels.json"
     shapes = [(4096, 429, 400), (4096, 400, 400), (4096, 400, 1)]
     t = FakeTimer()
     best, times, source = choose(shapes, t, cache, machine="cpu-A")
-    assert best == {"4096x429x400": "onednn", "4096x400x400": "onednn", "4096x400x1": "mkl"}
-    assert source == "measured" and t.calls == 6
+    assert best == {"4096x429x400": ("onednn", "onednn", "mkl"),
+                    "4096x400x400": ("onednn", "onednn", "mkl"),
+                    "4096x400x1": ("mkl", "mkl", "mkl")}
+    # 3 GEMMs x 2 libraries x 2 interleaved rounds per shape
+    assert source == "measured" and t.calls == 3 * 12
+    assert times["4096x400x1"]["forward"] == {"mkl": 1.0, "onednn": 1.3}
     assert set(json.loads(cache.read_text())) == {"cpu-A"}
     t2 = FakeTimer()
     best2, _, source = choose(shapes, t2, cache, machine="cpu-A")
-    assert best2 == best and source == "cached" and t2.calls == 2  # the largest re-checked
+    assert best2 == best and source == "cached" and t2.calls == 6  # the largest re-checked
     t3 = FakeTimer()
     choose(shapes, t3, cache, machine="cpu-B")  # another CPU / torch / thread count
-    assert t3.calls == 6 and set(json.loads(cache.read_text())) == {"cpu-A", "cpu-B"}
+    assert t3.calls == 36 and set(json.loads(cache.read_text())) == {"cpu-A", "cpu-B"}
 
 
 def test_a_cache_the_machine_no_longer_matches_is_measured_again(tmp_path):
@@ -49,8 +56,18 @@ def test_a_cache_the_machine_no_longer_matches_is_measured_again(tmp_path):
     choose(shapes, FakeTimer(), cache, machine="m")
     flipped = FakeTimer(flip=True)
     best, _, source = choose(shapes, flipped, cache, machine="m")
-    assert source == "measured" and flipped.calls == 2 + 4
-    assert best == {"1024x512x512": "mkl", "1024x512x8": "onednn"}
+    assert source == "measured" and flipped.calls == 6 + 24
+    assert best == {"1024x512x512": ("mkl", "mkl", "onednn"),
+                    "1024x512x8": ("onednn", "onednn", "onednn")}
+
+
+def test_a_cache_of_one_time_per_library_is_measured_again(tmp_path):
+    # caches written before the choice was made per GEMM
+    cache = tmp_path / "kernels.json"
+    cache.write_text(json.dumps({"m": {"64x8x8": {"mkl": 1.0, "onednn": 2.0}}}))
+    t = FakeTimer()
+    _, _, source = choose([(64, 8, 8)], t, cache, machine="m")
+    assert source == "measured" and t.calls == 12
 
 
 def test_plan_kernels_records_shapes_and_applies_the_choice(tmp_path):
@@ -65,25 +82,49 @@ def test_plan_kernels_records_shapes_and_applies_the_choice(tmp_path):
         assert set(plan.layers.values()) == {"mkl"}
         return
     kinds = {m.out_features: m.kernel for m in mlp.modules() if isinstance(m, Linear)}
-    assert kinds == {400: "onednn", 1: "mkl"}
-    assert "mkl for 1 layer(s), onednn for 2 layer(s) (measured: 64x429x400 onednn 1.30x" \
-        in plan.describe()
+    assert kinds == {400: "onednn/onednn/mkl", 1: "mkl"}
+    assert "mkl for 1 layer(s), onednn/onednn/mkl for 2 layer(s) (measured, time of " \
+        "nn.Linear / chosen: 64x429x400 onednn/onednn/mkl 1.20x" in plan.describe()
     forced = plan_kernels(mlp, "mkl", lambda: mlp(x))
     assert {m.kernel for m in mlp.modules() if isinstance(m, Linear)} == {"mkl"}
     assert "train.kernels=mkl" in forced.describe()
     again = KernelPlan.from_json(json.loads(json.dumps(plan.to_json())))
     apply(mlp, again)  # what a resumed run does with the run's kernels.json
     assert {m.out_features: m.kernel for m in mlp.modules() if isinstance(m, Linear)} == kinds
+    # a run saved before the choice was per GEMM: one library for all three
+    old = KernelPlan.from_json({"mode": "auto", "layers": {"net.0": "onednn", "net.4": "mkl"},
+                                "shapes": {}, "times": {"64x429x400": {"mkl": 1, "onednn": 2}}})
+    apply(mlp, old)
+    assert mlp.net[0].kernel == "onednn" and mlp.net[4].kernel == "mkl"
+    assert old.describe().startswith("mkl for 1 layer(s), onednn for 1 layer(s)")
 
 
-@pytest.mark.parametrize("kernel", ["mkl", "onednn"])
-def test_both_kernels_compute_the_same_layer(kernel):
-    if kernel == "onednn" and not onednn_available():
+@pytest.mark.parametrize("kernel", ["mkl", "onednn", "onednn/mkl/onednn", "mkl/onednn/mkl"])
+@pytest.mark.parametrize("relu", [False, True])
+def test_every_kernel_choice_computes_the_same_layer(kernel, relu):
+    if kernel != "mkl" and not onednn_available():
         pytest.skip("no oneDNN in this torch build")
-    layer = Linear(30, 7)
+    torch.manual_seed(0)
+    layer = Linear(30, 7, activation="relu" if relu else None)
     layer.kernel = kernel
     x = torch.randn(50, 30, requires_grad=True)
     out = layer(x)
-    out.sum().backward()
-    ref = torch.nn.functional.linear(x, layer.weight, layer.bias)
-    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    up = torch.randn_like(out)
+    out.backward(up)
+    got = out.detach(), x.grad, layer.weight.grad, layer.bias.grad
+    x2 = x.detach().clone().requires_grad_()
+    w2 = layer.weight.detach().clone().requires_grad_()
+    b2 = layer.bias.detach().clone().requires_grad_()
+    ref = torch.nn.functional.linear(x2, w2, b2)
+    ref = torch.relu(ref) if relu else ref
+    ref.backward(up)
+    for a, b in zip(got, (ref.detach(), x2.grad, w2.grad, b2.grad), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_a_kernel_outside_the_libraries_is_refused():
+    layer = Linear(3, 2)
+    with pytest.raises(ValueError, match="forward/input_grad/weight_grad"):
+        layer.kernel = "onednn/mkl"
+    with pytest.raises(ValueError, match="expected one of"):
+        layer.kernel = "blas"

@@ -1,5 +1,6 @@
 import itertools
 
+import pytest
 import torch
 
 from sampan.embedding import EmbeddingCollection
@@ -24,16 +25,35 @@ def test_cross_net_v2_equals_formula():
     torch.testing.assert_close(net(x0), x2)
 
 
-def test_target_attention_ignores_padding():
+@pytest.mark.parametrize("normalization", ["none", "softmax"])
+def test_target_attention_ignores_padding(normalization):
     torch.manual_seed(0)
-    att = TargetAttention(4, [8], "relu").eval()
+    att = TargetAttention(4, [8], "relu", normalization).eval()
     q, k = torch.randn(2, 4), torch.randn(2, 3, 4)
     mask = torch.tensor([[False, True, True], [False, False, False]])
-    out = att(q, k, mask)
+    out = att.pool(att(q, k, mask), k)
     k2 = k.clone()
     k2[~mask] = 100.0  # whatever sits in padded slots
-    torch.testing.assert_close(att(q, k2, mask), out)
+    torch.testing.assert_close(att.pool(att(q, k2, mask), k2), out)
     assert torch.equal(out[1], torch.zeros(4))
+
+
+@pytest.mark.parametrize("act", ["relu", "dice"])
+def test_target_attention_first_layer_equals_the_four_part_input(act):
+    # [q, k, q*k] @ [Wq + Wd, Wk - Wd, Wp]^T is [q, k, q - k, q*k] @ W^T: values and gradients
+    torch.manual_seed(0)
+    att = TargetAttention(6, [8, 4], act)
+    q, k = torch.randn(5, 6), torch.randn(5, 7, 6)
+    got = att.scores(q, k)
+    got.sum().backward()
+    grads = [p.grad.clone() for p in att.parameters()]
+    att.zero_grad()
+    qe = q.unsqueeze(1).expand_as(k)
+    want = att.mlp(torch.cat([qe, k, qe - k, qe * k], dim=-1)).squeeze(-1)
+    want.sum().backward()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    for a, p in zip(grads, att.parameters(), strict=True):
+        torch.testing.assert_close(a, p.grad, rtol=1e-4, atol=1e-6)
 
 
 def test_dice_matches_formula_in_eval():
