@@ -28,7 +28,7 @@ import torch.distributed as dist
 from torch import nn
 
 from sampan.distributed.collectives import all_gather_rows
-from sampan.embedding.collection import EmbeddingCollection, merge_rows
+from sampan.embedding.collection import EmbeddingCollection, dedup, merge_rows
 from sampan.embedding.dynamic import KeyIndex
 
 
@@ -132,11 +132,11 @@ class RowShardedCollection(EmbeddingCollection):
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def _gather(self, flat: torch.Tensor) -> torch.Tensor:
-        uniq, inverse = torch.unique(flat, return_inverse=True)
-        rows, route = fetch_rows(uniq, self.weight.detach(), self.bounds, self.rank)
+        d = dedup(flat, self.num_rows)
+        rows, route = fetch_rows(d.uniq, self.weight.detach(), self.bounds, self.rank)
         if not (self.training and torch.is_grad_enabled()):
-            return rows.index_select(0, inverse)
-        return self._track(uniq, rows, inverse, route)
+            return rows.index_select(0, d.inverse)
+        return self._track(d, rows, route)
 
     # A dynamic table's key -> row map is the same on every process (each admits the
     # global batch's keys, as a replicated table does: the map is small next to the rows it

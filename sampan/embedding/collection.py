@@ -16,7 +16,8 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any
+import warnings
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -26,21 +27,67 @@ from sampan.embedding.dynamic import KeyIndex
 from sampan.schema import TableSpec
 
 
+class Dedup(NamedTuple):
+    """The unique values of ``flat`` and how its entries group: ``uniq[inverse] == flat``;
+    ``order`` lists the positions of ``flat`` sorted by value (stable) and ``counts`` how
+    many there are of each unique value, so ``order`` holds the positions of ``uniq[0]``,
+    then those of ``uniq[1]``, ... (what a per-row sum of gradients walks)."""
+
+    uniq: torch.Tensor
+    inverse: torch.Tensor
+    order: torch.Tensor
+    counts: torch.Tensor
+
+
+def dedup(flat: torch.Tensor, bound: int | None = None) -> Dedup:
+    """:class:`Dedup` of the 1-D ``flat``, in one stable sort. ``bound``: the values are
+    known to lie in ``[0, bound)``; when that fits int32 the CPU sorts int32 keys, about
+    twice as fast as int64."""
+    keys = flat
+    if bound is not None and bound <= 2**31 and flat.device.type == "cpu":
+        keys = flat.to(torch.int32)
+    values, order = torch.sort(keys, stable=True)
+    uniq, counts = torch.unique_consecutive(values, return_counts=True)
+    inverse = torch.empty_like(flat)
+    inverse[order] = torch.repeat_interleave(torch.arange(len(uniq), device=flat.device),
+                                             counts, output_size=len(flat))
+    return Dedup(uniq.to(flat.dtype), inverse, order, counts)
+
+
+def segment_sum(grads: torch.Tensor, d: Dedup) -> torch.Tensor:
+    """``[U, D]``: row ``u`` the sum of the rows of ``grads [N, D]`` at the positions of
+    ``d.uniq[u]``, in position order (what ``zeros(U, D).index_add_(0, d.inverse, grads)``
+    gives). On the CPU a sparse ``[U, N]`` x ``[N, D]`` product, 2-3x faster than
+    ``index_add_``; on accelerators (atomic adds) and for other dtypes, ``index_add_``."""
+    if grads.device.type == "cpu" and grads.dtype in (torch.float32, torch.float64):
+        crow = torch.zeros(len(d.counts) + 1, dtype=torch.int64)
+        torch.cumsum(d.counts, 0, out=crow[1:])
+        with warnings.catch_warnings():
+            # a stable, tested use of CSR tensors: PyTorch's notice that their support is in
+            # beta says nothing to a Sampan user
+            warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+            select = torch.sparse_csr_tensor(crow, d.order,
+                                             torch.ones(len(d.order), dtype=grads.dtype),
+                                             (len(d.counts), len(d.order)),
+                                             check_invariants=False)  # true by construction
+            return select @ grads
+    out = torch.zeros(len(d.counts), grads.shape[1], dtype=grads.dtype, device=grads.device)
+    return out.index_add_(0, d.inverse, grads)
+
+
 class _GatherRows(torch.autograd.Function):
-    """``rows[inverse]`` whose backward sums gradients with one ``index_add_`` (several times
-    faster on CPU than ``embedding_dense_backward`` at CTR batch shapes)."""
+    """``rows[inverse]`` whose backward sums the gradients of each row with one
+    :func:`segment_sum` (several times faster on CPU than ``embedding_dense_backward`` at
+    CTR batch shapes)."""
 
     @staticmethod
-    def forward(ctx: Any, rows: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(inverse)
-        ctx.num_rows = rows.shape[0]
-        return rows.index_select(0, inverse)
+    def forward(ctx: Any, rows: torch.Tensor, d: Dedup) -> torch.Tensor:
+        ctx.d = d
+        return rows.index_select(0, d.inverse)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        (inverse,) = ctx.saved_tensors
-        out = torch.zeros(ctx.num_rows, grad.shape[1], dtype=grad.dtype, device=grad.device)
-        return out.index_add_(0, inverse, grad), None
+        return segment_sum(grad.contiguous(), ctx.d), None
 
 
 _INIT_BLOCK_ROWS = 1 << 16  # a multiple of 16: see _normal_rows
@@ -71,9 +118,8 @@ def _normal_rows(rows: int, dim: int, std: float, lo: int, hi: int,
 
 def merge_rows(ids: torch.Tensor, grads: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(unique ids [U], summed gradients [U, D])`` of row gradients that may repeat ids."""
-    uniq, inv = torch.unique(ids, return_inverse=True)
-    merged = torch.zeros(len(uniq), grads.shape[1], dtype=grads.dtype, device=grads.device)
-    return uniq, merged.index_add_(0, inv, grads)
+    d = dedup(ids)
+    return d.uniq, segment_sum(grads, d)
 
 
 class EmbeddingCollection(nn.Module):
@@ -312,16 +358,15 @@ class EmbeddingCollection(nn.Module):
         gradients are kept for :meth:`pop_lookups`."""
         if not (self.training and torch.is_grad_enabled()):
             return F.embedding(flat, self.weight)
-        uniq, inverse = torch.unique(flat, return_inverse=True)
-        return self._track(uniq, self.weight.detach().index_select(0, uniq), inverse)
+        d = dedup(flat, self.num_rows)
+        return self._track(d, self.weight.detach().index_select(0, d.uniq))
 
-    def _track(self, uniq: torch.Tensor, rows: torch.Tensor, inverse: torch.Tensor,
-               *extra: Any) -> torch.Tensor:
-        """``rows[inverse]``, keeping ``rows`` (of the unique ids ``uniq``; and ``extra``,
-        for a subclass) so their gradients reach :meth:`pop_lookups`."""
+    def _track(self, d: Dedup, rows: torch.Tensor, *extra: Any) -> torch.Tensor:
+        """``rows[d.inverse]``, keeping ``rows`` (of the unique ids ``d.uniq``; and
+        ``extra``, for a subclass) so their gradients reach :meth:`pop_lookups`."""
         rows.requires_grad_()
-        self._lookups.append((uniq, rows, *extra))
-        return _GatherRows.apply(rows, inverse)
+        self._lookups.append((d.uniq, rows, *extra))
+        return _GatherRows.apply(rows, d)
 
     def _take_grads(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The ``(unique ids, row gradients)`` of every lookup since the last call."""

@@ -50,6 +50,17 @@ class FeatureEmbedding(nn.Module):
         self.bias = nn.Parameter(torch.zeros(self.tasks)) if first_order else None
 
     def forward(self, batch: Batch) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        linear, v, numeric = self.parts(batch)
+        if v is not None and numeric is not None:
+            v = torch.cat([v, numeric], dim=1)
+        return linear, v
+
+    def parts(self, batch: Batch) -> tuple[torch.Tensor | None, torch.Tensor | None,
+                                           torch.Tensor | None]:
+        """``(linear [B, T], field vectors [B, F', D], numeric vectors [B, Nd, D])``: what
+        ``forward`` returns before the two kinds of vectors are concatenated (a model that
+        treats them apart, e.g. DeepFM, whose MLP takes the numbers themselves, saves the
+        copy); ``None`` for what this embedding does not have."""
         e, _ = embed_fields(self.embedding, batch, self.schema)  # [B, F', T + D]
         if not self.dim:
             w, v = e, None
@@ -62,11 +73,9 @@ class FeatureEmbedding(nn.Module):
             linear = w.sum(dim=1) + self.bias
             if self.dense_linear is not None:
                 linear = linear + self.dense_linear(batch.dense)
-        if v is None:
-            return linear, None
-        if self.dense_embed is not None:
-            v = torch.cat([v, batch.dense.unsqueeze(-1) * self.dense_embed], dim=1)
-        return linear, v
+        if v is None or self.dense_embed is None:
+            return linear, v, None
+        return linear, v, batch.dense.unsqueeze(-1) * self.dense_embed
 
 
 def first_order_part(model: nn.Module) -> FeatureEmbedding | None:

@@ -66,8 +66,10 @@ def machine_key(threads: int | None = None) -> str:
     except OSError:
         pass
     isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if f in flags]
+    # "per GEMM": the entries' layout (older versions of Sampan keep one time per library
+    # under the key without it, and read only that)
     return (f"{cpu} | {' '.join(isa) or 'no-avx2'} | torch {torch.__version__} | "
-            f"{threads or torch.get_num_threads()} threads")
+            f"{threads or torch.get_num_threads()} threads | per GEMM")
 
 
 def cache_file() -> Path:

@@ -41,13 +41,13 @@ class DeepFM(nn.Module):
                                          embed_dense=cfg.embed_dense)
         in_dim = schema.num_fields() * cfg.embedding_dim + schema.num_dense
         self.mlp = MLP(in_dim, cfg.mlp, out=1, dropout=cfg.dropout, batch_norm=cfg.batch_norm)
-        self.num_fields = schema.num_fields()
 
     def output_bias(self) -> list[tuple[nn.Parameter, int]]:
         """The parameter added unchanged to each logit (the task starts it at the base rate)."""
         return bias_terms(self.features.bias)
 
     def forward(self, batch: Batch) -> torch.Tensor:
-        linear, v = self.features(batch)
-        deep_in = torch.cat([v[:, : self.num_fields].flatten(1), batch.dense], dim=1)
-        return linear + fm_interaction(v) + self.mlp(deep_in)
+        linear, v, numeric = self.features.parts(batch)
+        deep_in = torch.cat([v.flatten(1), batch.dense], dim=1)
+        fm = fm_interaction(v) if numeric is None else fm_interaction(v, numeric)
+        return linear + fm + self.mlp(deep_in)

@@ -36,5 +36,5 @@ class FM(nn.Module):
         return bias_terms(self.features.bias)
 
     def forward(self, batch: Batch) -> torch.Tensor:
-        linear, v = self.features(batch)
-        return linear + fm_interaction(v)
+        linear, v, numeric = self.features.parts(batch)
+        return linear + (fm_interaction(v) if numeric is None else fm_interaction(v, numeric))

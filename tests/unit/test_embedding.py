@@ -225,3 +225,25 @@ def test_sharded_build_holds_exactly_its_rows_of_the_whole_table(monkeypatch, wo
                                   lambda nbytes: seen.append(nbytes), 0, 2)
     assert seen == [10 * 4 * 4] and not isinstance(whole, RowShardedCollection) and \
         whole.weight.shape == (10, 4)
+
+
+@pytest.mark.parametrize("bound", [None, 50, 2**40])
+def test_dedup_and_segment_sum_match_unique_and_index_add(bound):
+    from sampan.embedding.collection import dedup, segment_sum
+
+    g = torch.Generator().manual_seed(3)
+    flat = torch.randint(0, 50, (2000,), generator=g) * (1 if bound != 2**40 else 2**33)
+    d = dedup(flat, bound)
+    uniq, inv, counts = torch.unique(flat, return_inverse=True, return_counts=True)
+    assert torch.equal(d.uniq, uniq) and d.uniq.dtype == torch.int64
+    assert torch.equal(d.inverse, inv) and torch.equal(d.counts, counts)
+    assert torch.equal(flat[d.order], uniq.repeat_interleave(counts))  # grouped by value
+    ends = counts.cumsum(0).tolist()
+    assert all(torch.all(d.order[i:j].diff() > 0)  # stable: positions ascend in a group
+               for i, j in zip([0, *ends[:-1]], ends, strict=True))
+    for dtype in (torch.float32, torch.float64, torch.bfloat16):  # CSR product, index_add_
+        grads = torch.randn(2000, 5, generator=g).to(dtype)
+        want = torch.zeros(len(uniq), 5, dtype=dtype).index_add_(0, inv, grads)
+        torch.testing.assert_close(segment_sum(grads, d), want)
+    empty = dedup(torch.zeros(0, dtype=torch.int64), 10)
+    assert len(empty.uniq) == 0 and segment_sum(torch.zeros(0, 3), empty).shape == (0, 3)

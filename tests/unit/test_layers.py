@@ -25,6 +25,25 @@ def test_cross_net_v2_equals_formula():
     torch.testing.assert_close(net(x0), x2)
 
 
+def test_fm_interaction_in_parts_has_the_gradient_of_the_plain_formula():
+    torch.manual_seed(0)
+    a = torch.randn(6, 4, 5, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(6, 3, 5, dtype=torch.float64, requires_grad=True)
+    up = torch.randn(6, 1, dtype=torch.float64)
+    got = fm_interaction(a, b)
+    ga, gb = torch.autograd.grad(got, (a, b), up)
+    v = torch.cat([a, b], dim=1)
+    s = v.sum(dim=1)
+    want = 0.5 * (s.square() - v.square().sum(dim=1)).sum(dim=1, keepdim=True)
+    wa, wb = torch.autograd.grad(want, (a, b), up)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(ga, wa)
+    torch.testing.assert_close(gb, wb)
+    assert torch.autograd.gradcheck(fm_interaction, (a.detach().requires_grad_(), b.detach()))
+    with torch.no_grad():
+        torch.testing.assert_close(fm_interaction(a, b), want)
+
+
 @pytest.mark.parametrize("normalization", ["none", "softmax"])
 def test_target_attention_ignores_padding(normalization):
     torch.manual_seed(0)
