@@ -72,6 +72,8 @@ class MLP(nn.Module):
         self.out_dim = d
         self.has_out = out is not None
         self.net = nn.Sequential(*layers)
+        # only linear layers (ReLUs inside them) and the Identity kept in each ReLU's place
+        self.fused = all(isinstance(m, (Linear, nn.Identity)) for m in layers)
 
     def output_bias(self) -> list[tuple[nn.Parameter, int]]:
         """``(parameter, index)`` per output whose value is added to that output (see

@@ -12,6 +12,7 @@ from torch import nn
 
 from sampan.data.loader import BatchLoader
 from sampan.embedding import EmbeddingCollection
+from sampan.layers import MLP
 from sampan.layers.kernels import KernelPlan, plan_kernels
 from sampan.layers.kernels import apply as apply_kernels
 
@@ -57,9 +58,13 @@ def plan_for(trainer: Trainer, measure: bool) -> KernelPlan | None:
 def compile_dense(model: nn.Module) -> None:
     """``torch.compile`` every child module that holds no embedding table, in place (so
     state_dict keys do not change). The lookup (``torch.unique``, data-dependent shapes)
-    stays eager."""
+    stays eager, and so does an MLP whose every activation is a ReLU fused into its layer's
+    GEMM: it has nothing for the compiler to fuse, and eager it keeps the GEMM libraries
+    measured for it (a compiled graph uses ``F.linear``)."""
     for child in model.children():
         if any(isinstance(m, EmbeddingCollection) for m in child.modules()):
             compile_dense(child)
+        elif isinstance(child, MLP) and child.fused:
+            continue
         elif any(True for _ in child.parameters()):
             child.compile(dynamic=False)
