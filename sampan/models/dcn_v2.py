@@ -33,7 +33,7 @@ class CrossNetV2(nn.Module):
     def forward(self, x0: torch.Tensor) -> torch.Tensor:
         x = x0
         for w in self.w:
-            x = x0 * w(x) + x
+            x = torch.addcmul(x, x0, w(x))  # x0 * w(x) + x in one pass
         return x
 
 

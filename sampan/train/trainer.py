@@ -31,7 +31,7 @@ from sampan.layers.embed import first_order_part
 from sampan.tasks import make_task
 from sampan.train import checkpoint as ckpt
 from sampan.train import guard
-from sampan.train.compute import compile_dense, plan_for
+from sampan.train.compute import compile_dense, dense_optimizer, plan_for
 from sampan.train.evaluate import (  # noqa: F401  (importable from here as before)
     Evaluator,
     headline_metrics,
@@ -96,7 +96,7 @@ class Trainer:
         self.sparse_opt = make_sparse_optimizer(
             self.tc.sparse_optimizer, collections, lr=self.tc.sparse_lr or self.tc.lr,
             embedding_l2=self.tc.embedding_l2) if collections else None
-        self.dense_opt = self._dense_optimizer()
+        self.dense_opt = dense_optimizer(self.dense_params, self.tc)
         self.base_lrs = [[g["lr"] for g in o.param_groups] for o in self._optimizers()]
         self.state = TrainState()
         self.metrics = MetricsLog(self.run_dir, self.tc.tensorboard and log_metrics,
@@ -130,17 +130,6 @@ class Trainer:
         """``checkpoints/<name>`` with this process's rows of row-sharded tables only."""
         return ckpt.load(self.run_dir / "checkpoints" / name, "cpu",
                          ckpt.local_rows_of(self.model, self.sparse_opt))
-
-    def _dense_optimizer(self) -> torch.optim.Optimizer | None:
-        if not self.dense_params:
-            return None
-        tc = self.tc
-        if tc.optimizer == "adam":
-            return torch.optim.Adam(self.dense_params, lr=tc.lr, weight_decay=tc.weight_decay)
-        if tc.optimizer == "adamw":
-            return torch.optim.AdamW(self.dense_params, lr=tc.lr, weight_decay=tc.weight_decay)
-        return torch.optim.SGD(self.dense_params, lr=tc.lr, momentum=0.9,
-                               weight_decay=tc.weight_decay)
 
     def _optimizers(self) -> list[torch.optim.Optimizer]:
         return [o for o in (self.sparse_opt, self.dense_opt) if o is not None]
