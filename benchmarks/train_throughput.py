@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
 sys.path.insert(0, str(ROOT))
 
 # Criteo Kaggle's 26 fields, the large ones cut down so the total is about 840 k rows.
@@ -323,8 +324,9 @@ def main() -> None:
     ap.add_argument("--memory", action="store_true",
                     help="memory check: Sampan vs plain with one big table (see --rows)")
     ap.add_argument("--rows", type=int, default=10_000_000, help="table rows for --memory")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"
-                                        / "train_throughput.json"))
+    ap.add_argument("--out", default=None,
+                    help="result JSON (default: benchmarks/results/train_throughput_CLASS.json,"
+                         " CLASS the CPU class measured: avx2 or avx512; or _memory, _cuda)")
     ap.add_argument("--readme", default=None, help="rewrite this README's Performance section")
     ap.add_argument("--render", default=None, metavar="JSON",
                     help="only render an earlier result JSON (to stdout, or into --readme)")
@@ -350,7 +352,10 @@ def main() -> None:
         args.vocab = [args.rows - sum(VOCAB[1:])] + VOCAB[1:]
         args.models, args.rounds = "deepfm", 1
         args.contenders = "sampan,plain"
-        args.out = args.out.replace(".json", "_memory.json")
+        args.out = args.out or str(RESULTS / "train_throughput_memory.json")
+    if args.out is None:  # one file per CPU class measured, as the README's blocks
+        cls = "cuda" if args.device != "cpu" else machine()["cpu_class"]
+        args.out = str(RESULTS / f"train_throughput_{cls}.json")
     models = args.models.split(",")
     contenders = [c for c in args.contenders.split(",")
                   if c != "deepctr" or deepctr_available()]

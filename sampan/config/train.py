@@ -91,9 +91,10 @@ class TrainConfig(_Strict):
     compile: bool = Field(False, description="torch.compile the dense layers (not the "
                           "embedding lookup); pays off on long runs")
     kernels: Literal["auto", "mkl", "onednn"] = Field(
-        "auto", description="CPU GEMM path of the linear layers: auto times MKL and oneDNN "
-        "at each layer's shape on this machine (cached) and takes the faster; mkl or onednn "
-        "forces one")
+        "auto", description="CPU GEMM library of the linear layers: auto times MKL and "
+        "oneDNN for each of a layer's three GEMMs (forward, input and weight gradient) at its "
+        "shape on this machine (cached) and takes the faster for each; mkl or onednn forces "
+        "one for all")
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$",
                         description="auto | cpu | cuda | cuda:N")
     embedding_placement: Literal["auto", "replicated", "row_sharded"] = Field(

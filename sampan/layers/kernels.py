@@ -7,8 +7,11 @@ gradient), and each can run on MKL (PyTorch's default ``addmm`` / ``mm``) or on 
 uses AVX-512 on AMD EPYC, where MKL keeps to AVX2; on an AVX2-only CPU they are close), on
 the shape and on the GEMM (oneDNN's weight gradient pays for a transposed copy), so no fixed
 choice is safe. ``train.kernels: auto`` times each GEMM on both libraries, once, at each
-layer's real shape (the rows of a training batch, its in and out features), and gives every
-GEMM of every layer the faster one.
+layer's real shape (the rows of a training batch, its in and out features), then times the
+whole layer (forward + backward) as ``nn.Linear``, on oneDNN and with the faster library per
+GEMM, and keeps the fastest: for a small layer the work around the GEMMs outweighs them, and
+only the whole layer shows it. So a layer never runs slower than ``nn.Linear`` would, by
+this machine's own measurement.
 
 Choices are cached in ``$SAMPAN_CACHE_DIR/kernels.json`` (default
 ``~/.cache/sampan``) under a key made of the CPU model, its ISA flags, the torch version and
@@ -50,8 +53,8 @@ from sampan.layers.linear import (
 )
 
 Shape = tuple[int, int, int]  # rows, in features, out features
-Timer = Callable[[str, str, Shape], float]  # (kernel, gemm, shape) -> seconds
-Times = dict[str, dict[str, float]]  # gemm -> kernel -> seconds, for one shape
+Timer = Callable[[str, str, Shape], float]  # (kernel, gemm or "layer", shape) -> seconds
+Times = dict[str, dict[str, float]]  # gemm or "layer" -> kernel -> seconds, for one shape
 
 
 def machine_key(threads: int | None = None) -> str:
@@ -101,7 +104,10 @@ def _best_of(run: Callable[[], Any], repeats: int) -> float:
 def time_gemm(kernel: str, gemm: str, shape: Shape, repeats: int = 3) -> float:
     """Seconds for one of a layer's GEMMs (see :data:`~sampan.layers.linear.GEMMS`) on
     ``kernel``'s library, with what it needs beyond the GEMM (a transposed copy): the best
-    of ``repeats``."""
+    of ``repeats``. ``gemm="layer"`` times the whole layer with ``kernel`` (a
+    :func:`~sampan.layers.linear.parse_kernel` spec, see :func:`time_layer`)."""
+    if gemm == "layer":
+        return time_layer(kernel, shape, repeats)
     x, w, b, g = _operands(shape)
     run = {"forward": lambda: forward_gemm(kernel, x, w, b),
            "input_grad": lambda: input_grad_gemm(kernel, g, w),
@@ -127,13 +133,20 @@ def time_layer(kernel: str, shape: Shape, repeats: int = 5) -> float:
 
 
 def measure(shape: Shape, timer: Timer = time_gemm, rounds: int = 2) -> Times:
-    """Every GEMM of ``shape`` on every library, in interleaved rounds (the best of each:
-    a machine whose speed drifts meanwhile favours neither)."""
+    """Every GEMM of ``shape`` on every library, then the whole layer (``"layer"``) as
+    ``nn.Linear`` (``mkl``), on oneDNN and with the faster library per GEMM, each in
+    interleaved rounds (the best of each: a machine whose speed drifts meanwhile favours
+    none). The whole layer is what decides (:func:`best`): a small layer's GEMMs take less
+    time than the work around them, which the per-GEMM times do not see."""
     times: Times = {gm: dict.fromkeys(KERNELS, float("inf")) for gm in GEMMS}
     for _ in range(rounds):
         for gm in GEMMS:
             for k in KERNELS:
                 times[gm][k] = min(times[gm][k], timer(k, gm, shape))
+    times["layer"] = dict.fromkeys((kernel_name(fastest(times)), *KERNELS), float("inf"))
+    for _ in range(rounds):
+        for k in times["layer"]:
+            times["layer"][k] = min(times["layer"][k], timer(k, "layer", shape))
     return times
 
 
@@ -141,6 +154,13 @@ def fastest(times: Times) -> Choice:
     """The faster library of each GEMM (MKL on a tie)."""
     pick = [min(KERNELS, key=lambda k, gm=gm: (times[gm][k], k != "mkl")) for gm in GEMMS]
     return (pick[0], pick[1], pick[2])
+
+
+def best(times: Times) -> str:
+    """The kernel (a :func:`~sampan.layers.linear.parse_kernel` spec) whose whole layer was
+    fastest (``mkl``, exactly ``nn.Linear``, on a tie)."""
+    layer = times["layer"]
+    return min(layer, key=lambda k: (layer[k], k != "mkl"))
 
 
 def layer_time(times: Times, choice: Choice) -> float:
@@ -167,11 +187,8 @@ class KernelPlan:
         picked = ", ".join(f"{k} for {n} layer(s)" for k, n in sorted(count.items()))
         if self.mode != "auto":
             return f"{picked} (train.kernels={self.mode})"
-        gains = []
-        for s, t in self.times.items():
-            best = fastest(t)
-            gains.append(f"{s} {kernel_name(best)} "
-                         f"{layer_time(t, ALL_MKL) / layer_time(t, best):.2f}x")
+        gains = [f"{s} {best(t)} {t['layer']['mkl'] / t['layer'][best(t)]:.2f}x"
+                 for s, t in self.times.items() if "layer" in t]
         return f"{picked} ({self.source}, time of nn.Linear / chosen: {'; '.join(gains)})"
 
     def to_json(self) -> dict[str, Any]:
@@ -183,7 +200,7 @@ class KernelPlan:
     def from_json(cls, d: dict[str, Any]) -> KernelPlan:
         # a run saved before kernels were chosen per GEMM names one library per layer,
         # which parse_kernel reads as that library for all three
-        times = d.get("times", {}) if "gemms" in d else {}
+        times = {k: t for k, t in d.get("times", {}).items() if _valid(t)}
         return cls(d["mode"], dict(d["layers"]), {k: tuple(v) for k, v in d["shapes"].items()},
                    times, "run")
 
@@ -193,14 +210,15 @@ def _key(shape: Shape) -> str:
 
 
 def _valid(entry: Any) -> bool:
-    """A cache entry of per-GEMM times (older caches held one time per library)."""
-    return isinstance(entry, dict) and all(
+    """A cache entry of per-GEMM and whole-layer times (older caches held one time per
+    library)."""
+    return isinstance(entry, dict) and isinstance(entry.get("layer"), dict) and all(
         isinstance(entry.get(gm), dict) and set(entry[gm]) >= set(KERNELS) for gm in GEMMS)
 
 
 def choose(shapes: Iterable[Shape], timer: Timer = time_gemm, cache: Path | None = None,
-           machine: str | None = None) -> tuple[dict[str, Choice], dict[str, Times], str]:
-    """The faster library of each GEMM for each shape (``"NxKxO" -> choice``), the times,
+           machine: str | None = None) -> tuple[dict[str, str], dict[str, Times], str]:
+    """The fastest kernel of each shape (``"NxKxO" -> kernel``, see :func:`best`), the times,
     and whether they were ``measured`` or ``cached`` (cached entries re-checked on the
     largest shape)."""
     shapes = sorted(set(shapes), key=lambda s: -s[0] * s[1] * s[2])
@@ -215,12 +233,9 @@ def choose(shapes: Iterable[Shape], timer: Timer = time_gemm, cache: Path | None
     if shapes and all(_key(s) in entry for s in shapes):
         top = shapes[0]
         now, was = measure(top, timer, rounds=1), entry[_key(top)]
-        for gm in GEMMS:
-            a, b = now[gm]["mkl"], now[gm]["onednn"]
-            if fastest(now)[GEMMS.index(gm)] != fastest(was)[GEMMS.index(gm)] and \
-                    abs(a - b) > 0.05 * min(a, b):
-                entry = {}  # the machine no longer behaves as recorded: measure everything
-                break
+        a, b = now["layer"]["mkl"], now["layer"].get(best(was), float("inf"))
+        if best(now) != best(was) and abs(a - b) > 0.05 * min(a, b):
+            entry = {}  # the machine no longer behaves as recorded: measure everything
     missing = [s for s in shapes if _key(s) not in entry]
     if missing:
         source = "measured"
@@ -235,7 +250,7 @@ def choose(shapes: Iterable[Shape], timer: Timer = time_gemm, cache: Path | None
         except OSError:
             pass  # a read-only home: measured again next time
     times = {_key(s): entry[_key(s)] for s in shapes}
-    return {s: fastest(t) for s, t in times.items()}, times, source
+    return {s: best(t) for s, t in times.items()}, times, source
 
 
 def layer_shapes(model: nn.Module, probe: Callable[[], Any]) -> dict[str, Shape]:
@@ -273,8 +288,8 @@ def plan_kernels(model: nn.Module, mode: str, probe: Callable[[], Any],
     if mode == "auto" and not onednn_available():
         mode, plan.source = "mkl", "oneDNN unavailable"
     if mode == "auto" and shapes:
-        best, plan.times, plan.source = choose(shapes.values(), timer, cache)
-        plan.layers = {n: kernel_name(best[_key(s)]) for n, s in shapes.items()}
+        chosen, plan.times, plan.source = choose(shapes.values(), timer, cache)
+        plan.layers = {n: chosen[_key(s)] for n, s in shapes.items()}
     else:
         plan.layers = {n: mode for n in shapes}
     apply(model, plan)
