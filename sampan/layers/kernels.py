@@ -235,12 +235,12 @@ def choose(shapes: Iterable[Shape], timer: Timer = time_gemm, cache: Path | None
     source = "cached"
     if shapes and all(_key(s) in entry for s in shapes):
         top = shapes[0]
-        was = entry[_key(top)]["layer"]
-        now = dict.fromkeys(was, float("inf"))  # the cached candidates, whole layers
+        was = entry[_key(top)]
+        now = dict.fromkeys(was["layer"], float("inf"))  # the cached candidates, whole
         for _ in range(2):
             for k in now:
                 now[k] = min(now[k], timer(k, "layer", top))
-        if now[min(was, key=was.get)] > 1.05 * min(now.values()):
+        if now[best(was)] > 1.05 * min(now.values()):  # the cached choice, as best() picks
             # the cached choice now loses by more than the measurement's own margin: the
             # machine no longer behaves as recorded, so measure everything
             entry = {}
