@@ -85,6 +85,11 @@ class TrainConfig(_Strict):
         "model's first-order terms from it; auto: on for models with first-order terms and "
         "latent vectors (fm, deepfm, wide_deep, xdeepfm, fibinet, autoint) when there is a "
         "validation split")
+    first_order_solver: Literal["auto", "lbfgs", "sgd"] = Field(
+        "auto", description="how the warm start fits its LR: lbfgs, the exact L2-regularised "
+        "optimum over all training rows with C chosen on validation; sgd, mini-batches until "
+        "validation stops improving; auto: lbfgs when one process holds the rows' ids in "
+        "memory (fitted vocabularies, a binary task), else sgd")
     checkpoint_every_steps: int | None = Field(None, gt=0)
     shuffle: Literal["rows", "blocks", "none"] = "rows"
     amp: Literal["none", "bf16"] = "none"

@@ -9,12 +9,20 @@ first (until its own validation stops improving) and copied in, the first-order 
 where an LR ends, and the model's step-0 evaluation makes that LR the floor of the run: the
 weights kept are never worse on validation than the LR they started from.
 
-The LR trains in ``<run>/first_order/`` with the run's own training settings (its ``auto``
-values resolved for it) except its length: with a validation split it trains until validation
-stops improving (``epochs: auto``), whatever epochs the model was given. Its steps are cheap
-(its table has one column). ``auto`` turns it on only with a validation split. Under a
-distributed launch the LR trains data-parallel like the model, its table replicated, and a
-row-sharded model takes the rows it holds.
+How the LR is fitted (``train.first_order_solver``):
+
+* ``lbfgs`` (what ``auto`` picks whenever it can): the exact L2-regularised optimum over all
+  training rows, its C chosen on validation (:mod:`sampan.train.exact_lr`), as a tuned
+  scikit-learn LR would be. Needs one process holding the rows' ids in memory, fitted
+  vocabularies and a binary task.
+* ``sgd``: a Trainer of its own in ``<run>/first_order/`` with the run's training settings
+  (its ``auto`` values resolved for it) except its length: it trains until validation stops
+  improving (``epochs: auto``), whatever epochs the model was given. Under a distributed
+  launch it trains data-parallel like the model, its table replicated, and a row-sharded
+  model takes the rows it holds.
+
+Either way its weights are in ``<run>/first_order/checkpoints/best.pt``. ``auto`` turns the
+warm start on only with a validation split.
 """
 
 from __future__ import annotations
@@ -25,9 +33,13 @@ from typing import Any
 import torch
 from rich.console import Console
 
+from sampan.config import ConfigError
 from sampan.distributed.sharded_embedding import RowShardedCollection
 from sampan.layers.embed import FeatureEmbedding, first_order_part
 from sampan.models.lr import LR
+from sampan.tasks.binary import BinaryTask
+from sampan.train import checkpoint as ckpt
+from sampan.train.exact_lr import MAX_NONZEROS, fit_exact_lr, nonzeros
 from sampan.train.trainer import Trainer
 
 DIRNAME = "first_order"
@@ -62,18 +74,85 @@ def copy_first_order(source: FeatureEmbedding, target: FeatureEmbedding) -> None
             target.dense_linear.weight.copy_(source.dense_linear.weight)
 
 
+def exact_fit_blocker(trainer: Trainer) -> str | None:
+    """Why the exact LR (:mod:`sampan.train.exact_lr`) cannot be the warm start's, or
+    ``None`` when it can."""
+    target = first_order_part(trainer.model)
+    if trainer.valid_data is None:
+        return "no validation split to choose its C on"
+    if trainer.strategy.enabled:
+        return "a distributed run (each process holds a share of the rows)"
+    if target is None or target.embedding.dynamic or \
+            isinstance(target.embedding, RowShardedCollection):
+        return "dynamic or row-sharded tables"
+    if not isinstance(trainer.task, BinaryTask):
+        return f"a {trainer.task.name} task"
+    n = nonzeros(trainer.train_data, target)
+    if n > MAX_NONZEROS:
+        return f"{n:,} ids over the training rows (more than {MAX_NONZEROS:,} in memory)"
+    return None
+
+
 def fit_first_order(trainer: Trainer) -> dict[str, Any]:
-    """Train an LR with ``trainer``'s config and rows and copy it into ``trainer.model``,
+    """Fit an LR with ``trainer``'s config and rows and copy it into ``trainer.model``,
     before ``trainer.fit()``: the fit then keeps the LR's output bias and evaluates the
-    warm-started model at step 0. Returns what the run reports (``results.json``:
-    ``first_order_warm_start``) and sets ``trainer.warm_start`` to it.
+    warm-started model at step 0. ``train.first_order_solver`` says how: the exact optimum
+    (:func:`fit_exact`) or SGD (:func:`fit_sgd`). Returns what the run reports
+    (``results.json``: ``first_order_warm_start``) and sets ``trainer.warm_start`` to it.
     """
     target = first_order_part(trainer.model)
     if target is None:
         raise ValueError(f"{type(trainer.model).__name__} has no first-order terms to warm-start")
+    solver, blocker = trainer.tc.first_order_solver, exact_fit_blocker(trainer)
+    if solver == "lbfgs" and blocker is not None:
+        raise ConfigError(f"train.first_order_solver: lbfgs cannot fit this run's LR: "
+                          f"{blocker}; use auto or sgd")
+    t0 = time.perf_counter()
+    torch_state = torch.get_rng_state()  # the model's own run draws what it would have drawn
+    lr_model = LR.Config(embedding_init_std=trainer.cfg.model.embedding_init_std)
+    lr = LR(target.schema, lr_model)
+    if solver != "sgd" and blocker is None:
+        out = fit_exact(trainer, lr)
+        how = f"exact L2 optimum, C {out['C']:g} chosen on validation, {out['passes']} passes"
+    else:
+        out = fit_sgd(trainer, lr, lr_model)
+        how = f"SGD, best at step {out['best_step']:,} of {out['steps']:,}"
+        if solver == "auto" and blocker is not None:
+            how += f"; not exact: {blocker}"
+    torch.set_rng_state(torch_state)
+    copy_first_order(lr.features.to(trainer.device), target)
+    out["seconds"] = round(time.perf_counter() - t0, 2)
+    shown = " ".join(f"{k} {v:.4f}" for k, v in out["valid"].items())
+    trainer.console.print(f"first-order warm start: an LR on the same rows ({how}; valid "
+                          f"{shown}, {out['seconds']:.0f} s) starts the model's linear terms")
+    trainer.warm_start = out
+    return out
+
+
+def fit_exact(trainer: Trainer, lr: LR) -> dict[str, Any]:
+    """``lr`` fitted by :func:`~sampan.train.exact_lr.fit_exact_lr` on the trainer's rows, its
+    C chosen by the run's early-stopping metric; written to ``first_order/checkpoints/
+    best.pt`` as an SGD fit's best checkpoint is."""
+    valid = trainer.valid_data
+    sign = 1.0 if trainer.maximize else -1.0
+
+    def score(z: torch.Tensor) -> tuple[float, dict[str, float]]:
+        m = trainer.task.evaluate(None, valid, lambda _model, _data: z)
+        return sign * m.get(trainer.metric, float("nan")), m
+
+    out = fit_exact_lr(lr.features, trainer.train_data, valid, score)
+    ckpt.save_atomic({"model": lr.state_dict(), "step": 0, "metrics": out["valid"],
+                      "first_order": {k: v for k, v in out.items() if k != "valid"}},
+                     trainer.run_dir / DIRNAME / "checkpoints" / "best.pt")
+    return out
+
+
+def fit_sgd(trainer: Trainer, lr: LR, lr_model: LR.Config) -> dict[str, Any]:
+    """``lr`` trained by a Trainer of its own in ``<run>/first_order/``, with the run's
+    settings but its own length (until its validation stops improving)."""
     cfg = trainer.cfg
     lr_cfg = cfg.model_copy(update={
-        "model": LR.Config(embedding_init_std=cfg.model.embedding_init_std),
+        "model": lr_model,
         # its own plan from the user's values, but its own length: an epoch count chosen for
         # the model would stop an LR long before it converges; nothing to compile or show
         "train": cfg.train.model_copy(update={
@@ -81,24 +160,13 @@ def fit_first_order(trainer: Trainer) -> dict[str, Any]:
             "first_order_warm_start": False,
             **({"epochs": "auto", "max_steps": None} if trainer.valid_data is not None
                else {})})})
-    t0 = time.perf_counter()
-    torch_state = torch.get_rng_state()  # the model's own run draws what it would have drawn
-    lr = LR(target.schema, lr_cfg.model)
     sub = Trainer(lr, lr_cfg, trainer.run_dir / DIRNAME, trainer.train_data,
                   trainer.valid_data, console=Console(quiet=True),
                   strategy=trainer.strategy)  # data-parallel as the model is
     state = sub.fit()
-    torch.set_rng_state(torch_state)
-    copy_first_order(lr.features.to(trainer.device), target)
     # the LR's validation metrics at its kept (best) step: recorded when it was evaluated
     valid = next((r for r in state.history if r["split"] == "valid"
                   and r["step"] == state.best_step), {})
-    out = {"steps": state.step, "best_step": state.best_step,
-           "seconds": round(time.perf_counter() - t0, 2),
-           "valid": {k: v for k, v in valid.items() if k in ("auc", "logloss")}}
-    shown = " ".join(f"{k} {v:.4f}" for k, v in out["valid"].items())
-    trainer.console.print(f"first-order warm start: an LR on the same rows, best at step "
-                          f"{state.best_step:,} of {state.step:,} (valid {shown}, "
-                          f"{out['seconds']:.0f} s), starts the model's linear terms")
-    trainer.warm_start = out
-    return out
+    return {"solver": "sgd", "steps": state.step, "best_step": state.best_step,
+            "valid": {k: v for k, v in valid.items() if k in ("auc", "logloss")}}
+

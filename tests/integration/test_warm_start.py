@@ -83,12 +83,13 @@ def test_copy_takes_the_lr_weights_and_leaves_the_vectors():
         copy_first_order(other.features, fm.features)
 
 
-def test_the_model_starts_as_the_fitted_lr_and_never_ends_below_it(tmp_path):
+@pytest.mark.parametrize("solver", ["lbfgs", "sgd"])
+def test_the_model_starts_as_the_fitted_lr_and_never_ends_below_it(tmp_path, solver):
     cfg = ExperimentConfig.model_validate({
         "features": {"categorical": ["a", "b"], "numeric": ["x"]},
         "model": {"name": "fm", "embedding_dim": 4},
         "train": {"batch_size": 128, "epochs": 2, "progress": False, "tensorboard": False,
-                  "eval_every_steps": 10}})
+                  "eval_every_steps": 10, "first_order_solver": solver}})
     train, valid = additive_rows(4000, 1), additive_rows(1500, 2)
     fm = model("fm")
     trainer = Trainer(fm, cfg, tmp_path, train, valid, console=Console(quiet=True))
@@ -98,8 +99,12 @@ def test_the_model_starts_as_the_fitted_lr_and_never_ends_below_it(tmp_path):
     best = ckpt.load(tmp_path / DIRNAME / "checkpoints" / "best.pt")["model"]
     assert torch.equal(fm.features.embedding.weight[:, :1], best["features.embedding.weight"])
     assert torch.equal(fm.features.bias, best["features.bias"])
-    # the LR trained to its own early stop (epochs: auto), not the model's 2 epochs
-    assert report["steps"] > 2 * len(trainer.loader)
+    assert report["solver"] == solver
+    if solver == "sgd":  # the LR trained to its own early stop (epochs: auto), not 2 epochs
+        assert report["steps"] > 2 * len(trainer.loader)
+    else:  # C chosen on validation: the best of the path it tried
+        assert report["C"] in [p["C"] for p in report["path"]]
+        assert report["valid"]["auc"] == max(p["auc"] for p in report["path"])
     state = trainer.fit()
     first = state.history[0]
     assert first["step"] == 0
@@ -120,7 +125,7 @@ def test_a_run_reports_it_and_false_turns_it_off(tmp_path):
     run = tmp_path / "run"
     res = run_experiment(load_config(raw=raw), run_dir=run, console=Console(quiet=True))
     warm = res["first_order_warm_start"]
-    assert warm["steps"] >= warm["best_step"] > 0
+    assert warm["solver"] == "lbfgs" and warm["passes"] > 0  # auto: exact on one process
     assert json.loads((run / "results.json").read_text())["first_order_warm_start"] == warm
     assert json.loads((run / "schedule.json").read_text())["chosen"]["first_order_warm_start"]
     assert (run / DIRNAME / "checkpoints" / "best.pt").exists()

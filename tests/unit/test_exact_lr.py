@@ -1,0 +1,123 @@
+"""The exact LR of the warm start: its design matrix is the LR's own forward, and its
+solution is scikit-learn's at the same C."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+from sklearn.linear_model import LogisticRegression
+
+from sampan.batch import Batch
+from sampan.data.arrays import SplitArrays
+from sampan.models.lr import LR
+from sampan.schema import DataSchema, SequenceFeatureSpec, SparseFeatureSpec
+from sampan.train.exact_lr import C_PATH, _Objective, _solve, design, fit_exact_lr, nonzeros
+
+# two id columns, a behaviour sequence sharing a's rows (mean-pooled), a bag with its own
+# table (summed), two numeric columns
+SCHEMA = DataSchema(dense=["x", "y"],
+                    sparse=[SparseFeatureSpec("a", 40), SparseFeatureSpec("b", 12)],
+                    sequences=[SequenceFeatureSpec("hist", 5, "a"),
+                               SequenceFeatureSpec("tags", 3, "tags", pooling="sum")],
+                    own_tables=[SparseFeatureSpec("tags", 9)])
+
+
+def rows(n: int, seed: int) -> SplitArrays:
+    """Labels from first-order effects of every part (the world an LR fits)."""
+    rng, world = np.random.default_rng(seed), np.random.default_rng(7)
+    wa, wb, wt = world.normal(0, 1, 40), world.normal(0, 1, 12), world.normal(0, 0.5, 9)
+    a, b = rng.integers(0, 40, n), rng.integers(0, 12, n)
+    hist = rng.integers(1, 40, (n, 5)) * (rng.random((n, 5)) < 0.6)  # 0: padding
+    tags = rng.integers(1, 9, (n, 3)) * (rng.random((n, 3)) < 0.5)
+    x = rng.normal(size=(n, 2)).astype(np.float32)
+    real = np.maximum((hist != 0).sum(1), 1)
+    z = wa[a] + wb[b] + (wa[hist] * (hist != 0)).sum(1) / real + (wt[tags] * (tags != 0)).sum(1) \
+        + x @ np.array([0.7, -0.4]) - 1.0
+    y = (rng.random(n) < 1 / (1 + np.exp(-z))).astype(np.float32)[:, None]
+    return SplitArrays(dense=x, sparse=np.stack([a, b], 1), labels=y,
+                       sequences={"hist": hist, "tags": tags})
+
+
+def unpacked(lr: LR) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    fe = lr.features
+    return fe.embedding.weight, fe.dense_linear.weight.t(), fe.bias
+
+
+def test_the_design_matrix_is_the_lr_forward():
+    data = rows(300, 1)
+    torch.manual_seed(0)
+    lr = LR(SCHEMA, LR.Config()).eval()
+    with torch.no_grad():
+        for p in lr.parameters():
+            p.normal_()
+        want = lr(Batch(dense=torch.from_numpy(data.dense),
+                        sparse=torch.from_numpy(data.sparse),
+                        sequences={k: torch.from_numpy(v) for k, v in data.sequences.items()}))
+    d = design(data, lr.features, transpose=True)
+    assert torch.allclose(d.logits(*unpacked(lr)), want, atol=1e-5)
+    assert nonzeros(data, lr.features) == sum(x._nnz() for x, _ in d.blocks)
+    # X^T is X transposed
+    for x, xt in d.blocks:
+        assert torch.equal(xt.to_dense(), x.to_dense().t())
+
+
+def test_the_gradient_is_the_objectives():
+    data = rows(200, 2)
+    lr = LR(SCHEMA, LR.Config())
+    obj = _Objective(design(data, lr.features, transpose=True), lr.features.embedding.num_rows, 1)
+    obj.lam = 0.05
+    theta = torch.randn(obj.rows + 2 + 1, generator=torch.Generator().manual_seed(3)) * 0.3
+    value, grad = obj(theta)
+    eps = 1e-2  # float32 objective: central differences on a few coordinates
+    for i in (0, 5, obj.rows - 1, obj.rows, obj.rows + 2):
+        e = torch.zeros_like(theta)
+        e[i] = eps
+        numeric = (obj(theta + e)[0] - obj(theta - e)[0]) / (2 * eps)
+        assert grad[i].item() == pytest.approx(numeric, abs=2e-4)
+    assert value > 0
+
+
+def test_the_solution_is_scikit_learns_at_the_same_c():
+    data, c = rows(3000, 3), 0.5
+    lr = LR(SCHEMA, LR.Config())
+    d = design(data, lr.features, transpose=True)
+    obj = _Objective(d, lr.features.embedding.num_rows, 1)
+    obj.lam = 1.0 / (c * len(data))
+    theta, _ = _solve(obj, torch.zeros(obj.rows + 3), 500)
+    ids = sum(sp.csr_matrix((v.values().numpy(), v.col_indices().numpy(),
+                             v.crow_indices().numpy()), shape=tuple(v.shape))
+              for v, _ in d.blocks)  # every block's columns are the table's rows
+    x = sp.hstack([ids, sp.csr_matrix(data.dense)]).tocsr()
+    ref = LogisticRegression(C=c, tol=1e-10, max_iter=10_000).fit(x, data.labels[:, 0])
+    ours = theta[: obj.rows + 2].numpy()
+    theirs = ref.coef_[0]
+    assert np.abs(ours - theirs).max() < 0.02
+    assert theta[-1].item() == pytest.approx(ref.intercept_[0], abs=0.02)
+    # and its objective is as low as theirs
+    sk = torch.from_numpy(np.concatenate([theirs, ref.intercept_])).float()
+    assert obj(theta)[0] <= obj(sk)[0] + 1e-6
+
+
+def test_c_is_chosen_on_validation_and_written_into_the_table():
+    train, valid = rows(3000, 4), rows(1500, 5)
+    lr = LR(SCHEMA, LR.Config())
+    seen = []
+
+    def score(z: torch.Tensor) -> tuple[float, dict[str, float]]:
+        from sampan.metrics import auc
+        value = auc(z[:, 0], torch.from_numpy(valid.labels[:, 0]))
+        seen.append(value)
+        return value, {"auc": value}
+
+    out = fit_exact_lr(lr.features, train, valid, score)
+    path = out["path"]
+    assert [p["C"] for p in path] == list(C_PATH[: len(path)])
+    assert out["valid"]["auc"] == max(seen) == max(p["auc"] for p in path)
+    best = [p["C"] for p in path].index(out["C"])
+    # the path stops after two falls in a row from its best (or at its end)
+    assert len(path) == len(C_PATH) or len(path) - 1 - best == 2
+    # the table holds the chosen solution: its validation logits give the chosen AUC
+    z = design(valid, lr.features, transpose=False).logits(*unpacked(lr))
+    assert score(z)[0] == pytest.approx(out["valid"]["auc"], abs=1e-6)
