@@ -135,3 +135,20 @@ def test_a_run_reports_it_and_false_turns_it_off(tmp_path):
                          console=Console(quiet=True))
     assert "first_order_warm_start" not in res
     assert not (tmp_path / "off" / DIRNAME).exists()
+
+
+def test_lbfgs_where_it_cannot_run_fails_naming_why(tmp_path):
+    cfg = ExperimentConfig.model_validate({
+        "features": {"categorical": ["a", "b"], "numeric": ["x"]},
+        "model": {"name": "fm", "embedding_dim": 4},
+        "train": {"batch_size": 128, "epochs": 1, "progress": False, "tensorboard": False,
+                  "first_order_warm_start": True, "first_order_solver": "lbfgs"}})
+    trainer = Trainer(model("fm"), cfg, tmp_path, additive_rows(500, 1), None,
+                      console=Console(quiet=True))
+    with pytest.raises(ConfigError, match="lbfgs cannot fit.*no validation split"):
+        fit_first_order(trainer)
+    # auto falls back to SGD and says why
+    cfg.train.first_order_solver = "auto"
+    trainer = Trainer(model("fm"), cfg, tmp_path / "auto", additive_rows(500, 1), None,
+                      console=Console(quiet=True))
+    assert fit_first_order(trainer)["solver"] == "sgd"
