@@ -13,9 +13,10 @@ The model is linear in its weights, so each split is held as a sparse design mat
 the ids of a mean- or sum-pooled list) beside its numeric columns. One pass over the rows is
 two sparse products (``X w`` and ``X^T r``), with no sort or gather per batch. The objective
 per label is ``mean BCE + lambda / 2 * ||w||^2`` (bias not penalised), with
-``lambda = 1 / (C * rows)`` as scikit-learn's ``C``. The ``C`` path runs from strong to weak
-regularisation, each solve starting at the last one's weights, and stops once the validation
-metric has fallen twice in a row from its best; the best ``C`` is kept.
+``lambda = 1 / (C * rows)`` as scikit-learn's ``C``. ``C`` is searched on a grid a factor
+of about 3 apart: from 0.01 towards weaker regularisation while the validation metric
+improves (towards stronger when the first step already falls), each solve starting from the
+best solution so far; the best ``C`` is kept.
 
 It applies when everything fits the design in memory: one process, fitted vocabularies (no
 dynamic tables), a binary task, and at most :data:`MAX_NONZEROS` ids over the training rows.
@@ -40,8 +41,11 @@ from sampan.layers.embed import FeatureEmbedding
 
 # two CSR copies (X and X^T) of 8 bytes an entry each with int32 indices: 2.4 GB at the cap
 MAX_NONZEROS = 150_000_000
-C_PATH = (0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0)
-MAX_ITER = 120  # L-BFGS iterations per C (each starts from the previous C's optimum)
+C_PATH = (0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0)
+C_START = 0.01
+# L-BFGS iterations per C, each solve starting from the best C's solution so far: near
+# enough for the validation metric (more moved it by < 3e-4 AUC on the built-in data)
+MAX_ITER = 40
 
 
 def _csr(crow: torch.Tensor, col: torch.Tensor, val: torch.Tensor,
@@ -158,7 +162,7 @@ def _solve(obj: _Objective, theta: torch.Tensor, max_iter: int) -> tuple[torch.T
     number of objective evaluations."""
     theta = theta.clone().requires_grad_(True)
     opt = torch.optim.LBFGS([theta], lr=1.0, max_iter=max_iter, history_size=10,
-                            tolerance_grad=1e-9, tolerance_change=1e-8,
+                            tolerance_grad=1e-9, tolerance_change=1e-9,
                             line_search_fn="strong_wolfe")
     calls = 0
 
@@ -189,10 +193,15 @@ def fit_exact_lr(fe: FeatureEmbedding, train: SplitArrays, valid: SplitArrays,
     base = (d_train.labels * d_train.mask).sum(0) / obj.per_label  # type: ignore[operator]
     _, _, b = obj.unpack(theta)
     b.copy_(torch.logit(base.clamp(1e-6, 1 - 1e-6)))
-    path, best, falls, evals = [], None, 0, 0
-    for c in C_PATH:
+    path: list[dict[str, Any]] = []
+    best: tuple[float, float, torch.Tensor, dict[str, float]] | None = None
+    evals = 0
+
+    def solve(c: float, start: torch.Tensor) -> bool:
+        """Solve at ``c`` from ``start``; True when it beats the best so far."""
+        nonlocal best, evals
         obj.lam = 1.0 / (c * n)
-        theta, calls = _solve(obj, theta, MAX_ITER)
+        theta, calls = _solve(obj, start, MAX_ITER)
         evals += calls
         value, metrics = score(d_valid.logits(*obj.unpack(theta)))
         path.append({"C": c, "evals": calls, **{k: metrics[k] for k in ("auc", "logloss")
@@ -200,13 +209,23 @@ def fit_exact_lr(fe: FeatureEmbedding, train: SplitArrays, valid: SplitArrays,
         if log is not None:
             log(f"C {c:g}: {calls} passes, valid " + " ".join(
                 f"{k} {metrics[k]:.4f}" for k in ("auc", "logloss") if k in metrics))
-        if math.isnan(value):
+        if best is None or (not math.isnan(value) and value > best[0]):
+            best = (value, c, theta, metrics)
+            return True
+        return False
+
+    # from C_START towards weaker regularisation while validation improves; if the first
+    # step already falls, towards stronger from C_START instead
+    i = C_PATH.index(C_START)
+    solve(C_PATH[i], theta)
+    step = 1
+    for j in range(i + 1, len(C_PATH)):
+        if not solve(C_PATH[j], best[2]):  # type: ignore[index]
             break
-        if best is None or value > best[0]:
-            best, falls = (value, c, theta, metrics), 0
-        else:
-            falls += 1
-            if falls >= 2:
+        step += 1
+    if step == 1:
+        for j in range(i - 1, -1, -1):
+            if not solve(C_PATH[j], best[2]):  # type: ignore[index]
                 break
     assert best is not None
     _, c, theta, metrics = best

@@ -13,7 +13,7 @@ from sampan.batch import Batch
 from sampan.data.arrays import SplitArrays
 from sampan.models.lr import LR
 from sampan.schema import DataSchema, SequenceFeatureSpec, SparseFeatureSpec
-from sampan.train.exact_lr import C_PATH, _Objective, _solve, design, fit_exact_lr, nonzeros
+from sampan.train.exact_lr import C_PATH, C_START, _Objective, _solve, design, fit_exact_lr, nonzeros
 
 # two id columns, a behaviour sequence sharing a's rows (mean-pooled), a bag with its own
 # table (summed), two numeric columns
@@ -113,11 +113,13 @@ def test_c_is_chosen_on_validation_and_written_into_the_table():
 
     out = fit_exact_lr(lr.features, train, valid, score)
     path = out["path"]
-    assert [p["C"] for p in path] == list(C_PATH[: len(path)])
+    assert path[0]["C"] == C_START
     assert out["valid"]["auc"] == max(seen) == max(p["auc"] for p in path)
-    best = [p["C"] for p in path].index(out["C"])
-    # the path stops after two falls in a row from its best (or at its end)
-    assert len(path) == len(C_PATH) or len(path) - 1 - best == 2
+    # the walk: every C tried is next on the grid to one tried before, and it ends on a C
+    # that did not improve (or at the grid's end)
+    at = [C_PATH.index(p["C"]) for p in path]
+    assert all(min(abs(a - b) for b in at[:k]) == 1 for k, a in enumerate(at) if k)
+    assert path[-1]["C"] != out["C"] or at[-1] in (0, len(C_PATH) - 1)
     # the table holds the chosen solution: its validation logits give the chosen AUC
     z = design(valid, lr.features, transpose=False).logits(*unpacked(lr))
     assert score(z)[0] == pytest.approx(out["valid"]["auc"], abs=1e-6)
