@@ -13,7 +13,15 @@ from sampan.batch import Batch
 from sampan.data.arrays import SplitArrays
 from sampan.models.lr import LR
 from sampan.schema import DataSchema, SequenceFeatureSpec, SparseFeatureSpec
-from sampan.train.exact_lr import C_PATH, C_START, _Objective, _solve, design, fit_exact_lr, nonzeros
+from sampan.train.exact_lr import (
+    C_PATH,
+    C_START,
+    _Objective,
+    _solve,
+    design,
+    fit_exact_lr,
+    nonzeros,
+)
 
 # two id columns, a behaviour sequence sharing a's rows (mean-pooled), a bag with its own
 # table (summed), two numeric columns
