@@ -62,17 +62,21 @@ def segment_sum(grads: torch.Tensor, d: Dedup) -> torch.Tensor:
     if grads.device.type == "cpu" and grads.dtype in (torch.float32, torch.float64):
         crow = torch.zeros(len(d.counts) + 1, dtype=torch.int64)
         torch.cumsum(d.counts, 0, out=crow[1:])
-        with warnings.catch_warnings():
-            # a stable, tested use of CSR tensors: PyTorch's notice that their support is in
-            # beta says nothing to a Sampan user
-            warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
-            select = torch.sparse_csr_tensor(crow, d.order,
-                                             torch.ones(len(d.order), dtype=grads.dtype),
-                                             (len(d.counts), len(d.order)),
-                                             check_invariants=False)  # true by construction
-            return select @ grads
+        select = csr(crow, d.order, torch.ones(len(d.order), dtype=grads.dtype),
+                     (len(d.counts), len(d.order)))
+        return select @ grads
     out = torch.zeros(len(d.counts), grads.shape[1], dtype=grads.dtype, device=grads.device)
     return out.index_add_(0, d.inverse, grads)
+
+
+def csr(crow: torch.Tensor, col: torch.Tensor, val: torch.Tensor,
+        shape: tuple[int, int]) -> torch.Tensor:
+    """A CSR matrix from indices the caller built valid (not checked again), without
+    PyTorch's notice that CSR support is in beta (a stable, tested use here: it says nothing
+    to a Sampan user)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+        return torch.sparse_csr_tensor(crow, col, val, shape, check_invariants=False)
 
 
 class _GatherRows(torch.autograd.Function):

@@ -26,8 +26,6 @@ Otherwise the warm start trains its LR by SGD (:mod:`sampan.train.warm_start`).
 from __future__ import annotations
 
 import math
-import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from sampan.data.arrays import SplitArrays
+from sampan.embedding.collection import csr
 from sampan.layers.embed import FeatureEmbedding
 
 # two CSR copies (X and X^T) of 8 bytes an entry each with int32 indices: 2.4 GB at the cap
@@ -50,11 +49,10 @@ MAX_ITER = 40
 
 def _csr(crow: torch.Tensor, col: torch.Tensor, val: torch.Tensor,
          shape: tuple[int, int]) -> torch.Tensor:
+    """:func:`~sampan.embedding.collection.csr` with int32 indices where they fit (half the
+    memory of int64)."""
     index = torch.int32 if max(shape) < 2**31 and len(col) < 2**31 else torch.int64
-    with warnings.catch_warnings():  # a tested use; PyTorch's beta notice says nothing here
-        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
-        return torch.sparse_csr_tensor(crow.to(index), col.to(index), val, shape,
-                                       check_invariants=False)  # true by construction
+    return csr(crow.to(index), col.to(index), val, shape)
 
 
 @dataclass
@@ -184,7 +182,6 @@ def fit_exact_lr(fe: FeatureEmbedding, train: SplitArrays, valid: SplitArrays,
     weights) as the L2-regularised LR on ``train``, ``C`` chosen on ``valid``, and write
     them into ``fe``. ``score(valid logits)`` returns ``(value, metrics)``, higher value
     better (the run's early-stopping metric, signed). Returns what the run reports."""
-    t0 = time.perf_counter()
     d_train, d_valid = design(train, fe, transpose=True), design(valid, fe, transpose=False)
     rows, tasks = fe.embedding.num_rows, fe.tasks
     obj = _Objective(d_train, rows, tasks)
@@ -218,12 +215,12 @@ def fit_exact_lr(fe: FeatureEmbedding, train: SplitArrays, valid: SplitArrays,
     # step already falls, towards stronger from C_START instead
     i = C_PATH.index(C_START)
     solve(C_PATH[i], theta)
-    step = 1
+    weaker_helped = False
     for j in range(i + 1, len(C_PATH)):
         if not solve(C_PATH[j], best[2]):  # type: ignore[index]
             break
-        step += 1
-    if step == 1:
+        weaker_helped = True
+    if not weaker_helped:
         for j in range(i - 1, -1, -1):
             if not solve(C_PATH[j], best[2]):  # type: ignore[index]
                 break
@@ -236,6 +233,5 @@ def fit_exact_lr(fe: FeatureEmbedding, train: SplitArrays, valid: SplitArrays,
         fe.bias.copy_(b.to(fe.bias.device))
         if fe.dense_linear is not None:
             fe.dense_linear.weight.copy_(wd.t().to(fe.dense_linear.weight.device))
-    return {"solver": "lbfgs", "C": c, "passes": evals,
-            "seconds": round(time.perf_counter() - t0, 2), "path": path,
+    return {"solver": "lbfgs", "C": c, "passes": evals, "path": path,
             "valid": {k: metrics[k] for k in ("auc", "logloss") if k in metrics}}

@@ -103,7 +103,8 @@ def fit_first_order(trainer: Trainer) -> dict[str, Any]:
     target = first_order_part(trainer.model)
     if target is None:
         raise ValueError(f"{type(trainer.model).__name__} has no first-order terms to warm-start")
-    solver, blocker = trainer.tc.first_order_solver, exact_fit_blocker(trainer)
+    solver = trainer.tc.first_order_solver
+    blocker = exact_fit_blocker(trainer) if solver != "sgd" else None
     if solver == "lbfgs" and blocker is not None:
         raise ConfigError(f"train.first_order_solver: lbfgs cannot fit this run's LR: "
                           f"{blocker}; use auto or sgd")
