@@ -179,8 +179,33 @@ def test_the_sampled_eviction_threshold_picks_exactly_the_lowest_rows(spread):
     idx = KeyIndex(1 << 21)  # large enough for the sampled path
     g = torch.Generator().manual_seed(spread)
     idx.row_stamp.copy_(torch.randint(0, spread, idx.row_stamp.shape, generator=g))
+    none = torch.empty(0, dtype=torch.long)
     for n in (1, 1000, 30_000):
-        got = idx._lowest(n, step=n)
+        got = idx._lowest(n, step=n, keep=none)
         assert len(torch.unique(got)) == n
         want = torch.sort(idx.row_stamp).values[:n]
         assert torch.equal(torch.sort(idx.row_stamp[got]).values, want), n
+
+
+@pytest.mark.parametrize("policy", ["lfu", "lru"])
+def test_the_sampled_eviction_never_takes_a_row_seen_at_this_step(policy):
+    """The one-pass path drops the rows to keep from its candidates: under LFU the rows
+    seen now can hold the lowest stamps (one use), and they must stay."""
+    idx = KeyIndex(1 << 21, policy=policy)
+    g = torch.Generator().manual_seed(0)
+    step = 1000
+    idx.row_stamp.copy_(torch.randint(0, step, idx.row_stamp.shape, generator=g))
+    if policy == "lfu":  # counts 5.. above the low 32 bits; a tenth seen now with 1 use
+        idx.row_stamp.add_(torch.randint(5, 50, idx.row_stamp.shape, generator=g) << 32)
+    now = torch.randperm(len(idx.row_stamp), generator=g)[: len(idx.row_stamp) // 10]
+    idx.row_stamp[now] = (1 << 32) + step if policy == "lfu" else step
+    idx.row_stamp[0] = torch.iinfo(torch.int64).max  # the default row: never live
+    n = 20_000
+    got = idx._lowest(n, step=step)
+    assert len(torch.unique(got)) == n and not torch.isin(got, now).any() and 0 not in got
+    rest = torch.ones(len(idx.row_stamp), dtype=torch.bool)
+    rest[now], rest[0] = False, False
+    want = torch.sort(idx.row_stamp[rest]).values[:n]
+    assert torch.equal(torch.sort(idx.row_stamp[got]).values, want)
+    by_keep = idx._lowest(n, step=step, keep=now)  # the same rows named explicitly
+    assert torch.equal(torch.sort(idx.row_stamp[by_keep]).values, want)
