@@ -289,10 +289,12 @@ class _SplitWriter:
         shapes = {"dense": (n, schema.num_dense), "sparse": (n, schema.num_sparse),
                   "labels": (n, schema.num_tasks), "group": (n,), "oracle": (n,)}
         # Ids are stored as int32 when every table fits (half the bytes to write and to
-        # read while training); the loader hands int64 tensors to the model.
-        cards = [f.cardinality for f in schema.sparse] + [t.cardinality
-                                                           for t in schema.own_tables]
-        ids = np.int32 if max(cards, default=0) < 2**31 else np.int64
+        # read while training); the loader hands int64 tensors to the model. A dynamic
+        # table's values are 64-bit keys, not rows: they keep all their bits.
+        tables = [*schema.sparse, *schema.own_tables]
+        narrow = max((t.cardinality for t in tables), default=0) < 2**31 and \
+            all(t.dynamic is None for t in tables)
+        ids = np.int32 if narrow else np.int64
         self.dtypes = {"dense": np.float32, "sparse": ids, "labels": np.float32,
                        "group": np.int64, "oracle": np.float64}
         keys = ["dense", "sparse", "labels"] + (["group"] if schema.has_group else []) \

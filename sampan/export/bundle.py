@@ -26,7 +26,7 @@ from sampan.bundle import (  # noqa: F401  (Bundle and the digests: importable f
     sha256,
 )
 from sampan.data.pipeline import PIPELINE_FILE
-from sampan.embedding.collection import EmbeddingCollection, dynamic_tables
+from sampan.embedding.collection import EmbeddingCollection
 from sampan.errors import BundleError, ConfigError, ExistingPathError, ExportError
 
 
@@ -68,10 +68,6 @@ def export_run(run_dir: str | Path, out: str | Path, fmt: str = "onnx",
             raise ExistingPathError(f"{out} exists and is not a Sampan bundle; not touching it")
     art = RunArtifacts(run_dir)
     model = art.model.eval().cpu()
-    if (dynamic := dynamic_tables(model)) and getattr(model, "task", "binary") == "retrieval":
-        raise ExportError(f"{run_dir}: a retrieval model with dynamic tables "
-                          f"({', '.join(dynamic)}) cannot be exported yet (its item index "
-                          "is built from a fitted vocabulary)")
     schema = art.store.schema
     split = next(s for s in ("test", "valid", "train") if art.store.split(s) is not None)
     data = art.store.split(split)
@@ -107,13 +103,25 @@ def _freeze_dynamic(model: Any, example: Any) -> tuple[Any, dict[str, Any]]:
     to rows), the graph's collections stop mapping, and the parity rows are mapped once
     here. Returns the mapped example and the maps by feature."""
     frozen: dict[str, Any] = {}
-    sparse, seqs = example.sparse, example.sequences
-    for c in (m for m in model.modules() if isinstance(m, EmbeddingCollection) and m.dynamic):
-        with torch.no_grad():
-            sparse, seqs = c.eval().rows_of_keys(sparse, seqs)
+    example = _keys_to_rows(model, example)
+    for c in _dynamic_collections(model):
         frozen.update(c.frozen_maps())
         c.keys_are_rows = True
-    return dataclasses.replace(example, sparse=sparse, sequences=seqs), frozen
+    return example, frozen
+
+
+def _dynamic_collections(model: Any) -> list[EmbeddingCollection]:
+    return [m for m in model.modules() if isinstance(m, EmbeddingCollection) and m.dynamic]
+
+
+def _keys_to_rows(model: Any, batch: Any) -> Any:
+    """``batch`` with the keys of ``model``'s dynamic tables replaced by their rows, as the
+    bundle's pipeline gives them (read-only: nothing is admitted)."""
+    sparse, seqs = batch.sparse, batch.sequences
+    for c in _dynamic_collections(model):
+        with torch.no_grad():
+            sparse, seqs = c.eval().rows_of_keys(sparse, seqs)
+    return dataclasses.replace(batch, sparse=sparse, sequences=seqs)
 
 
 def _write_frozen_maps(frozen: dict[str, Any], pipeline_dir: Path) -> None:
@@ -217,8 +225,9 @@ def _export_retrieval(art: Any, model: Any, schema: Any, example: Any,
     task = RetrievalTask(model, art.store.split("train"))
     from sampan.data.loader import BatchLoader
 
-    with torch.no_grad():  # on the CPU in fp32, like the exported user tower
-        vectors = torch.cat([model.item_vectors(b) for b in BatchLoader(
+    with torch.no_grad():  # on the CPU in fp32, like the exported user tower; the model now
+        # takes rows, so the items' dynamic keys are mapped first, as for the example
+        vectors = torch.cat([model.item_vectors(_keys_to_rows(model, b)) for b in BatchLoader(
             task.corpus_rows, 16384, shuffle="none", prefetch=0)]).numpy()
     item_feature = schema.sparse[model.item_column].name
     enc = next(e for e in art.pipeline.categorical if e.spec.name == item_feature)

@@ -96,7 +96,13 @@ class RetrievalTask:
         self.corpus_ids, self.corpus_rows = ids[keep], train.take(first[keep])
         self.corpus_pos = np.full(self.n_items, -1, np.int64)
         self.corpus_pos[self.corpus_ids] = np.arange(len(self.corpus_ids))
-        self.seen = _csr(users, items, self.n_users)
+        # the items each train user had, by the user's value (a row id, or the key of a
+        # dynamic table); the last, empty range is every user the train split lacks
+        self.seen_users, at = np.unique(users, return_inverse=True)
+        self.seen = _csr(at.reshape(-1), items, len(self.seen_users) + 1)
+        schema = getattr(model, "schema", None)
+        self.dynamic_users = schema is not None and \
+            schema.sparse[self.user_col].dynamic is not None
 
     def training_rows(self, train: SplitArrays) -> SplitArrays:
         """Only positive rows are trained on (the negatives come from the batch)."""
@@ -120,15 +126,25 @@ class RetrievalTask:
         logits = logits.masked_fill(hit, float("-inf"))
         return F.cross_entropy(logits, target)
 
+    def _seen_index(self, users: np.ndarray) -> np.ndarray:
+        """Each user's range in ``self.seen`` (the empty last one for users not in train)."""
+        n = len(self.seen_users)
+        if not n:
+            return np.zeros(len(users), np.int64)
+        at = np.minimum(np.searchsorted(self.seen_users, users), n - 1)
+        return np.where(self.seen_users[at] == users, at, n)
+
     # ----------------------------------------------------------------- evaluation
     def evaluate(self, model: nn.Module, data: SplitArrays,
                  infer: Callable[[Callable, Any], torch.Tensor]) -> dict[str, float]:
         pos = positive_rows(data)
         users = np.asarray(data.sparse[pos, self.user_col])
-        # users unknown to training (OOV id 1) cannot be told apart: not queries
+        # users unknown to training (OOV id 1) cannot be told apart: not queries; a dynamic
+        # table's keys are each a user (0: missing), admitted or not
+        query = users != 0 if self.dynamic_users else users >= 2
         out: dict[str, float] = {"rows": float(len(data)),
-                                 "unknown_user_rows": float((users < 2).sum())}
-        pos, users = pos[users >= 2], users[users >= 2]
+                                 "unknown_user_rows": float((~query).sum())}
+        pos, users = pos[query], users[query]
         items = np.asarray(data.sparse[pos, self.item_col])
         if not len(pos):
             return out
@@ -151,7 +167,7 @@ class RetrievalTask:
             relevant[torch.from_numpy(r_rows[ok]), torch.from_numpy(cols[ok])] = True
             exclude = torch.zeros_like(relevant)
             if self.exclude_seen:
-                s_rows, s_idx = _gather_ranges(self.seen[0], q_users[lo:hi])
+                s_rows, s_idx = _gather_ranges(self.seen[0], self._seen_index(q_users[lo:hi]))
                 cols = self.corpus_pos[self.seen[1][s_idx]]
                 ok = cols >= 0
                 exclude[torch.from_numpy(s_rows[ok]), torch.from_numpy(cols[ok])] = True

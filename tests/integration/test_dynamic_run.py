@@ -189,3 +189,68 @@ def test_a_bag_with_its_own_dynamic_table_trains_exports_and_serves(tmp_path):
     raw["features"]["lists"] = [{**bag, "share": "category_id"}]
     with pytest.raises(ConfigError, match="choose one"):
         load_config(raw=raw)
+
+
+def test_a_two_tower_with_dynamic_tables_exports_and_retrieves_as_pytorch_does(tmp_path):
+    """Dynamic tables on both towers (the user id, and the item's category; the item id
+    itself keeps a vocabulary, which the corpus and log-Q correction index by): the bundle's
+    item index holds the vectors the model gives its items, the exported user tower reads
+    rows through the frozen maps, and the served search equals a brute-force search with
+    the PyTorch user vector."""
+    import faiss
+    import pyarrow.parquet as pq
+    import torch
+
+    from sampan.batch import Batch
+    from sampan.data.loader import BatchLoader
+    from sampan.data.synthetic import interaction_samples
+    from sampan.export import export_run
+    from sampan.serving.retrieval import Retriever
+    from sampan.tasks.retrieval import RetrievalTask
+    from sampan.train.experiment import RunArtifacts
+
+    pq.write_table(interaction_samples(users=200, items=300, per_user=10), tmp_path / "i.parquet")
+    raw = {"name": "tt", "output_dir": str(tmp_path / "runs"),
+           "data": {"train": str(tmp_path / "i.parquet"),
+                    "split": {"method": "random", "train": 0.8, "valid": 0.1, "test": 0.1}},
+           "features": {"categorical": [
+               {"name": "user_id", "dynamic": {"capacity": 150}},  # fewer rows than users
+               "item_id", {"name": "category_id", "dynamic": {"capacity": 64}}]},
+           "model": {"name": "two_tower", "item_features": ["item_id", "category_id"],
+                     "embedding_dim": 8, "tower_mlp": [16], "k": 10},
+           "train": {"epochs": 2, "batch_size": 64, "progress": False, "tensorboard": False}}
+    run_experiment(load_config(raw=raw), run_dir=tmp_path / "run")
+    bundle = export_run(tmp_path / "run", tmp_path / "bundle")
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert manifest["retrieval"]["user_tower_max_abs_diff"] < 1e-5
+    assert (bundle / "pipeline" / "dynamic_user_id.keys.npy").exists()
+    assert (bundle / "pipeline" / "dynamic_category_id.keys.npy").exists()
+
+    art = RunArtifacts(tmp_path / "run")  # its model maps keys to rows itself
+    model = art.model.eval()
+    train = art.store.split("train")
+    corpus = RetrievalTask(model, train).corpus_rows
+    with torch.no_grad():
+        want = torch.cat([model.item_vectors(b) for b in BatchLoader(
+            corpus, 4096, shuffle="none", prefetch=0)]).numpy()
+    index = faiss.read_index(str(bundle / "items.faiss"))
+    vecs = index.reconstruct_n(0, index.ntotal)
+    assert vecs.shape == want.shape
+    np.testing.assert_allclose(vecs, want, atol=1e-5)
+
+    names = pq.read_table(bundle / "items.parquet").column("item").to_pylist()
+    # the store keeps a dynamic table's keys whole (64 bits, as the served pipeline gives
+    # them), not cut to the int32 ids of fitted tables
+    users = pq.read_table(tmp_path / "i.parquet").column("user_id").to_pylist()
+    keys = np.asarray(art.pipeline.categorical[0].transform(pa.array(users)))
+    assert train.sparse.dtype == np.int64 and np.isin(train.sparse[:, 0], keys).all()
+    user_key = train.sparse[0, 0]
+    user = next(u for u in dict.fromkeys(users)
+                if art.pipeline.categorical[0].transform(pa.array([u])).tolist()[0] == user_key)
+    with torch.no_grad():
+        u = model.user_vectors(Batch(dense=torch.from_numpy(train.dense[:1]),
+                                     sparse=torch.from_numpy(train.sparse[:1])))[0].numpy()
+    got = Retriever(bundle).search({"user_id": user}, 10)
+    brute = np.argsort(-(vecs @ u), kind="stable")[:10]
+    assert [i for i, _ in got] == [names[i] for i in brute]
+    assert all(abs(s - float(vecs[names.index(i)] @ u)) < 1e-4 for i, s in got)
