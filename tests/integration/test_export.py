@@ -38,20 +38,26 @@ def raw(tmp_path_factory):
     return path
 
 
-def train_run(tmp_path, raw, name):
+def train_run(tmp_path, raw, name, dynamic=False):
+    """A tiny run of ``name``; ``dynamic``: the user id, the category and the genres bag as
+    dynamic tables (fewer rows than values: keys are evicted and come back)."""
     tasks = getattr(get_model_class(name), "tasks", 1)
+
+    def dyn(feature, capacity, **spec):
+        return {"name": feature, **spec, "dynamic": {"capacity": capacity}} if dynamic \
+            else ({"name": feature, **spec} if spec else feature)
+
     cfg = load_config(raw={
         "output_dir": str(tmp_path), "data": {"train": str(raw)},
         "features": {"label": ["click", "buy"][:tasks],
-                     "categorical": ["user_id", "item_id", "category_id",
+                     "categorical": [dyn("user_id", 15), "item_id", dyn("category_id", 4),
                                      {"name": "age_bin", "column": "age",
                                       "bucketize": "quantile", "buckets": 4}],
                      "numeric": [{"name": "price", "log1p": True, "standardize": True},
                                  {"name": "age", "fill": "mean", "standardize": True}],
                      "lists": [{"name": "hist_item_id", "share": "item_id", "delimiter": "|",
                                 "max_len": 5},
-                               {"name": "genres", "kind": "bag", "delimiter": "|",
-                                "max_len": 3}]},
+                               dyn("genres", 3, kind="bag", delimiter="|", max_len=3)]},
         "model": {"name": name, "embedding_dim": 8, **OPTIONS.get(name, {})},
         "train": {"epochs": 1, "max_steps": 6, "batch_size": 64, "progress": False,
                   "tensorboard": False}})
@@ -69,9 +75,18 @@ def records(raw):
     return rows
 
 
-@pytest.mark.parametrize("name", model_names())
-def test_onnx_parity(tmp_path, raw, name):
-    run = train_run(tmp_path, raw, name)
+# With dynamic tables: a sequence model, a multi-task model and the two-tower by default,
+# every model with `pytest -m heavy` (a minute more).
+DYNAMIC_BY_DEFAULT = {"din", "mmoe", "two_tower"}
+CASES = [(n, False) for n in model_names()] + [
+    pytest.param(n, True, marks=() if n in DYNAMIC_BY_DEFAULT else pytest.mark.heavy)
+    for n in model_names()]
+
+
+@pytest.mark.parametrize(("name", "dynamic"), CASES,
+                         ids=lambda v: {False: "vocab", True: "dynamic"}.get(v, v))
+def test_onnx_parity(tmp_path, raw, name, dynamic):
+    run = train_run(tmp_path, raw, name, dynamic)
     bundle = export_run(run, tmp_path / "bundle")
     manifest = json.loads((bundle / "manifest.json").read_text())
     assert manifest["parity"]["max_abs_diff"] <= 1e-5
