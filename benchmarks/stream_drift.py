@@ -13,6 +13,12 @@ Usage::
 
     python benchmarks/stream_drift.py                 # 200,000 rows, 20 windows
     python benchmarks/stream_drift.py --rows 100000 --json results/stream_drift.json
+    python benchmarks/stream_drift.py --batch 256 --lr 0.003 --variants vocab dynamic
+
+``--batch`` / ``--lr`` set every variant's training (embedding L2 ``1e-4`` at batch 1024,
+scaled as the built-in plan scales it). More optimizer steps per window do not move the
+figures: on 2026-12-02 batch 256 gave (a) 0.6926 / (c) 0.7333 and batch 256 at lr 0.003
+(a) 0.6826 / (c) 0.7223, against 0.6928 / 0.7324 at the defaults.
 """
 
 from __future__ import annotations
@@ -42,8 +48,9 @@ def stream_raw(args: argparse.Namespace, variant: str, parts: Path) -> dict:
     raw["features"].pop("fit_rows", None)  # a stream fits on its first window
     raw["data"] = {"format": "csv", "header": True, "columns": None, "delimiter": ",",
                    "oracle_column": "oracle_p"}
-    raw["train"] = {"batch_size": 1024, "lr": 0.001, "warmup_steps": 20,
-                    "embedding_l2": 1e-4, "tensorboard": False, "progress": False}
+    raw["train"] = {"batch_size": args.batch, "lr": args.lr, "warmup_steps": 20,
+                    "embedding_l2": 0.1024 / args.batch, "tensorboard": False,
+                    "progress": False}
     raw["stream"] = {"source": "directory", "window_rows": args.window,
                      "directory": {"root": str(parts), "poll_seconds": 0.1},
                      "idle_stop_seconds": 2.0}
@@ -69,6 +76,9 @@ def main() -> None:
     ap.add_argument("--window", type=int, default=10_000)
     ap.add_argument("--drift", type=float, default=1.0)
     ap.add_argument("--model", default="deepfm")
+    ap.add_argument("--batch", type=int, default=1024)
+    ap.add_argument("--lr", type=float, default=0.001)
+    ap.add_argument("--variants", nargs="*", default=["vocab", "hashing", "dynamic"])
     ap.add_argument("--out", type=Path, default=Path("runs/bench_stream_drift"))
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -88,7 +98,7 @@ def main() -> None:
     later = list(range(n // 2 + 1, n + 1))  # 1-based windows of the second half
     auc: dict[str, np.ndarray] = {}
     oracle = None
-    for variant in ("vocab", "hashing", "dynamic"):
+    for variant in args.variants:
         run = args.out / variant
         run_stream(load_config(raw=stream_raw(args, variant, parts)), run_dir=run)
         w = window_metrics(run)
