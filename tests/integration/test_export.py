@@ -75,9 +75,10 @@ def records(raw):
     return rows
 
 
-# With dynamic tables: a sequence model, a multi-task model and the two-tower by default,
-# every model with `pytest -m heavy` (a minute more).
-DYNAMIC_BY_DEFAULT = {"din", "mmoe", "two_tower"}
+# With dynamic tables: a sequence model by default (DeepFM with dynamic fields and bags, and
+# the two-tower, have their own tests in test_dynamic_run.py), every model with
+# `pytest -m heavy` (a minute more).
+DYNAMIC_BY_DEFAULT = {"din"}
 CASES = [(n, False) for n in model_names()] + [
     pytest.param(n, True, marks=() if n in DYNAMIC_BY_DEFAULT else pytest.mark.heavy)
     for n in model_names()]
