@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 _WINDOW = 8  # slots looked at per probe round: 8 int64 keys are one or two cache lines
+_LATE_WINDOW = 64  # per round for the few keys still searching after one: no third round
 _SMALL_BATCH = 4096  # keys a probe or insert reads whole windows for from the first round
 _MAX_FILL = 0.75  # full + deleted slots over all slots: rebuilt above it
 _NEVER = torch.iinfo(torch.int64).max  # the stamp of a free row: never evicted, never seen
@@ -119,7 +120,8 @@ class KeyIndex(nn.Module):
                                                    device=device))
         self.register_buffer("sketch_total", torch.tensor(0, dtype=i64))
         self.register_buffer("freed_total", torch.tensor(0, dtype=i64))  # rows ever freed
-        self.register_buffer("_window", torch.arange(_WINDOW, device=device), persistent=False)
+        self.register_buffer("_window", torch.arange(_LATE_WINDOW, device=device),
+                             persistent=False)
         self.register_buffer("_salts", torch.tensor(_SKETCH_SALTS, dtype=i64, device=device),
                              persistent=False)
 
@@ -137,12 +139,12 @@ class KeyIndex(nn.Module):
         st = self.row_stamp[rows]
         return st & _LOW32 if self.policy == "lfu" else st
 
-    def _window_of(self, pos: torch.Tensor, first_round: bool) -> torch.Tensor:
+    def _window_of(self, pos: torch.Tensor, first_round: bool, width: int) -> torch.Tensor:
         """The slots an insert round reads: the home slot alone in the first round, then
-        ``_WINDOW`` neighbours at a time. ``[n, w]``."""
+        ``width`` neighbours at a time. ``[n, w]``."""
         if first_round:
             return pos[:, None]
-        return (pos[:, None] + self._window) & self.mask
+        return (pos[:, None] + self._window[:width]) & self.mask
 
     def _probe(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(slot, row)`` of each of the distinct ``keys``: the slot holding it and its row,
@@ -151,7 +153,8 @@ class KeyIndex(nn.Module):
 
         In a large batch the first round reads the home slot alone (where most keys are: the
         map is at most half full); the keys still searching then read ``_WINDOW`` slots a
-        round, as every key of a small batch does from the start. Gathers
+        round, as every key of a small batch does from the start; the few still searching
+        after such a round read ``_LATE_WINDOW`` slots a round. Gathers
         are ``index_select`` (several times faster than advanced indexing on CPU)."""
         pos = mix64(keys) & self.mask
         if len(keys) <= _SMALL_BATCH:  # few keys: rounds cost more than reads, all windows
@@ -165,9 +168,10 @@ class KeyIndex(nn.Module):
             row = torch.where(hit, r0, 0)
             idx = ((r0 != 0) & ~hit).nonzero().squeeze(1)  # not there, no empty slot yet
             keys, pos = keys[idx], (pos[idx] + 1) & self.mask
+        width = _WINDOW
         while len(idx):
-            win = (pos[:, None] + self._window) & self.mask  # [m, w]
-            kr = self.slots.index_select(0, win.reshape(-1)).view(len(idx), _WINDOW, 2)
+            win = (pos[:, None] + self._window[:width]) & self.mask  # [m, w]
+            kr = self.slots.index_select(0, win.reshape(-1)).view(len(idx), width, 2)
             rw = kr[..., 1]
             h = (kr[..., 0] == keys[:, None]) & (rw > 0)
             stop = h | (rw == 0)
@@ -176,7 +180,8 @@ class KeyIndex(nn.Module):
             slot[idx[found]] = win.gather(1, first).squeeze(1)[found]
             row[idx[found]] = rw.gather(1, first).squeeze(1)[found]
             go = (~stop.any(1)).nonzero().squeeze(1)
-            idx, keys, pos = idx[go], keys[go], (pos[go] + _WINDOW) & self.mask
+            idx, keys, pos = idx[go], keys[go], (pos[go] + width) & self.mask
+            width = _LATE_WINDOW
         return slot, row
 
     def find(self, keys: torch.Tensor) -> torch.Tensor:
@@ -260,8 +265,9 @@ class KeyIndex(nn.Module):
         flat = self.slots.view(-1)  # slot s: key at 2 s, row at 2 s + 1
         pos = mix64(keys) & self.mask
         first_round = len(keys) > _SMALL_BATCH
+        width = _WINDOW
         while len(keys):
-            win = self._window_of(pos, first_round)
+            win = self._window_of(pos, first_round, width)
             free = flat.index_select(0, (2 * win + 1).reshape(-1)).view(win.shape) <= 0
             has = free.any(1)
             at = win.gather(1, free.to(torch.uint8).argmax(1, keepdim=True)).squeeze(1)
@@ -279,6 +285,8 @@ class KeyIndex(nn.Module):
             pos = torch.where(has, at, (pos + win.shape[1]) & self.mask)
             go = left.nonzero().squeeze(1)
             keys, rows, pos = keys[go], rows[go], pos[go]
+            if not first_round:  # the few left after a window: wide windows
+                width = _LATE_WINDOW
             first_round = False
 
     def evict(self, n: int, step: int, keep: torch.Tensor | None = None) -> torch.Tensor:
