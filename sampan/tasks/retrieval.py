@@ -28,6 +28,7 @@ from torch import nn
 
 from sampan import distributed
 from sampan.data.store import SplitArrays
+from sampan.embedding.collection import EmbeddingCollection
 from sampan.metrics import ranking_metrics
 
 
@@ -101,8 +102,8 @@ class RetrievalTask:
         self.seen_users, at = np.unique(users, return_inverse=True)
         self.seen = _csr(at.reshape(-1), items, len(self.seen_users) + 1)
         schema = getattr(model, "schema", None)
-        self.dynamic_users = schema is not None and \
-            schema.sparse[self.user_col].dynamic is not None
+        self.user_table = schema.sparse[self.user_col].name if schema is not None and \
+            schema.sparse[self.user_col].dynamic is not None else None
 
     def training_rows(self, train: SplitArrays) -> SplitArrays:
         """Only positive rows are trained on (the negatives come from the batch)."""
@@ -126,6 +127,16 @@ class RetrievalTask:
         logits = logits.masked_fill(hit, float("-inf"))
         return F.cross_entropy(logits, target)
 
+    def _known_users(self, model: nn.Module, users: np.ndarray) -> np.ndarray:
+        """Which ``users`` have rows of their own: fitted ids from 2 on, or the keys a
+        dynamic user table holds now."""
+        if self.user_table is None:
+            return users >= 2
+        index = next(m.dynamic[self.user_table] for m in model.modules()
+                     if isinstance(m, EmbeddingCollection) and self.user_table in m.dynamic)
+        rows = index.find(torch.from_numpy(users).to(index.row_key.device))
+        return rows.cpu().numpy() > 0
+
     def _seen_index(self, users: np.ndarray) -> np.ndarray:
         """Each user's range in ``self.seen`` (the empty last one for users not in train)."""
         n = len(self.seen_users)
@@ -139,9 +150,9 @@ class RetrievalTask:
                  infer: Callable[[Callable, Any], torch.Tensor]) -> dict[str, float]:
         pos = positive_rows(data)
         users = np.asarray(data.sparse[pos, self.user_col])
-        # users unknown to training (OOV id 1) cannot be told apart: not queries; a dynamic
-        # table's keys are each a user (0: missing), admitted or not
-        query = users != 0 if self.dynamic_users else users >= 2
+        # users unknown to training (OOV id 1, or a dynamic table's key without a row: both
+        # read a shared row) cannot be told apart: not queries
+        query = self._known_users(model, users)
         out: dict[str, float] = {"rows": float(len(data)),
                                  "unknown_user_rows": float((~query).sum())}
         pos, users = pos[query], users[query]

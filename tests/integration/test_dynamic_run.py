@@ -219,7 +219,7 @@ def test_a_two_tower_with_dynamic_tables_exports_and_retrieves_as_pytorch_does(t
            "model": {"name": "two_tower", "item_features": ["item_id", "category_id"],
                      "embedding_dim": 8, "tower_mlp": [16], "k": 10},
            "train": {"epochs": 2, "batch_size": 64, "progress": False, "tensorboard": False}}
-    run_experiment(load_config(raw=raw), run_dir=tmp_path / "run")
+    res = run_experiment(load_config(raw=raw), run_dir=tmp_path / "run")
     bundle = export_run(tmp_path / "run", tmp_path / "bundle")
     manifest = json.loads((bundle / "manifest.json").read_text())
     assert manifest["retrieval"]["user_tower_max_abs_diff"] < 1e-5
@@ -229,6 +229,13 @@ def test_a_two_tower_with_dynamic_tables_exports_and_retrieves_as_pytorch_does(t
     art = RunArtifacts(tmp_path / "run")  # its model maps keys to rows itself
     model = art.model.eval()
     train = art.store.split("train")
+    # test users whose key lost its row (150 rows for 200 users) read the default row, like
+    # an OOV id: not queries
+    index = model.embedding.dynamic["user_id"]
+    held = index.row_key[index.live].numpy()
+    test_users = np.asarray(art.store.split("test").sparse[:, 0])
+    assert res["test"]["unknown_user_rows"] == (~np.isin(test_users, held)).sum() > 0
+    assert res["test"]["queries"] == len(np.unique(test_users[np.isin(test_users, held)]))
     corpus = RetrievalTask(model, train).corpus_rows
     with torch.no_grad():
         want = torch.cat([model.item_vectors(b) for b in BatchLoader(
