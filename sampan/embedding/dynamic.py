@@ -140,8 +140,8 @@ class KeyIndex(nn.Module):
         return st & _LOW32 if self.policy == "lfu" else st
 
     def _window_of(self, pos: torch.Tensor, first_round: bool, width: int) -> torch.Tensor:
-        """The slots an insert round reads: the home slot alone in the first round, then
-        ``width`` neighbours at a time. ``[n, w]``."""
+        """The slots a probe or insert round reads: the home slot alone in a large batch's
+        first round, else ``width`` neighbours from ``pos``. ``[n, w]``."""
         if first_round:
             return pos[:, None]
         return (pos[:, None] + self._window[:width]) & self.mask
@@ -170,7 +170,7 @@ class KeyIndex(nn.Module):
             keys, pos = keys[idx], (pos[idx] + 1) & self.mask
         width = _WINDOW
         while len(idx):
-            win = (pos[:, None] + self._window[:width]) & self.mask  # [m, w]
+            win = self._window_of(pos, False, width)  # [m, w]
             kr = self.slots.index_select(0, win.reshape(-1)).view(len(idx), width, 2)
             rw = kr[..., 1]
             h = (kr[..., 0] == keys[:, None]) & (rw > 0)

@@ -85,7 +85,6 @@ class RetrievalTask:
         items = np.asarray(train.sparse[:, self.item_col])
         users = np.asarray(train.sparse[:, self.user_col])
         self.n_items = int(model.item_cardinality)
-        self.n_users = int(model.user_cardinality)
         pos = positive_rows(train)
         counts = np.bincount(items[pos], minlength=self.n_items).astype(np.float64)
         self.popularity = counts
