@@ -51,7 +51,7 @@ print("cuda", torch.cuda.is_available(),
 PYEOF
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >> "$OUT/device.txt" 2>/dev/null || true
 set -o pipefail
-timeout 120 "$PY" -m pytest -m gpu -q -p no:cacheprovider tests/integration/test_gpu.py 2>&1 \
+timeout 120 "$PY" -m pytest -o addopts="" -m gpu -q -p no:cacheprovider tests/integration/test_gpu.py 2>&1 \
     | tee "$OUT/gpu_tests.txt" | tail -n 5
 timeout 270 "$PY" benchmarks/train_throughput.py --device "$DEVICE" --batch "$BATCH" \
     --models deepfm,dcn_v2,din --contenders sampan,plain --rounds 1 --steps "$STEPS" \

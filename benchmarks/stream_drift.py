@@ -52,6 +52,7 @@ def stream_raw(args: argparse.Namespace, variant: str, parts: Path) -> dict:
     raw["data"] = {"format": "csv", "header": True, "columns": None, "delimiter": ",",
                    "oracle_column": "oracle_p"}
     raw["train"] = {"batch_size": args.batch, "lr": args.lr, "warmup_steps": 20,
+                    "sparse_optimizer": args.sparse_optimizer, "sparse_lr": args.sparse_lr,
                     "embedding_l2": 0.1024 / args.batch, "tensorboard": False,
                     "progress": False}
     raw["stream"] = {"source": "directory", "window_rows": args.window,
@@ -81,6 +82,10 @@ def main() -> None:
     ap.add_argument("--model", default="deepfm")
     ap.add_argument("--batch", type=int, default=1024)
     ap.add_argument("--lr", type=float, default=0.001)
+    ap.add_argument("--sparse-optimizer", default="adam",
+                    choices=["adam", "adagrad", "rowwise_adagrad"])
+    ap.add_argument("--sparse-lr", type=float, default=None,
+                    help="the embedding tables' learning rate (default: --lr)")
     ap.add_argument("--variants", nargs="*", default=["vocab", "hashing", "dynamic"],
                     help="of vocab, hashing, dynamic; dynamic is always run (the others "
                     "are compared with it), and its frozen copy (d) with it")

@@ -7,6 +7,12 @@ from pathlib import Path
 
 import pytest
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # the suite runs on two workers (pyproject's addopts), which share the machine's cores:
+    # one thread each, and for the commands the tests start, so that no core is oversubscribed
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("MKL_NUM_THREADS", "1")
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("SAMPAN_SHARED_DATA", ROOT.parent / "shared" / "data"))
 

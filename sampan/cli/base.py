@@ -53,5 +53,6 @@ SetOpt = Annotated[
 
 
 def fail(msg: str, code: int = 2) -> None:
-    err.print(f"[bold red]error:[/] {msg}")
+    # not wrapped to the terminal's width: an error stays whole when it is logged or grepped
+    err.print(f"[bold red]error:[/] {msg}", soft_wrap=True)
     raise typer.Exit(code)

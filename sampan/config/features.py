@@ -14,6 +14,7 @@ from pydantic import (
 )
 
 from sampan.config.base import _Strict
+from sampan.config.messages import nearest_key
 
 
 # ------------------------------------------------------------------------------- features
@@ -272,7 +273,7 @@ class FeaturesConfig(_Strict):
             data[f"{kind}_defaults"] = defaults
             for key in defaults:
                 if key not in model.model_fields or key == "name":
-                    near = difflib.get_close_matches(key, list(model.model_fields), n=1)
+                    near = nearest_key(key, list(model.model_fields))
                     hint = f"; did you mean {near[0]!r}?" if near else ""
                     raise ValueError(f"features.{kind}_defaults: unknown key {key!r}{hint}")
             items = data.get(kind)

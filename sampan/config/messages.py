@@ -37,7 +37,7 @@ def format_validation_error(
         where = _loc_str(prefix + loc)
         if e["type"] == "extra_forbidden":
             valid = _keys_at(root, loc[:-1])
-            near = difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.5)
+            near = nearest_key(str(loc[-1]), valid)
             hint = f"did you mean {near[0]!r}? " if near else ""
             parent = _loc_str(prefix + loc[:-1]) or "top level"
             lines.append(f"unknown key {loc[-1]!r} in {parent}: {hint}"
@@ -49,6 +49,27 @@ def format_validation_error(
             shown = "" if isinstance(got, dict) else f" (got {got!r})"
             lines.append(f"{where or 'config'}: {e['msg']}{shown}")
     return "invalid config:\n  - " + "\n  - ".join(lines)
+
+
+# Names other frameworks (DeepCTR, FuxiCTR, TorchRec, Keras) give to Sampan's keys: no
+# spelling distance finds ``lr`` from ``learning_rate``.
+SYNONYMS = {
+    "learning_rate": "lr", "num_epochs": "epochs", "n_epochs": "epochs", "epoch": "epochs",
+    "batch": "batch_size", "bs": "batch_size", "embedding_size": "embedding_dim",
+    "embed_dim": "embedding_dim", "emb_dim": "embedding_dim",
+    "dnn_hidden_units": "mlp", "hidden_units": "mlp", "dnn": "mlp",
+    "dropout_rate": "dropout", "dnn_dropout": "dropout", "net_dropout": "dropout",
+    "l2_reg_embedding": "embedding_l2", "embedding_regularizer": "embedding_l2",
+    "optim": "optimizer", "patience": "early_stopping", "model_name": "name",
+}
+
+
+def nearest_key(key: str, valid: list[str]) -> list[str]:
+    """The valid key the user most likely meant: a known synonym, else the closest
+    spelling."""
+    if SYNONYMS.get(key.lower()) in valid:
+        return [SYNONYMS[key.lower()]]
+    return difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
 
 
 def _loc_str(loc: tuple[Any, ...]) -> str:

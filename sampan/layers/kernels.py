@@ -11,7 +11,8 @@ layer's real shape (the rows of a training batch, its in and out features), then
 whole layer (forward + backward) as ``nn.Linear``, on oneDNN and with the faster library per
 GEMM, and keeps the fastest: for a small layer the work around the GEMMs outweighs them, and
 only the whole layer shows it. So a layer never runs slower than ``nn.Linear`` would, by
-this machine's own measurement.
+this machine's own measurement. A layer of fewer than :data:`MIN_MACS` multiply-adds a step
+is not timed: it runs as ``nn.Linear``.
 
 Choices are cached in ``$SAMPAN_CACHE_DIR/kernels.json`` (default
 ``~/.cache/sampan``) under a key made of the CPU model, its ISA flags, the torch version and
@@ -53,6 +54,10 @@ from sampan.layers.linear import (
 )
 
 Shape = tuple[int, int, int]  # rows, in features, out features
+# Layers with fewer multiply-adds a step than this run as nn.Linear without being timed: at
+# this size a training step's GEMMs take tens of microseconds, no library has been measured
+# faster there (on AVX2 and AVX-512 EPYCs), and timing a shape costs about half a second.
+MIN_MACS = 1 << 21
 Timer = Callable[[str, str, Shape], float]  # (kernel, gemm or "layer", shape) -> seconds
 Times = dict[str, dict[str, float]]  # gemm or "layer" -> kernel -> seconds, for one shape
 
@@ -192,7 +197,12 @@ class KernelPlan:
             return f"{picked} (train.kernels={self.mode})"
         gains = [f"{s} {best(t)} {t['layer']['mkl'] / t['layer'][best(t)]:.2f}x"
                  for s, t in self.times.items() if "layer" in t]
-        return f"{picked} ({self.source}, time of nn.Linear / chosen: {'; '.join(gains)})"
+        if not gains:
+            return f"{picked} ({self.source})"
+        small = sum(s[0] * s[1] * s[2] < MIN_MACS for s in self.shapes.values())
+        rest = f"; {small} smaller layer(s) untimed, as nn.Linear" if small else ""
+        return (f"{picked} ({self.source}, time of nn.Linear / chosen: {'; '.join(gains)}"
+                f"{rest})")
 
     def to_json(self) -> dict[str, Any]:
         return {"mode": self.mode, "layers": self.layers, "source": self.source,
@@ -295,9 +305,13 @@ def plan_kernels(model: nn.Module, mode: str, probe: Callable[[], Any],
     plan = KernelPlan(mode, shapes=shapes)
     if mode == "auto" and not onednn_available():
         mode, plan.source = "mkl", "oneDNN unavailable"
-    if mode == "auto" and shapes:
-        chosen, plan.times, plan.source = choose(shapes.values(), timer, cache)
-        plan.layers = {n: chosen[_key(s)] for n, s in shapes.items()}
+    if mode == "auto":
+        timed = [s for s in shapes.values() if s[0] * s[1] * s[2] >= MIN_MACS]
+        plan.source = "all layers too small to time: nn.Linear"
+        chosen: dict[str, str] = {}
+        if timed:
+            chosen, plan.times, plan.source = choose(timed, timer, cache)
+        plan.layers = {n: chosen.get(_key(s), "mkl") for n, s in shapes.items()}
     else:
         plan.layers = {n: mode for n in shapes}
     apply(model, plan)

@@ -386,4 +386,5 @@ class Trainer:
             self.metrics.truncate_after(self.state.step)
         if not quiet:
             self.console.print(f"resumed from {path} at step {self.state.step} "
-                               f"(epoch {self.state.epoch}, batch {self.state.batch})")
+                               f"(epoch {self.state.epoch}, batch {self.state.batch})",
+                               soft_wrap=True)  # a path: one line, whatever the width

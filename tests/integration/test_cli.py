@@ -127,6 +127,7 @@ def test_misspelt_key_fails_with_nearest_key_and_exit_code_2(tmp_path):
     r = sampan_here("train", str(write_cfg(tmp_path, cfg)))
     assert r.returncode == 2
     assert "learning_rate" in r.stderr and "valid keys" in r.stderr
+    assert "did you mean 'lr'" in r.stderr  # another framework's name for it
     r = sampan_here("train", "--set", "train.epoch=3")
     assert r.returncode == 2 and "did you mean 'epochs'" in r.stderr
 

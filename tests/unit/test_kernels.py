@@ -107,6 +107,9 @@ def test_plan_kernels_records_shapes_and_applies_the_choice(tmp_path):
     assert kinds == {400: "onednn/onednn/mkl", 1: "mkl"}
     assert "mkl for 1 layer(s), onednn/onednn/mkl for 2 layer(s) (measured, time of " \
         "nn.Linear / chosen: 64x429x400 onednn/onednn/mkl 1.20x" in plan.describe()
+    # 64 x 400 x 1 is under MIN_MACS: not timed, nn.Linear
+    assert set(plan.times) == {"64x429x400", "64x400x400"}
+    assert "1 smaller layer(s) untimed, as nn.Linear" in plan.describe()
     forced = plan_kernels(mlp, "mkl", lambda: mlp(x))
     assert {m.kernel for m in mlp.modules() if isinstance(m, Linear)} == {"mkl"}
     assert "train.kernels=mkl" in forced.describe()
