@@ -208,13 +208,20 @@ def machine() -> dict:
     import sampan
 
     cpu = platform.processor() or platform.machine()
+    ident: dict[str, int] = {}  # cpu family / model: the generation ("AMD EPYC" says little)
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+            name, _, value = (x.strip() for x in line.partition(":"))
+            if name == "model name":
+                cpu = value
+            elif name in ("cpu family", "model") and value.isdigit():
+                ident.setdefault(name, int(value))
+            if name == "processor" and ident:
+                break  # the first processor's lines are enough
     except OSError:
         pass
+    if ident:
+        cpu += f" family {ident.get('cpu family', '?')} model {ident.get('model', '?')}"
     flags: set[str] = set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -224,7 +231,8 @@ def machine() -> dict:
     except OSError:
         pass
     isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if f in flags]
-    return {"cpu": cpu, "isa": isa, "cores": os.cpu_count(),
+    return {"cpu": cpu, "cpu_family": ident.get("cpu family"), "cpu_model": ident.get("model"),
+            "isa": isa, "cores": os.cpu_count(),
             "threads": torch.get_num_threads(),
             "python": platform.python_version(), "torch": torch.__version__,
             "sampan": getattr(sampan, "__version__", "?"),
