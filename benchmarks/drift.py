@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.accuracy import machine  # noqa: E402
 from sampan.config import load_config  # noqa: E402
 from sampan.config.load import PRESETS  # noqa: E402
-from sampan.data.synthetic import VOCAB_SIZES  # noqa: E402
+from sampan.data.synthetic import VOCAB_SIZES, stream_ids  # noqa: E402
 from sampan.train.experiment import RunArtifacts, compare_runs, run_experiment  # noqa: E402
 
 
@@ -47,6 +47,9 @@ def config(args: argparse.Namespace, variant: str) -> dict:
             c = {"hashing": {"name": c, "vocab": False, "hash_buckets": cap},
                  "dynamic": {"name": c, "dynamic": {"capacity": cap, "admit": {"min_count": 2},
                                                     "evict": {"policy": "lru"}}},
+                 # a row for every id the stream will ever hold, from its first sighting:
+                 # what (c) would do with no memory limit and no admission threshold
+                 "unbounded": {"name": c, "dynamic": {"capacity": stream_ids(cap, args.drift)}},
                  "vocab": c}[variant]
         cats.append(c)
     features["categorical"] = cats

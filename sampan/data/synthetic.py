@@ -44,7 +44,7 @@ LATENT = 4
 BIAS = -1.6
 
 
-def _ids(vocab: int, drift: float) -> int:
+def stream_ids(vocab: int, drift: float) -> int:
     """Ids of a field of ``vocab`` ranks whose head moves ``drift * vocab`` ids along."""
     return vocab + int(np.ceil(drift * vocab))
 
@@ -54,7 +54,7 @@ class _TruthModel:
 
     def __init__(self, seed: int, drift: float = 0.0):
         rng = np.random.default_rng([seed, 0])
-        sizes = [_ids(v, drift) for v in VOCAB_SIZES]
+        sizes = [stream_ids(v, drift) for v in VOCAB_SIZES]
 
         # Effects shrink with an id's rarity, its best rank over the rows (the head carries
         # most of the signal, as in real logs, so a model can approach the oracle from a few
