@@ -174,13 +174,14 @@ def test_bad_options_are_named():
         KeyIndex(5, probability=0.0)
 
 
+@pytest.mark.parametrize("size", [1 << 17, 1 << 21])  # both large enough for the sampled path
 @pytest.mark.parametrize("spread", [10, 10**12])  # many ties, few ties
-def test_the_sampled_eviction_threshold_picks_exactly_the_lowest_rows(spread):
-    idx = KeyIndex(1 << 21)  # large enough for the sampled path
+def test_the_sampled_eviction_threshold_picks_exactly_the_lowest_rows(spread, size):
+    idx = KeyIndex(size)
     g = torch.Generator().manual_seed(spread)
     idx.row_stamp.copy_(torch.randint(0, spread, idx.row_stamp.shape, generator=g))
     none = torch.empty(0, dtype=torch.long)
-    for n in (1, 1000, 30_000):
+    for n in (1, 1000, 3000, 30_000):
         got = idx._lowest(n, step=n, keep=none)
         assert len(torch.unique(got)) == n
         want = torch.sort(idx.row_stamp).values[:n]
