@@ -79,11 +79,11 @@ class FeatureEmbedding(nn.Module):
 
 
 def first_order_part(model: nn.Module) -> FeatureEmbedding | None:
-    """``model.features`` when it is a :class:`FeatureEmbedding` with first-order weights and
-    latent vectors (what an LR warm start applies to, see :mod:`sampan.train.warm_start`),
-    else ``None``."""
+    """``model.features`` when it is a :class:`FeatureEmbedding` with first-order weights
+    (an LR's alone, or beside latent vectors): what an LR warm start applies to (see
+    :mod:`sampan.train.warm_start`); else ``None``."""
     fe = getattr(model, "features", None)
-    if isinstance(fe, FeatureEmbedding) and fe.tasks and fe.dim:
+    if isinstance(fe, FeatureEmbedding) and fe.tasks:
         return fe
     return None
 

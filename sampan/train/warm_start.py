@@ -7,7 +7,9 @@ part starts to memorise; a logistic regression on the same ids keeps improving f
 and more. Trained together, the model stops with under-fitted first-order weights. Fitted
 first (until its own validation stops improving) and copied in, the first-order part starts
 where an LR ends, and the model's step-0 evaluation makes that LR the floor of the run: the
-weights kept are never worse on validation than the LR they started from.
+weights kept are never worse on validation than the LR they started from. For the ``lr``
+model the first-order part is the whole model: the warm start makes it the tuned LR (an LR
+trained by mini-batch Adam with early stopping ended up to 0.03 AUC below one).
 
 How the LR is fitted (``train.first_order_solver``):
 

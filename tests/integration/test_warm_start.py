@@ -43,7 +43,7 @@ def model(name: str):
 
 @pytest.mark.parametrize("name,has", [("fm", True), ("deepfm", True), ("wide_deep", True),
                                       ("xdeepfm", True), ("fibinet", True), ("autoint", True),
-                                      ("lr", False), ("dcn_v2", False)])
+                                      ("lr", True), ("dcn_v2", False)])
 def test_which_models_have_first_order_terms_to_start(name, has):
     assert (first_order_part(model(name)) is not None) is has
 
