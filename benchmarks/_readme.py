@@ -5,13 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def update_block(path: Path, key: str, text: str) -> None:
-    """Replace the block between this key's markers in ``path`` (append when absent)."""
+def update_block(path: Path, key: str, text: str, after: str | None = None) -> None:
+    """Replace the block between this key's markers in ``path``. When it is absent, put it
+    after the line of the last marker starting with ``after`` (the end of the file when
+    there is none)."""
     begin, end = f"<!-- perf:{key} -->", f"<!-- /perf:{key} -->"
     doc = path.read_text()
     block = f"{begin}\n{text}\n{end}"
     if begin in doc:
         doc = doc[: doc.index(begin)] + block + doc[doc.index(end) + len(end):]
+    elif after and after in doc:
+        cut = doc.index("\n", doc.rindex(after)) + 1
+        doc = doc[:cut] + f"\n{block}\n" + doc[cut:]
     else:
         doc += f"\n{block}\n"
     path.write_text(doc)

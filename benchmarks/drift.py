@@ -49,7 +49,9 @@ def config(args: argparse.Namespace, variant: str) -> dict:
                                                     "evict": {"policy": "lru"}}},
                  # a row for every id the stream will ever hold, from its first sighting:
                  # what (c) would do with no memory limit and no admission threshold
-                 "unbounded": {"name": c, "dynamic": {"capacity": stream_ids(cap, args.drift)}},
+                 # (+ 1: the key a missing value becomes)
+                 "unbounded": {"name": c,
+                               "dynamic": {"capacity": stream_ids(cap, args.drift) + 1}},
                  "vocab": c}[variant]
         cats.append(c)
     features["categorical"] = cats

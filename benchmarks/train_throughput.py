@@ -326,7 +326,8 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=10_000_000, help="table rows for --memory")
     ap.add_argument("--out", default=None,
                     help="result JSON (default: benchmarks/results/train_throughput_CLASS.json,"
-                         " CLASS the CPU class measured: avx2 or avx512; or _memory, _cuda)")
+                         " CLASS the CPU measured: its ISA and generation, e.g. avx512_f25m17;"
+                         " or _memory, _cuda)")
     ap.add_argument("--readme", default=None, help="rewrite this README's Performance section")
     ap.add_argument("--render", default=None, metavar="JSON",
                     help="only render an earlier result JSON (to stdout, or into --readme)")
@@ -529,7 +530,8 @@ def update_readme(path: Path, report: dict) -> None:
 
     key = "train_throughput_memory" if "memory" in report else \
         f"train_throughput_{report['machine'].get('cpu_class') or cpu_class(report['machine'])}"
-    update_block(path, key, markdown(report))  # one block per CPU class measured
+    # one block per CPU measured; a new CPU's goes after the other CPUs' blocks
+    update_block(path, key, markdown(report), after="<!-- /perf:train_throughput_avx")
 
 
 if __name__ == "__main__":

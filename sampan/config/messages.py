@@ -60,7 +60,7 @@ SYNONYMS = {
     "dnn_hidden_units": "mlp", "hidden_units": "mlp", "dnn": "mlp",
     "dropout_rate": "dropout", "dnn_dropout": "dropout", "net_dropout": "dropout",
     "l2_reg_embedding": "embedding_l2", "embedding_regularizer": "embedding_l2",
-    "optim": "optimizer", "patience": "early_stopping", "model_name": "name",
+    "optim": "optimizer", "model_name": "name",
 }
 
 

@@ -54,10 +54,11 @@ from sampan.layers.linear import (
 )
 
 Shape = tuple[int, int, int]  # rows, in features, out features
-# Layers with fewer multiply-adds a step than this run as nn.Linear without being timed: at
-# this size a training step's GEMMs take tens of microseconds, no library has been measured
-# faster there (on AVX2 and AVX-512 EPYCs), and timing a shape costs about half a second.
-MIN_MACS = 1 << 21
+# Layers with fewer multiply-adds a step than this run as nn.Linear without being timed:
+# timing a shape costs about half a second, and on the EPYCs measured (AVX2 and AVX-512) no
+# library beat MKL on a layer this small; the smallest layer that gained was DIN's output
+# layer, 4096 x 400 x 1 (1.6 M), oneDNN in 0.69x nn.Linear's time on an AVX2 EPYC.
+MIN_MACS = 1 << 20
 Timer = Callable[[str, str, Shape], float]  # (kernel, gemm or "layer", shape) -> seconds
 Times = dict[str, dict[str, float]]  # gemm or "layer" -> kernel -> seconds, for one shape
 
@@ -199,7 +200,7 @@ class KernelPlan:
                  for s, t in self.times.items() if "layer" in t]
         if not gains:
             return f"{picked} ({self.source})"
-        small = sum(s[0] * s[1] * s[2] < MIN_MACS for s in self.shapes.values())
+        small = sum(_key(s) not in self.times for s in self.shapes.values())
         rest = f"; {small} smaller layer(s) untimed, as nn.Linear" if small else ""
         return (f"{picked} ({self.source}, time of nn.Linear / chosen: {'; '.join(gains)}"
                 f"{rest})")

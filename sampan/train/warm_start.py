@@ -95,12 +95,14 @@ def exact_fit_blocker(trainer: Trainer) -> str | None:
     return None
 
 
-def fit_first_order(trainer: Trainer) -> dict[str, Any]:
+def fit_first_order(trainer: Trainer) -> dict[str, Any] | None:
     """Fit an LR with ``trainer``'s config and rows and copy it into ``trainer.model``,
     before ``trainer.fit()``: the fit then keeps the LR's output bias and evaluates the
     warm-started model at step 0. ``train.first_order_solver`` says how: the exact optimum
     (:func:`fit_exact`) or SGD (:func:`fit_sgd`). Returns what the run reports
     (``results.json``: ``first_order_warm_start``) and sets ``trainer.warm_start`` to it.
+    For the ``lr`` model only the exact fit is a start worth having (an SGD fit would be the
+    model itself, trained twice): without it, nothing is fitted and ``None`` returned.
     """
     target = first_order_part(trainer.model)
     if target is None:
@@ -110,6 +112,11 @@ def fit_first_order(trainer: Trainer) -> dict[str, Any]:
     if solver == "lbfgs" and blocker is not None:
         raise ConfigError(f"train.first_order_solver: lbfgs cannot fit this run's LR: "
                           f"{blocker}; use auto or sgd")
+    if target.dim == 0 and (solver == "sgd" or blocker is not None):
+        trainer.console.print("first-order warm start: skipped, the model is an LR that "
+                              "trains as an SGD fit would ("
+                              f"{blocker or 'train.first_order_solver: sgd'})")
+        return None
     t0 = time.perf_counter()
     torch_state = torch.get_rng_state()  # the model's own run draws what it would have drawn
     lr_model = LR.Config(embedding_init_std=trainer.cfg.model.embedding_init_std)

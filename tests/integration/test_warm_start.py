@@ -152,3 +152,30 @@ def test_lbfgs_where_it_cannot_run_fails_naming_why(tmp_path):
     trainer = Trainer(model("fm"), cfg, tmp_path / "auto", additive_rows(500, 1), None,
                       console=Console(quiet=True))
     assert fit_first_order(trainer)["solver"] == "sgd"
+
+
+@pytest.mark.parametrize("solver", ["lbfgs", "sgd"])
+def test_the_lr_model_starts_as_the_exact_lr_and_skips_an_sgd_one(tmp_path, solver):
+    # the lr model is its first-order part: the exact fit is its start; an SGD fit would be
+    # the model itself trained twice, so it is skipped
+    cfg = ExperimentConfig.model_validate({
+        "features": {"categorical": ["a", "b"], "numeric": ["x"]},
+        "model": {"name": "lr"},
+        "train": {"batch_size": 128, "epochs": 2, "progress": False, "tensorboard": False,
+                  "eval_every_steps": 10, "first_order_solver": solver}})
+    train, valid = additive_rows(4000, 1), additive_rows(1500, 2)
+    lr = model("lr")
+    trainer = Trainer(lr, cfg, tmp_path, train, valid, console=Console(quiet=True))
+    assert trainer.tc.first_order_warm_start
+    report = fit_first_order(trainer)
+    if solver == "sgd":
+        assert report is None and trainer.warm_start is None
+        assert not (tmp_path / DIRNAME).exists()
+        return
+    assert report["solver"] == "lbfgs" and trainer.warm_start is report
+    state = trainer.fit()
+    first = state.history[0]
+    # at step 0 the model is exactly the fitted LR
+    assert first["step"] == 0 and first["auc"] == pytest.approx(report["valid"]["auc"],
+                                                                abs=1e-6)
+    assert state.best >= first["auc"]
