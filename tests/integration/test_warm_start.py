@@ -83,17 +83,23 @@ def test_copy_takes_the_lr_weights_and_leaves_the_vectors():
         copy_first_order(other.features, fm.features)
 
 
-@pytest.mark.parametrize("solver", ["lbfgs", "sgd"])
-def test_the_model_starts_as_the_fitted_lr_and_never_ends_below_it(tmp_path, solver):
+def warm_trainer(tmp_path, name: str, solver: str):
+    """A Trainer of ``name`` on the additive rows, warm start on (auto), and its valid rows."""
     cfg = ExperimentConfig.model_validate({
         "features": {"categorical": ["a", "b"], "numeric": ["x"]},
-        "model": {"name": "fm", "embedding_dim": 4},
+        "model": {"name": name, **({"embedding_dim": 4} if name != "lr" else {})},
         "train": {"batch_size": 128, "epochs": 2, "progress": False, "tensorboard": False,
                   "eval_every_steps": 10, "first_order_solver": solver}})
     train, valid = additive_rows(4000, 1), additive_rows(1500, 2)
-    fm = model("fm")
-    trainer = Trainer(fm, cfg, tmp_path, train, valid, console=Console(quiet=True))
+    trainer = Trainer(model(name), cfg, tmp_path, train, valid, console=Console(quiet=True))
     assert trainer.tc.first_order_warm_start
+    return trainer, valid
+
+
+@pytest.mark.parametrize("solver", ["lbfgs", "sgd"])
+def test_the_model_starts_as_the_fitted_lr_and_never_ends_below_it(tmp_path, solver):
+    trainer, valid = warm_trainer(tmp_path, "fm", solver)
+    fm = trainer.model
     report = fit_first_order(trainer)
     # what was copied is the LR's best checkpoint, bit for bit
     best = ckpt.load(tmp_path / DIRNAME / "checkpoints" / "best.pt")["model"]
@@ -158,15 +164,7 @@ def test_lbfgs_where_it_cannot_run_fails_naming_why(tmp_path):
 def test_the_lr_model_starts_as_the_exact_lr_and_skips_an_sgd_one(tmp_path, solver):
     # the lr model is its first-order part: the exact fit is its start; an SGD fit would be
     # the model itself trained twice, so it is skipped
-    cfg = ExperimentConfig.model_validate({
-        "features": {"categorical": ["a", "b"], "numeric": ["x"]},
-        "model": {"name": "lr"},
-        "train": {"batch_size": 128, "epochs": 2, "progress": False, "tensorboard": False,
-                  "eval_every_steps": 10, "first_order_solver": solver}})
-    train, valid = additive_rows(4000, 1), additive_rows(1500, 2)
-    lr = model("lr")
-    trainer = Trainer(lr, cfg, tmp_path, train, valid, console=Console(quiet=True))
-    assert trainer.tc.first_order_warm_start
+    trainer, _ = warm_trainer(tmp_path, "lr", solver)
     report = fit_first_order(trainer)
     if solver == "sgd":
         assert report is None and trainer.warm_start is None
