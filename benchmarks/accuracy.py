@@ -206,33 +206,11 @@ def machine() -> dict:
     import torch
 
     import sampan
+    from sampan.layers.kernels import cpu_info
 
-    cpu = platform.processor() or platform.machine()
-    ident: dict[str, int] = {}  # cpu family / model: the generation ("AMD EPYC" says little)
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            name, _, value = (x.strip() for x in line.partition(":"))
-            if name == "model name":
-                cpu = value
-            elif name in ("cpu family", "model") and value.isdigit():
-                ident.setdefault(name, int(value))
-            if name == "processor" and ident:
-                break  # the first processor's lines are enough
-    except OSError:
-        pass
-    if ident:
-        cpu += f" family {ident.get('cpu family', '?')} model {ident.get('model', '?')}"
-    flags: set[str] = set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
-    except OSError:
-        pass
-    isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if f in flags]
-    return {"cpu": cpu, "cpu_family": ident.get("cpu family"), "cpu_model": ident.get("model"),
-            "isa": isa, "cores": os.cpu_count(),
+    info = cpu_info()
+    return {"cpu": info["name"], "cpu_family": info["family"], "cpu_model": info["model"],
+            "isa": info["isa"], "cores": os.cpu_count(),
             "threads": torch.get_num_threads(),
             "python": platform.python_version(), "torch": torch.__version__,
             "sampan": getattr(sampan, "__version__", "?"),

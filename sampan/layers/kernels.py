@@ -15,8 +15,8 @@ this machine's own measurement. A layer of fewer than :data:`MIN_MACS` multiply-
 is not timed: it runs as ``nn.Linear``.
 
 Choices are cached in ``$SAMPAN_CACHE_DIR/kernels.json`` (default
-``~/.cache/sampan``) under a key made of the CPU model, its ISA flags, the torch version and
-the thread count. A cached entry is trusted after a cheap re-check: the largest shape is
+``~/.cache/sampan``) under a key made of the CPU model and generation (:func:`cpu_info`),
+its ISA flags, the torch version and the thread count. A cached entry is trusted after a cheap re-check: the largest shape is
 timed again, and if a cached winner is no longer the faster one by the measurement's own
 margin, every shape is measured again. A run keeps its choice in ``kernels.json`` in the run
 directory, so a resumed run computes with the same kernels (bit-exact resume).
@@ -63,18 +63,39 @@ Timer = Callable[[str, str, Shape], float]  # (kernel, gemm or "layer", shape) -
 Times = dict[str, dict[str, float]]  # gemm or "layer" -> kernel -> seconds, for one shape
 
 
-def machine_key(threads: int | None = None) -> str:
-    """CPU model, ISA flags that matter for GEMMs, torch version and thread count."""
-    cpu, flags = platform.processor() or platform.machine(), set()
+GEMM_ISA = ("avx2", "avx512f", "avx512_bf16", "amx_tile")  # the flags that matter for GEMMs
+
+
+def cpu_info() -> dict[str, Any]:
+    """This CPU as ``/proc/cpuinfo`` gives its first processor: ``name`` (the model name,
+    with ``family F model M`` when known: a virtual machine's "AMD EPYC" does not say which
+    generation), ``family``, ``model`` (ints or None) and ``isa``, the :data:`GEMM_ISA` flags
+    it has."""
+    name, ident, flags = platform.processor() or platform.machine(), {}, set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and cpu in ("", platform.machine()):
-                cpu = line.split(":", 1)[1].strip()
-            elif line.startswith("flags") and not flags:
-                flags = set(line.split(":", 1)[1].split())
+            key, _, value = (x.strip() for x in line.partition(":"))
+            if key == "processor" and ident:
+                break  # the first processor's lines are enough
+            if key == "model name":
+                name = value
+            elif key in ("cpu family", "model") and value.isdigit():
+                ident[key] = int(value)
+            elif key == "flags":
+                flags = set(value.split())
     except OSError:
         pass
-    isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if f in flags]
+    if ident:
+        name += f" family {ident.get('cpu family', '?')} model {ident.get('model', '?')}"
+    return {"name": name, "family": ident.get("cpu family"), "model": ident.get("model"),
+            "isa": [f for f in GEMM_ISA if f in flags]}
+
+
+def machine_key(threads: int | None = None) -> str:
+    """CPU model and generation, ISA flags that matter for GEMMs, torch version and thread
+    count."""
+    info = cpu_info()
+    cpu, isa = info["name"], info["isa"]
     # "per GEMM": the entries' layout (older versions of Sampan keep one time per library
     # under the key without it, and read only that)
     return (f"{cpu} | {' '.join(isa) or 'no-avx2'} | torch {torch.__version__} | "
