@@ -16,10 +16,11 @@ is not timed: it runs as ``nn.Linear``.
 
 Choices are cached in ``$SAMPAN_CACHE_DIR/kernels.json`` (default
 ``~/.cache/sampan``) under a key made of the CPU model and generation (:func:`cpu_info`),
-its ISA flags, the torch version and the thread count. A cached entry is trusted after a cheap re-check: the largest shape is
-timed again, and if a cached winner is no longer the faster one by the measurement's own
-margin, every shape is measured again. A run keeps its choice in ``kernels.json`` in the run
-directory, so a resumed run computes with the same kernels (bit-exact resume).
+its ISA flags, the torch version and the thread count. A cached entry is trusted after a
+cheap re-check: the largest shape is timed again, and if a cached winner is no longer the
+faster one by the measurement's own margin, every shape is measured again. A run keeps its
+choice in ``kernels.json`` in the run directory, so a resumed run computes with the same
+kernels (bit-exact resume).
 """
 
 from __future__ import annotations
