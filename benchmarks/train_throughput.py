@@ -98,6 +98,8 @@ def run_sampan(args: argparse.Namespace, data: dict) -> dict:
                         sequences=[SequenceFeatureSpec("hist", HIST_LEN, f"C{TARGET + 1}")]
                         if args.model == "din" else [])
     model_opts = {"embedding_dim": args.dim, "mlp": MLP}
+    if args.model == "deepfm":  # Rendle's FM term, as DeepCTR-Torch's and the plain loop's
+        model_opts.update(field_weights=False)
     if args.model == "dcn_v2":
         model_opts.update(cross_layers=3, structure="parallel")
     if args.model == "din":  # as DeepCTR-Torch's DIN: Dice in the attention, ReLU in the MLP

@@ -90,6 +90,10 @@ class TrainConfig(_Strict):
         "optimum over all training rows with C chosen on validation; sgd, mini-batches until "
         "validation stops improving; auto: lbfgs when one process holds the rows' ids in "
         "memory (fitted vocabularies, a binary task), else sgd")
+    first_order_frozen: bool = Field(
+        True, description="after the warm start, the ids' first-order weights keep the LR's "
+        "values and only the rest of the model trains (the lr model itself keeps training); "
+        "false: they train with the rest")
     checkpoint_every_steps: int | None = Field(None, gt=0)
     shuffle: Literal["rows", "blocks", "none"] = "rows"
     amp: Literal["none", "bf16"] = "none"

@@ -29,6 +29,14 @@ class _SparseRowOptimizer(torch.optim.Optimizer):
             raise ValueError("a sparse optimizer needs at least one EmbeddingCollection")
         self.collections = list(collections)
         super().__init__([c.weight for c in collections], defaults)
+        self.frozen_columns: dict[int, int] = {}  # id(table weight) -> leading columns kept
+
+    def freeze_columns(self, collection: EmbeddingCollection, n: int) -> None:
+        """Keep the first ``n`` columns of ``collection``'s rows as they are (e.g. first-order
+        weights taken from a fitted LR) while the other columns train."""
+        if not any(c is collection for c in self.collections):
+            raise ValueError("freeze_columns: the collection is not one this optimizer updates")
+        self.frozen_columns[id(collection.weight)] = n
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> None:  # noqa: ARG002 - Optimizer API
@@ -48,7 +56,11 @@ class _SparseRowOptimizer(torch.optim.Optimizer):
                 w = p.index_select(0, rows)
                 if group["embedding_l2"]:
                     grad = grad.add(w, alpha=group["embedding_l2"])
+                kept = self.frozen_columns.get(id(p), 0)
+                head = w[:, :kept].clone() if kept else None
                 self._update(p, w, rows, grad, group, self.state[p])
+                if head is not None:
+                    w[:, :kept] = head
                 p.index_copy_(0, rows, w)
 
     def _reset_rows(self, p: torch.Tensor, rows: torch.Tensor, group: dict[str, Any],

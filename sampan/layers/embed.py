@@ -49,6 +49,15 @@ class FeatureEmbedding(nn.Module):
             if (embed_dense and nd and dim) else None
         self.bias = nn.Parameter(torch.zeros(self.tasks)) if first_order else None
 
+    @property
+    def num_vector_fields(self) -> int:
+        """Fields with a latent vector: ``F'`` (see :func:`embed_fields`) plus the numeric
+        fields when they are embedded."""
+        if not self.dim:
+            return 0
+        nd = 0 if self.dense_embed is None else self.dense_embed.shape[0]
+        return self.schema.num_fields() + nd
+
     def forward(self, batch: Batch) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         linear, v, numeric = self.parts(batch)
         if v is not None and numeric is not None:

@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
+from pydantic import Field
 from torch import nn
 
 from sampan.batch import Batch
 from sampan.config import MLPModelConfig
 from sampan.errors import ConfigError
-from sampan.layers import MLP, FeatureEmbedding, bias_terms, fm_interaction
+from sampan.layers import MLP, FeatureEmbedding, FieldWeightedFM, bias_terms, pair_interaction
 from sampan.models.registry import register_model
 from sampan.schema import DataSchema
 
@@ -32,6 +33,9 @@ class DeepFM(nn.Module):
     class Config(MLPModelConfig):
         name: Literal["deepfm"] = "deepfm"
         embed_dense: bool = True
+        field_weights: bool = Field(
+            True, description="a learned weight per pair of fields on the FM term (FwFM; "
+            "starts at 1, the plain FM); false: Rendle's FM, every pair weighted 1")
 
     def __init__(self, schema: DataSchema, cfg: Config):
         super().__init__()
@@ -39,6 +43,8 @@ class DeepFM(nn.Module):
             raise ConfigError(f"deepfm predicts one label; got {schema.num_tasks}: {schema.labels}")
         self.features = FeatureEmbedding(schema, cfg.embedding_dim, cfg.embedding_init_std,
                                          embed_dense=cfg.embed_dense)
+        self.pairs = FieldWeightedFM(self.features.num_vector_fields) \
+            if cfg.field_weights else None
         in_dim = schema.num_fields() * cfg.embedding_dim + schema.num_dense
         self.mlp = MLP(in_dim, cfg.mlp, out=1, dropout=cfg.dropout, batch_norm=cfg.batch_norm)
 
@@ -49,5 +55,5 @@ class DeepFM(nn.Module):
     def forward(self, batch: Batch) -> torch.Tensor:
         linear, v, numeric = self.features.parts(batch)
         deep_in = torch.cat([v.flatten(1), batch.dense], dim=1)
-        fm = fm_interaction(v) if numeric is None else fm_interaction(v, numeric)
+        fm = pair_interaction(self.pairs, *((v,) if numeric is None else (v, numeric)))
         return linear + fm + self.mlp(deep_in)

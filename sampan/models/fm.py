@@ -5,24 +5,30 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
+from pydantic import Field
 from torch import nn
 
 from sampan.batch import Batch
 from sampan.config import ModelConfig
 from sampan.errors import ConfigError
-from sampan.layers import FeatureEmbedding, bias_terms, fm_interaction
+from sampan.layers import FeatureEmbedding, FieldWeightedFM, bias_terms, pair_interaction
 from sampan.models.registry import register_model
 from sampan.schema import DataSchema
 
 
 @register_model("fm")
 class FM(nn.Module):
-    """``logit = linear + sum_{i<j} <v_i, v_j>`` over sparse fields (and numeric fields
-    scaled by their value when ``embed_dense``); ``Batch -> [B, 1]``."""
+    """``logit = linear + sum_{i<j} r_ij <v_i, v_j>`` over sparse fields (and numeric fields
+    scaled by their value when ``embed_dense``); ``Batch -> [B, 1]``. ``r_ij`` are learned
+    field-pair weights (FwFM, see :class:`~sampan.layers.fm.FieldWeightedFM`), or all 1
+    (Rendle's FM) with ``field_weights: false``."""
 
     class Config(ModelConfig):
         name: Literal["fm"] = "fm"
         embed_dense: bool = True
+        field_weights: bool = Field(
+            True, description="a learned weight per pair of fields on the FM term (FwFM; "
+            "starts at 1, the plain FM); false: Rendle's FM, every pair weighted 1")
 
     def __init__(self, schema: DataSchema, cfg: Config):
         super().__init__()
@@ -30,6 +36,8 @@ class FM(nn.Module):
             raise ConfigError(f"fm predicts one label; got {schema.num_tasks}: {schema.labels}")
         self.features = FeatureEmbedding(schema, cfg.embedding_dim, cfg.embedding_init_std,
                                          embed_dense=cfg.embed_dense)
+        self.pairs = FieldWeightedFM(self.features.num_vector_fields) \
+            if cfg.field_weights else None
 
     def output_bias(self) -> list[tuple[nn.Parameter, int]]:
         """The parameter added unchanged to each logit (the task starts it at the base rate)."""
@@ -37,4 +45,4 @@ class FM(nn.Module):
 
     def forward(self, batch: Batch) -> torch.Tensor:
         linear, v, numeric = self.features.parts(batch)
-        return linear + (fm_interaction(v) if numeric is None else fm_interaction(v, numeric))
+        return linear + pair_interaction(self.pairs, *((v,) if numeric is None else (v, numeric)))

@@ -25,6 +25,14 @@ How the LR is fitted (``train.first_order_solver``):
 
 Either way its weights are in ``<run>/first_order/checkpoints/best.pt``. ``auto`` turns the
 warm start on only with a validation split.
+
+After the start, the ids' first-order weights stay the LR's (``train.first_order_frozen``,
+the default; the sparse optimizer keeps those columns of the table) and the rest of the model
+trains around them: they are already fitted on every row with a tuned L2, and more mini-batch
+steps on them only memorise (on the defaults benchmark's 1M-row world with 2M-id
+vocabularies, FM's validation AUC fell from the LR's 0.8650 from the first evaluation on
+while they trained, and rose to 0.8665 while they were kept). The ``lr`` model, which is
+nothing but those weights, keeps training them.
 """
 
 from __future__ import annotations

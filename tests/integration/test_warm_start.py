@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import numpy as np
@@ -83,13 +84,13 @@ def test_copy_takes_the_lr_weights_and_leaves_the_vectors():
         copy_first_order(other.features, fm.features)
 
 
-def warm_trainer(tmp_path, name: str, solver: str):
+def warm_trainer(tmp_path, name: str, solver: str, **train):
     """A Trainer of ``name`` on the additive rows, warm start on (auto), and its valid rows."""
     cfg = ExperimentConfig.model_validate({
         "features": {"categorical": ["a", "b"], "numeric": ["x"]},
         "model": {"name": name, **({"embedding_dim": 4} if name != "lr" else {})},
         "train": {"batch_size": 128, "epochs": 2, "progress": False, "tensorboard": False,
-                  "eval_every_steps": 10, "first_order_solver": solver}})
+                  "eval_every_steps": 10, "first_order_solver": solver, **train}})
     train, valid = additive_rows(4000, 1), additive_rows(1500, 2)
     trainer = Trainer(model(name), cfg, tmp_path, train, valid, console=Console(quiet=True))
     assert trainer.tc.first_order_warm_start
@@ -105,6 +106,7 @@ def test_the_model_starts_as_the_fitted_lr_and_never_ends_below_it(tmp_path, sol
     best = ckpt.load(tmp_path / DIRNAME / "checkpoints" / "best.pt")["model"]
     assert torch.equal(fm.features.embedding.weight[:, :1], best["features.embedding.weight"])
     assert torch.equal(fm.features.bias, best["features.bias"])
+    vectors = fm.features.embedding.weight[:, 1:].clone()
     assert report["solver"] == solver
     if solver == "sgd":  # the LR trained to its own early stop (epochs: auto), not 2 epochs
         assert report["steps"] > 2 * len(trainer.loader)
@@ -119,6 +121,23 @@ def test_the_model_starts_as_the_fitted_lr_and_never_ends_below_it(tmp_path, sol
     # the run keeps its best evaluation, and the LR's is one of them: the floor
     assert state.best >= first["auc"]
     assert trainer.evaluate(valid)["auc"] == pytest.approx(state.best, abs=1e-9)
+    # the ids' first-order weights stayed the LR's (first_order_frozen); the vectors trained
+    table = fm.features.embedding.weight
+    assert torch.equal(table[:, :1], best["features.embedding.weight"])
+    assert state.best_step == 0 or not torch.equal(table[:, 1:], vectors)
+
+
+def test_first_order_frozen_keeps_the_lr_weights_and_false_trains_them(tmp_path):
+    table = {}
+    for frozen in (True, False):
+        trainer, _ = warm_trainer(tmp_path / str(frozen), "fm", "lbfgs",
+                                  first_order_frozen=frozen)
+        fit_first_order(trainer)
+        table[frozen] = trainer.model.features.embedding.weight
+        lr_weights = table[frozen][:, :1].clone()
+        for batch in itertools.islice(trainer.loader, 5):
+            trainer._train_step(batch)
+        assert torch.equal(table[frozen][:, :1], lr_weights) is frozen
 
 
 def test_a_run_reports_it_and_false_turns_it_off(tmp_path):

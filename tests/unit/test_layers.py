@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from sampan.embedding import EmbeddingCollection
-from sampan.layers import Dice, TargetAttention, fm_interaction
+from sampan.layers import Dice, FieldWeightedFM, TargetAttention, fm_interaction
 from sampan.models.dcn_v2 import CrossNetV2
 from sampan.schema import DataSchema, SequenceFeatureSpec, SparseFeatureSpec
 
@@ -42,6 +42,31 @@ def test_fm_interaction_in_parts_has_the_gradient_of_the_plain_formula():
     assert torch.autograd.gradcheck(fm_interaction, (a.detach().requires_grad_(), b.detach()))
     with torch.no_grad():
         torch.testing.assert_close(fm_interaction(a, b), want)
+
+
+def test_field_weighted_fm_weights_each_pair_and_starts_as_the_plain_fm():
+    torch.manual_seed(0)
+    a = torch.randn(3, 4, 5, dtype=torch.float64)
+    b = torch.randn(3, 2, 5, dtype=torch.float64)
+    layer = FieldWeightedFM(6).double()
+    torch.testing.assert_close(layer(a, b), fm_interaction(a, b))  # weights 1: Rendle's FM
+    with torch.no_grad():
+        layer.weight.copy_(torch.randn(6, 6, dtype=torch.float64))
+    v = torch.cat([a, b], dim=1)
+    want = torch.stack([sum(layer.weight[i, j] * (v[n, i] * v[n, j]).sum()
+                            for i, j in itertools.combinations(range(6), 2)) for n in range(3)])
+    torch.testing.assert_close(layer(a, b).squeeze(1), want)  # the lower triangle is unused
+    assert torch.autograd.gradcheck(layer, (a.requires_grad_(), b.requires_grad_()))
+    with pytest.raises(ValueError, match="built for 6 fields, got 4"):
+        layer(a)
+
+
+def test_a_model_saved_without_field_weights_loads_as_the_plain_fm():
+    layer = FieldWeightedFM(3)
+    with torch.no_grad():
+        layer.weight.zero_()
+    layer.load_state_dict({})  # what an FM saved before field weights holds for it
+    assert torch.equal(layer.weight, torch.ones(3, 3))
 
 
 @pytest.mark.parametrize("normalization", ["none", "softmax"])
@@ -175,3 +200,17 @@ def test_sync_batch_norm_conversion_keeps_state_and_single_process_output():
         assert torch.equal(model(x), reference(x))
     for k, v in reference.state_dict().items():
         assert torch.equal(model.state_dict()[k], v), k
+
+
+def test_field_pair_weights_learn_at_their_multiple_of_the_dense_rate():
+    from sampan.config import TrainConfig
+    from sampan.layers.fm import PAIR_WEIGHT_LR
+    from sampan.train.compute import dense_optimizer
+
+    pairs, mlp = FieldWeightedFM(4), torch.nn.Linear(3, 1)
+    for name in ("adam", "adamw", "sgd"):
+        opt = dense_optimizer([*mlp.parameters(), pairs.weight],
+                              TrainConfig(optimizer=name, lr=0.002))
+        rates = {id(p): g["lr"] for g in opt.param_groups for p in g["params"]}
+        assert rates == {id(mlp.weight): 0.002, id(mlp.bias): 0.002,
+                         id(pairs.weight): pytest.approx(0.002 * PAIR_WEIGHT_LR)}
