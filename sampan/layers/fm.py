@@ -76,7 +76,8 @@ class FieldWeightedFM(nn.Module):
     Why it is the default of ``fm`` and ``deepfm``: in a plain FM every field's vector serves
     every pair it is in, so a few pairs that interact among many that do not are learned
     through the noise of all the others; the pair weights let the model keep those few. On
-    the defaults benchmark's worlds the learned weights of the true pairs are the largest.
+    the defaults benchmark's world with 44 fields and 10 true pairs, the six largest of the
+    946 learned weights are true pairs.
 
     >>> v = torch.tensor([[[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]])
     >>> FieldWeightedFM(3)(v).item()   # weights 1: the plain FM

@@ -3,7 +3,7 @@ stacked on or in parallel with an MLP."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from pydantic import Field
@@ -11,7 +11,7 @@ from torch import nn
 
 from sampan.batch import Batch
 from sampan.config import MLPModelConfig
-from sampan.layers import MLP, FieldInput, Linear, bias_terms
+from sampan.layers import MLP, FeatureEmbedding, FieldInput, Linear, bias_terms
 from sampan.models.registry import register_model
 from sampan.schema import DataSchema
 
@@ -56,23 +56,55 @@ class DCNv2(nn.Module):
         cross_layers: int = Field(3, ge=1)
         structure: Literal["parallel", "stacked"] = "parallel"
         low_rank: int | None = Field(None, gt=0)
+        first_order: bool = Field(
+            True, description="add a first-order weight per id and numeric feature to the "
+            "output (a wide part, as Wide & Deep's), which the LR warm start fits first; "
+            "false: the paper's DCN-V2")
 
     def __init__(self, schema: DataSchema, cfg: Config):
         super().__init__()
-        self.input = FieldInput(schema, cfg.embedding_dim, cfg.embedding_init_std)
-        d = self.input.out_dim
+        # with first-order terms the fields' vectors and weights come from one fused lookup
+        self.features = FeatureEmbedding(schema, cfg.embedding_dim, cfg.embedding_init_std,
+                                         embed_dense=False) if cfg.first_order else None
+        self.input = None if cfg.first_order else \
+            FieldInput(schema, cfg.embedding_dim, cfg.embedding_init_std)
+        d = schema.num_fields() * cfg.embedding_dim + schema.num_dense
         self.cross = CrossNetV2(d, cfg.cross_layers, cfg.low_rank)
         self.parallel = cfg.structure == "parallel"
         self.mlp = MLP(d, cfg.mlp, dropout=cfg.dropout, batch_norm=cfg.batch_norm)
         self.out = Linear(d + self.mlp.out_dim if self.parallel else self.mlp.out_dim,
                              schema.num_tasks)
 
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str,
+                              *args: Any) -> None:
+        # a DCN-V2 saved before it had first-order terms (``input.embedding.*``) is this one
+        # with them all zero: its vectors move behind zero weight columns
+        old = prefix + "input.embedding."
+        if self.features is not None and any(k.startswith(old) for k in state_dict):
+            fe, new = self.features, prefix + "features.embedding."
+            for key in [k for k in state_dict if k.startswith(old)]:
+                state_dict[new + key[len(old):]] = state_dict.pop(key)
+            w = state_dict[new + "weight"]
+            state_dict[new + "weight"] = torch.cat([w.new_zeros(len(w), fe.tasks), w], dim=1)
+            state_dict.setdefault(prefix + "features.bias", torch.zeros_like(fe.bias))
+            if fe.dense_linear is not None:
+                state_dict.setdefault(prefix + "features.dense_linear.weight",
+                                      torch.zeros_like(fe.dense_linear.weight))
+        super()._load_from_state_dict(state_dict, prefix, *args)
+
     def output_bias(self) -> list[tuple[nn.Parameter, int]]:
         """The parameter added unchanged to each logit (the task starts it at the base rate)."""
-        return bias_terms(self.out.bias)
+        return bias_terms(self.features.bias if self.features is not None else self.out.bias)
 
     def forward(self, batch: Batch) -> torch.Tensor:
-        x0 = self.input(batch)
+        wide = None
+        if self.features is not None:
+            wide, v = self.features(batch)
+            x0 = torch.cat([v.flatten(1), batch.dense], dim=1)
+        else:
+            x0 = self.input(batch)
         if self.parallel:
-            return self.out(torch.cat([self.cross(x0), self.mlp(x0)], dim=1))
-        return self.out(self.mlp(self.cross(x0)))
+            out = self.out(torch.cat([self.cross(x0), self.mlp(x0)], dim=1))
+        else:
+            out = self.out(self.mlp(self.cross(x0)))
+        return out if wide is None else out + wide

@@ -10,6 +10,7 @@ import pytest
 import torch
 from rich.console import Console
 
+from sampan.batch import Batch
 from sampan.config import ConfigError, ExperimentConfig, TrainConfig, load_config
 from sampan.data.store import SplitArrays
 from sampan.layers.embed import first_order_part
@@ -44,9 +45,22 @@ def model(name: str):
 
 @pytest.mark.parametrize("name,has", [("fm", True), ("deepfm", True), ("wide_deep", True),
                                       ("xdeepfm", True), ("fibinet", True), ("autoint", True),
-                                      ("lr", True), ("dcn_v2", False)])
+                                      ("lr", True), ("dcn_v2", True), ("dcn", False)])
 def test_which_models_have_first_order_terms_to_start(name, has):
     assert (first_order_part(model(name)) is not None) is has
+
+
+def test_dcn_v2_without_first_order_terms_is_the_papers_and_loads_into_the_default():
+    torch.manual_seed(0)
+    cls = get_model_class("dcn_v2")
+    plain = build_model(cls.Config(embedding_dim=4, first_order=False), SCHEMA)
+    assert first_order_part(plain) is None
+    # a DCN-V2 saved before first-order terms loads as the default with them all zero
+    wide = build_model(cls.Config(embedding_dim=4), SCHEMA)
+    wide.load_state_dict(plain.state_dict())
+    rows = additive_rows(64, 3)
+    batch = Batch(dense=torch.as_tensor(rows.dense), sparse=torch.as_tensor(rows.sparse))
+    torch.testing.assert_close(wide(batch), plain(batch))
 
 
 def test_plan_turns_it_on_only_where_it_applies():
