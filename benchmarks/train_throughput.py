@@ -100,8 +100,8 @@ def run_sampan(args: argparse.Namespace, data: dict) -> dict:
     model_opts = {"embedding_dim": args.dim, "mlp": MLP}
     if args.model == "deepfm":  # Rendle's FM term, as DeepCTR-Torch's and the plain loop's
         model_opts.update(field_weights=False)
-    if args.model == "dcn_v2":  # the paper's, as DeepCTR-Torch's: no first-order part
-        model_opts.update(cross_layers=3, structure="parallel", first_order=False)
+    if args.model == "dcn_v2":
+        model_opts.update(cross_layers=3, structure="parallel")
     if args.model == "din":  # as DeepCTR-Torch's DIN: Dice in the attention, ReLU in the MLP
         model_opts.update(activation="relu", attention_activation="dice")
     cfg = load_config(raw={

@@ -83,17 +83,17 @@ class TrainConfig(_Strict):
     first_order_warm_start: bool | Auto = Field(
         "auto", description="fit a logistic regression on the same rows first and start the "
         "model's first-order terms from it; auto: on for models with first-order terms (lr, "
-        "whose whole model it is, fm, deepfm, wide_deep, xdeepfm, fibinet, autoint, dcn_v2) "
-        "when there is a validation split")
+        "whose whole model it is, fm, deepfm, wide_deep, xdeepfm, fibinet, autoint; dcn_v2 "
+        "with first_order) when there is a validation split")
     first_order_solver: Literal["auto", "lbfgs", "sgd"] = Field(
         "auto", description="how the warm start fits its LR: lbfgs, the exact L2-regularised "
         "optimum over all training rows with C chosen on validation; sgd, mini-batches until "
         "validation stops improving; auto: lbfgs when one process holds the rows' ids in "
         "memory (fitted vocabularies, a binary task), else sgd")
     first_order_frozen: bool = Field(
-        True, description="after the warm start, the ids' first-order weights keep the LR's "
-        "values and only the rest of the model trains (the lr model itself keeps training); "
-        "false: they train with the rest")
+        True, description="after an exact (lbfgs) warm start, the ids' first-order weights "
+        "keep the LR's values and only the rest of the model trains (an SGD start's, and the "
+        "lr model's, keep training); false: they train with the rest")
     checkpoint_every_steps: int | None = Field(None, gt=0)
     shuffle: Literal["rows", "blocks", "none"] = "rows"
     amp: Literal["none", "bf16"] = "none"

@@ -38,6 +38,20 @@ class _SparseRowOptimizer(torch.optim.Optimizer):
             raise ValueError("freeze_columns: the collection is not one this optimizer updates")
         self.frozen_columns[id(collection.weight)] = n
 
+    def state_dict(self) -> dict[str, Any]:
+        sd = super().state_dict()
+        params = [p for g in self.param_groups for p in g["params"]]
+        sd["frozen_columns"] = {i: self.frozen_columns[id(p)] for i, p in enumerate(params)
+                                if id(p) in self.frozen_columns}
+        return sd
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        state_dict = dict(state_dict)
+        frozen = state_dict.pop("frozen_columns", {})
+        super().load_state_dict(state_dict)
+        params = [p for g in self.param_groups for p in g["params"]]
+        self.frozen_columns = {id(params[int(i)]): int(n) for i, n in frozen.items()}
+
     @torch.no_grad()
     def step(self, closure: Any = None) -> None:  # noqa: ARG002 - Optimizer API
         by_param = {id(c.weight): c for c in self.collections}

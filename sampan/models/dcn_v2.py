@@ -57,7 +57,7 @@ class DCNv2(nn.Module):
         structure: Literal["parallel", "stacked"] = "parallel"
         low_rank: int | None = Field(None, gt=0)
         first_order: bool = Field(
-            True, description="add a first-order weight per id and numeric feature to the "
+            False, description="add a first-order weight per id and numeric feature to the "
             "output (a wide part, as Wide & Deep's), which the LR warm start fits first; "
             "false: the paper's DCN-V2")
 
@@ -77,8 +77,8 @@ class DCNv2(nn.Module):
 
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str,
                               *args: Any) -> None:
-        # a DCN-V2 saved before it had first-order terms (``input.embedding.*``) is this one
-        # with them all zero: its vectors move behind zero weight columns
+        # a DCN-V2 saved without first-order terms (``input.embedding.*``) is this one with
+        # them all zero: its vectors move behind zero weight columns
         old = prefix + "input.embedding."
         if self.features is not None and any(k.startswith(old) for k in state_dict):
             fe, new = self.features, prefix + "features.embedding."

@@ -96,10 +96,6 @@ class Trainer:
         self.sparse_opt = make_sparse_optimizer(
             self.tc.sparse_optimizer, collections, lr=self.tc.sparse_lr or self.tc.lr,
             embedding_l2=self.tc.embedding_l2) if collections else None
-        fo = first_order_part(model)
-        if self.tc.first_order_warm_start and self.tc.first_order_frozen and \
-                fo is not None and fo.dim and self.sparse_opt is not None:
-            self.sparse_opt.freeze_columns(fo.embedding, fo.tasks)  # they stay the LR's
         self.dense_opt = dense_optimizer(self.dense_params, self.tc)
         self.base_lrs = [[g["lr"] for g in o.param_groups] for o in self._optimizers()]
         self.state = TrainState()

@@ -45,18 +45,19 @@ def model(name: str):
 
 @pytest.mark.parametrize("name,has", [("fm", True), ("deepfm", True), ("wide_deep", True),
                                       ("xdeepfm", True), ("fibinet", True), ("autoint", True),
-                                      ("lr", True), ("dcn_v2", True), ("dcn", False)])
+                                      ("lr", True), ("dcn_v2", False), ("dcn", False)])
 def test_which_models_have_first_order_terms_to_start(name, has):
     assert (first_order_part(model(name)) is not None) is has
 
 
-def test_dcn_v2_without_first_order_terms_is_the_papers_and_loads_into_the_default():
+def test_dcn_v2_with_first_order_terms_starts_from_the_lr_and_loads_the_papers():
     torch.manual_seed(0)
     cls = get_model_class("dcn_v2")
-    plain = build_model(cls.Config(embedding_dim=4, first_order=False), SCHEMA)
+    plain = build_model(cls.Config(embedding_dim=4), SCHEMA)
     assert first_order_part(plain) is None
-    # a DCN-V2 saved before first-order terms loads as the default with them all zero
-    wide = build_model(cls.Config(embedding_dim=4), SCHEMA)
+    # the paper's DCN-V2 loads as one with first-order terms all zero
+    wide = build_model(cls.Config(embedding_dim=4, first_order=True), SCHEMA)
+    assert first_order_part(wide) is wide.features
     wide.load_state_dict(plain.state_dict())
     rows = additive_rows(64, 3)
     batch = Batch(dense=torch.as_tensor(rows.dense), sparse=torch.as_tensor(rows.sparse))
@@ -135,9 +136,14 @@ def test_the_model_starts_as_the_fitted_lr_and_never_ends_below_it(tmp_path, sol
     # the run keeps its best evaluation, and the LR's is one of them: the floor
     assert state.best >= first["auc"]
     assert trainer.evaluate(valid)["auc"] == pytest.approx(state.best, abs=1e-9)
-    # the ids' first-order weights stayed the LR's (first_order_frozen); the vectors trained
+    # after an exact fit the ids' first-order weights stayed the LR's (first_order_frozen);
+    # an SGD fit's, stopped early, train on; the vectors trained
     table = fm.features.embedding.weight
-    assert torch.equal(table[:, :1], best["features.embedding.weight"])
+    if solver == "lbfgs":
+        assert report["frozen"]
+        assert torch.equal(table[:, :1], best["features.embedding.weight"])
+    else:
+        assert "frozen" not in report and not trainer.sparse_opt.frozen_columns
     assert state.best_step == 0 or not torch.equal(table[:, 1:], vectors)
 
 
@@ -152,6 +158,10 @@ def test_first_order_frozen_keeps_the_lr_weights_and_false_trains_them(tmp_path)
         for batch in itertools.islice(trainer.loader, 5):
             trainer._train_step(batch)
         assert torch.equal(table[frozen][:, :1], lr_weights) is frozen
+        # the freeze is optimizer state: a resumed run's optimizer keeps it
+        again, _ = warm_trainer(tmp_path / f"again{frozen}", "fm", "lbfgs")
+        again.sparse_opt.load_state_dict(trainer.sparse_opt.state_dict())
+        assert bool(again.sparse_opt.frozen_columns) is frozen
 
 
 def test_a_run_reports_it_and_false_turns_it_off(tmp_path):
