@@ -115,6 +115,8 @@ class StreamRun:
             self.console.print(f"resumed at window {self.windows} ({self.rows:,} rows, "
                                f"step {trainer.state.step}) from {self._where()}")
         else:
+            # a start killed during its first checkpoint left a trace line and no checkpoint
+            sd.truncate_trace(0)
             if self.from_run is not None:
                 self.pipe = FeaturePipeline.load(self.from_run / "data" / "pipeline")
             else:  # from scratch: the pipeline is fitted on the first window
