@@ -3,7 +3,7 @@ stacked on or in parallel with an MLP."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 from pydantic import Field
@@ -74,23 +74,6 @@ class DCNv2(nn.Module):
         self.mlp = MLP(d, cfg.mlp, dropout=cfg.dropout, batch_norm=cfg.batch_norm)
         self.out = Linear(d + self.mlp.out_dim if self.parallel else self.mlp.out_dim,
                              schema.num_tasks)
-
-    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str,
-                              *args: Any) -> None:
-        # a DCN-V2 saved without first-order terms (``input.embedding.*``) is this one with
-        # them all zero: its vectors move behind zero weight columns
-        old = prefix + "input.embedding."
-        if self.features is not None and any(k.startswith(old) for k in state_dict):
-            fe, new = self.features, prefix + "features.embedding."
-            for key in [k for k in state_dict if k.startswith(old)]:
-                state_dict[new + key[len(old):]] = state_dict.pop(key)
-            w = state_dict[new + "weight"]
-            state_dict[new + "weight"] = torch.cat([w.new_zeros(len(w), fe.tasks), w], dim=1)
-            state_dict.setdefault(prefix + "features.bias", torch.zeros_like(fe.bias))
-            if fe.dense_linear is not None:
-                state_dict.setdefault(prefix + "features.dense_linear.weight",
-                                      torch.zeros_like(fe.dense_linear.weight))
-        super()._load_from_state_dict(state_dict, prefix, *args)
 
     def output_bias(self) -> list[tuple[nn.Parameter, int]]:
         """The parameter added unchanged to each logit (the task starts it at the base rate)."""
