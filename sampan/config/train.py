@@ -82,9 +82,10 @@ class TrainConfig(_Strict):
                                    "base rate's logit")
     first_order_warm_start: bool | Auto = Field(
         "auto", description="fit a logistic regression on the same rows first and start the "
-        "model's first-order terms from it; auto: on for models with first-order terms (lr, "
-        "whose whole model it is, fm, deepfm, wide_deep, xdeepfm, fibinet, autoint; dcn_v2 "
-        "with first_order) when there is a validation split")
+        "model from it: its first-order terms (lr, whose whole model it is, fm, deepfm, "
+        "wide_deep, xdeepfm, fibinet, autoint, dcn_v2 with first_order), or for dcn and "
+        "dcn_v2 the first column of each id's vector, read by the output layer through "
+        "crosses that start at zero; auto: on when there is a validation split")
     first_order_solver: Literal["auto", "lbfgs", "sgd"] = Field(
         "auto", description="how the warm start fits its LR: lbfgs, the exact L2-regularised "
         "optimum over all training rows with C chosen on validation; sgd, mini-batches until "

@@ -97,6 +97,39 @@ def first_order_part(model: nn.Module) -> FeatureEmbedding | None:
     return None
 
 
+def lr_start_part(model: nn.Module) -> FeatureEmbedding | FieldInput | None:
+    """Where an LR warm start puts the LR's id weights (columns ``0 .. T-1`` of each row of
+    the returned part's table): the model's first-order terms (:func:`first_order_part`), or
+    for a model without them whose output layer can read an LR through its field vectors
+    (``model.lr_input()``, then ``model.start_from_lr(...)``; DCN and DCN-V2), that input;
+    ``None`` when the model cannot start from an LR."""
+    fe = first_order_part(model)
+    if fe is not None:
+        return fe
+    lr_input = getattr(model, "lr_input", None)
+    return lr_input() if callable(lr_input) else None
+
+
+def start_readout_from_lr(inp: FieldInput, out: nn.Linear, bias: torch.Tensor,
+                          dense_weight: torch.Tensor | None) -> None:
+    """Set ``out`` (reading ``[x_0, ...]``, ``x_0 = inp(batch)``) to compute an LR whose id
+    weights are already in the first ``T`` columns of ``inp``'s vectors: output ``t`` reads
+    column ``t`` of every field's vector and the numeric features with the LR's weights,
+    plus its bias; every other input of ``out`` starts at weight 0. With the layers between
+    ``x_0`` and ``out`` starting as the identity (a cross network with zero weights), the
+    model starts as that LR exactly, and every other weight learns what it leaves out."""
+    tasks, dim, fields = bias.numel(), inp.dim, inp.schema.num_fields()
+    with torch.no_grad():
+        out.weight.zero_()
+        cols = torch.arange(fields) * dim
+        for t in range(tasks):
+            out.weight[t, cols + t] = 1.0
+            if dense_weight is not None:
+                out.weight[t, fields * dim: fields * dim + dense_weight.shape[1]] = \
+                    dense_weight[t]
+        out.bias.copy_(bias)
+
+
 def pool(vectors: torch.Tensor, ids: torch.Tensor, mode: str) -> torch.Tensor:
     """Masked pooling of ``vectors [B, L, D]`` over real ids (``ids != 0``) -> ``[B, D]``."""
     mask = (ids != 0).unsqueeze(-1).to(vectors.dtype)
@@ -138,6 +171,7 @@ class FieldInput(nn.Module):
     def __init__(self, schema: DataSchema, dim: int, init_std: float = 1e-2):
         super().__init__()
         self.schema = schema
+        self.dim = dim
         self.embedding = EmbeddingCollection(schema.tables(dim), init_std)
         self.out_dim = schema.num_fields() * dim + schema.num_dense
 

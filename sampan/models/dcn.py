@@ -11,6 +11,7 @@ from torch import nn
 from sampan.batch import Batch
 from sampan.config import MLPModelConfig
 from sampan.layers import MLP, FieldInput, Linear, bias_terms
+from sampan.layers.embed import start_readout_from_lr
 from sampan.models.registry import register_model
 from sampan.schema import DataSchema
 
@@ -29,6 +30,14 @@ class CrossNet(nn.Module):
         for w, b in zip(self.w, self.b, strict=True):
             x = x0 * (x @ w).unsqueeze(1) + b + x
         return x
+
+    def start_as_identity(self) -> None:
+        """Zero every ``w_l`` and ``b_l``: ``CrossNet(x_0) = x_0`` until the crosses learn
+        (``w_l`` still gets a gradient, ``x_l`` times ``x_0``'s)."""
+        with torch.no_grad():
+            for w, b in zip(self.w, self.b, strict=True):
+                w.zero_()
+                b.zero_()
 
 
 @register_model("dcn")
@@ -57,6 +66,18 @@ class DCN(nn.Module):
     def output_bias(self) -> list[tuple[nn.Parameter, int]]:
         """The parameter added unchanged to each logit (the task starts it at the base rate)."""
         return bias_terms(self.out.bias)
+
+    def lr_input(self) -> FieldInput | None:
+        """What an LR warm start fills (:func:`~sampan.layers.embed.lr_start_part`): the
+        field vectors, whose first columns take the LR's id weights while the output layer
+        reads them through the cross network, started as the identity (``None`` when the
+        vectors are narrower than the tasks)."""
+        return self.input if self.input.dim >= self.out.weight.shape[0] else None
+
+    def start_from_lr(self, bias: torch.Tensor, dense_weight: torch.Tensor | None) -> None:
+        """Make the model the LR whose id weights :func:`lr_input`'s vectors now hold."""
+        self.cross.start_as_identity()
+        start_readout_from_lr(self.input, self.out, bias, dense_weight)
 
     def forward(self, batch: Batch) -> torch.Tensor:
         x0 = self.input(batch)

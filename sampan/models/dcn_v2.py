@@ -12,6 +12,7 @@ from torch import nn
 from sampan.batch import Batch
 from sampan.config import MLPModelConfig
 from sampan.layers import MLP, FeatureEmbedding, FieldInput, Linear, bias_terms
+from sampan.layers.embed import start_readout_from_lr
 from sampan.models.registry import register_model
 from sampan.schema import DataSchema
 
@@ -35,6 +36,16 @@ class CrossNetV2(nn.Module):
         for w in self.w:
             x = torch.addcmul(x, x0, w(x))  # x0 * w(x) + x in one pass
         return x
+
+    def start_as_identity(self) -> None:
+        """Zero every ``W_l x_l + b_l`` (with ``rank``, only ``V_l`` and ``b_l``: with both
+        factors zero neither would get a gradient), so that ``CrossNet(x_0) = x_0`` until
+        the crosses learn."""
+        with torch.no_grad():
+            for w in self.w:
+                last = w if isinstance(w, Linear) else w[-1]
+                last.weight.zero_()
+                last.bias.zero_()
 
 
 @register_model("dcn_v2")
@@ -78,6 +89,24 @@ class DCNv2(nn.Module):
     def output_bias(self) -> list[tuple[nn.Parameter, int]]:
         """The parameter added unchanged to each logit (the task starts it at the base rate)."""
         return bias_terms(self.features.bias if self.features is not None else self.out.bias)
+
+    def lr_input(self) -> FieldInput | None:
+        """What an LR warm start fills (:func:`~sampan.layers.embed.lr_start_part`): with
+        the parallel structure, the field vectors, whose first columns take the LR's id
+        weights while the output layer reads them through a cross network that starts as the
+        identity. ``None`` with ``first_order`` (its own first-order terms take the LR), with
+        the stacked structure (an MLP between the vectors and the output) or vectors
+        narrower than the tasks."""
+        if self.input is None or not self.parallel or \
+                self.input.dim < self.out.weight.shape[0]:
+            return None
+        return self.input
+
+    def start_from_lr(self, bias: torch.Tensor, dense_weight: torch.Tensor | None) -> None:
+        """Make the model the LR whose id weights :func:`lr_input`'s vectors now hold: the
+        crosses start at zero, the output layer reads the LR (the MLP's part of it at zero)."""
+        self.cross.start_as_identity()
+        start_readout_from_lr(self.input, self.out, bias, dense_weight)
 
     def forward(self, batch: Batch) -> torch.Tensor:
         wide = None

@@ -43,14 +43,26 @@ def check_finite(trainer: Trainer) -> None:
                                                   else "another process's parameters"))
 
 
-def check_valid(trainer: Trainer, m: dict[str, float]) -> None:
+def check_valid(trainer: Trainer, m: dict[str, float]) -> str | None:
+    """Raise :class:`Diverged` for a validation LogLoss that is not finite or above 5 x the
+    base rate's while the training loss is not below its own base rate: a model that fits
+    nothing. With the training loss below it, the model is memorising the training rows
+    (over-confident on new ones, not broken): returns why the run should stop early (the best
+    step is kept), as a halved learning rate would only memorise more slowly."""
     if "logloss" not in m or trainer.valid_data is None or trainer.valid_data.labels is None:
-        return
+        return None
     base = trainer.task.reference_loss(trainer.valid_data, trainer.tc.batch_size)
-    # far above: an overfitted, over-confident model can reach 3 x; 5 x is broken
-    if not math.isfinite(m["logloss"]) or m["logloss"] > 5.0 * base:
-        raise Diverged(f"the validation LogLoss is {m['logloss']:.4g}, above 5 x the "
-                       f"base-rate LogLoss {base:.3g}")
+    # far above: an overfitted, over-confident model can reach 3 x; 5 x is broken, unless
+    # the training rows are fitted
+    if math.isfinite(m["logloss"]) and m["logloss"] <= 5.0 * base:
+        return None
+    train = trainer.last_train_loss
+    if math.isfinite(m["logloss"]) and train is not None and train < trainer.reference_loss:
+        return (f"overfitting: the validation LogLoss is {m['logloss']:.4g}, above 5 x the "
+                f"base-rate LogLoss {base:.3g}, while the training loss is {train:.3g}, below "
+                f"its base rate's {trainer.reference_loss:.3g}")
+    raise Diverged(f"the validation LogLoss is {m['logloss']:.4g}, above 5 x the "
+                   f"base-rate LogLoss {base:.3g}")
 
 
 def recover(trainer: Trainer, reason: str) -> None:

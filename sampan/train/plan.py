@@ -15,9 +15,9 @@ The rules, each a pure function of the training rows (so a resumed run plans the
   first epoch.
 * ``warmup_steps``: a tenth of an epoch, 10 to 200 steps.
 * ``early_stopping.patience``: two epochs' worth of evaluations without improvement.
-* ``first_order_warm_start``: on for models with first-order terms (LR, whose whole model
-  it is, and FM, DeepFM, ...) when there is a validation split; see
-  :mod:`sampan.train.warm_start`.
+* ``first_order_warm_start``: on for models that can start from an LR (those with
+  first-order terms: LR, whose whole model it is, FM, DeepFM, ...; and DCN / DCN-V2, through
+  their field vectors) when there is a validation split; see :mod:`sampan.train.warm_start`.
 * ``early_stopping.metric``: AUC, or LogLoss when the validation split has under 100
   positives or negatives: there AUC's sampling error (about 0.04) is larger than the changes
   early stopping has to see.
@@ -79,7 +79,7 @@ def plan_training(tc: TrainConfig, n_train: int, valid_labels: np.ndarray | None
     ``valid_labels`` ``[N, T]`` (or ``None`` without a validation split) decides the early
     stopping metric of binary tasks; ``default_metric`` is the task's (``recall@K`` for
     retrieval keeps itself); ``world`` processes share the global batch; ``first_order``:
-    the model has first-order terms (an LR warm start applies).
+    the model can start from an LR (:func:`~sampan.layers.embed.lr_start_part`).
     """
     reasons: dict[str, str] = {}
     upd: dict[str, Any] = {}
@@ -123,12 +123,12 @@ def plan_training(tc: TrainConfig, n_train: int, valid_labels: np.ndarray | None
         warm = first_order and has_valid
         if first_order:
             reasons["first_order_warm_start"] = (
-                "on: an LR fitted first starts the first-order terms" if warm else
+                "on: the model starts as an LR fitted first" if warm else
                 "off: no validation split to stop the LR on")
     elif warm and not first_order:
-        raise ConfigError("train.first_order_warm_start: true, but this model has no "
-                          "first-order terms to start from an LR; "
-                          "expected false or auto")
+        raise ConfigError("train.first_order_warm_start: true, but this model cannot "
+                          "start from an LR (no first-order terms, and no output layer "
+                          "reading its field vectors directly); expected false or auto")
     upd["first_order_warm_start"] = bool(warm)
 
     es = tc.early_stopping

@@ -27,7 +27,7 @@ from sampan.data.loader import Batch, BatchLoader
 from sampan.data.store import SplitArrays
 from sampan.distributed.strategy import SingleProcess, strategy_for
 from sampan.embedding import EmbeddingCollection, make_sparse_optimizer
-from sampan.layers.embed import first_order_part
+from sampan.layers.embed import lr_start_part
 from sampan.tasks import make_task
 from sampan.train import checkpoint as ckpt
 from sampan.train import guard
@@ -75,7 +75,7 @@ class Trainer:
         self.plan = plan_training(
             cfg.train, len(train), None if valid is None or valid.labels is None
             else np.asarray(valid.labels), self.task.default_metric, strategy.world,
-            first_order=first_order_part(model) is not None)
+            first_order=lr_start_part(model) is not None)
         self.tc = self.plan.train  # every `auto` resolved from the data
         if strategy.enabled and self.tc.batch_size < 2 * strategy.world:
             raise ConfigError(f"train.batch_size {self.tc.batch_size} (the global batch) must "
@@ -110,6 +110,7 @@ class Trainer:
         self.reference_loss = self.task.reference_loss(train, self.tc.batch_size) \
             if len(train) else 1.0
         self.explode_at = 3.0 * self.reference_loss + 1.0
+        self.last_train_loss: float | None = None  # the last log window's mean
         self._window: tuple[torch.Tensor | None, int] = (None, 0)  # the loop's log window
         self._fit_t0 = time.perf_counter()  # reset by fit()
         # after every validation (step, epochs, metrics): a reason to stop (tune's "pruned")
@@ -236,6 +237,7 @@ class Trainer:
                     self.strategy.sum_(loss_sum)  # the global-batch loss
                     mean_loss = (loss_sum / loss_n).item()  # the only host sync, every N
                     guard.check_loss(self, mean_loss, loss_n)
+                    self.last_train_loss = mean_loss
                     if self.metrics is not None:
                         self.metrics.write(train_record(self, mean_loss, speed))
                     progress.update(bar, completed=st.step, loss=f"{mean_loss:.4f}",
@@ -273,7 +275,7 @@ class Trainer:
             raise ConfigError(
                 f"train.early_stopping.metric {self.metric!r} is not computed for this model "
                 f"and data; available: {sorted(k for k in m if k not in ('rows', 'queries'))}")
-        guard.check_valid(self, m)
+        overfit = guard.check_valid(self, m)
         value = m.get(self.metric, math.nan)
         improved = st.best is None or (
             value > st.best + es.min_delta if self.maximize else value < st.best - es.min_delta)
@@ -295,6 +297,8 @@ class Trainer:
         st.history.append(record)
         if self.metrics is not None:
             self.metrics.write(record)
+        if overfit and not st.stopped_early:
+            st.stopped_early, self.stopped_by = True, overfit
         if self.should_stop is not None and not st.stopped_early and (
                 reason := self.should_stop(st.step, st.step / max(len(self.loader), 1), m)):
             st.stopped_early, self.stopped_by = True, reason

@@ -12,6 +12,18 @@ from. For the ``lr`` model the first-order part is the whole model: the warm sta
 the tuned LR (an LR trained by mini-batch Adam with early stopping ended up to 0.03 AUC
 below one).
 
+DCN and DCN-V2 (parallel structure) have no first-order terms: there the LR's id weights go
+into the first column of each id's vector (column ``t`` for task ``t``), the output layer
+reads that column of every field plus the numeric features with the LR's weights (every
+other input at 0), and the crosses start at zero, so the cross network is the identity: at
+step 0 the model is the LR exactly. Nothing is frozen; the vectors carry the LR on and the
+crosses and the MLP learn what it leaves out. Started cold, DCN-V2 ended below the tuned LR
+on the defaults benchmark's additive world and 2M-id world (its ids' first-order effects
+learned through the output layer and stopped early, under-fitted); with a separate wide part
+warm-started and frozen instead, it stayed at its LR start on Frappe and MovieLens-100k
+(the interactions, on top of a fitted LR, learn from a small residual through small vectors;
+here the vectors start as large as the LR's weights).
+
 How the LR is fitted (``train.first_order_solver``):
 
 * ``lbfgs`` (what ``auto`` picks whenever it can): the exact L2-regularised optimum over all
@@ -45,10 +57,11 @@ from typing import Any
 
 import torch
 from rich.console import Console
+from torch import nn
 
 from sampan.config import ConfigError
 from sampan.distributed.sharded_embedding import RowShardedCollection
-from sampan.layers.embed import FeatureEmbedding, first_order_part
+from sampan.layers.embed import FeatureEmbedding, lr_start_part
 from sampan.models.lr import LR
 from sampan.tasks.binary import BinaryTask
 from sampan.train import checkpoint as ckpt
@@ -58,39 +71,51 @@ from sampan.train.trainer import Trainer
 DIRNAME = "first_order"
 
 
-def copy_first_order(source: FeatureEmbedding, target: FeatureEmbedding) -> None:
-    """Copy an LR's weights (bias, each id's weight, the numeric weights) into ``target``'s
-    first-order terms; the latent vectors are left as they are."""
-    src_table, table = source.embedding, target.embedding
-    src, dst = src_table.weight, table.weight
-    if src_table.num_rows != table.num_rows or source.tasks != target.tasks:
-        raise RuntimeError(f"first-order warm start: the LR has {src_table.num_rows} rows x "
-                           f"{source.tasks} tasks, the model {table.num_rows} x "
-                           f"{target.tasks}; they must be built from the same schema")
+def copy_first_order(source: FeatureEmbedding, model: nn.Module) -> None:
+    """Copy an LR's weights (bias, each id's weight, the numeric weights) into what
+    :func:`~sampan.layers.embed.lr_start_part` names in ``model``: its first-order terms
+    (the latent vectors are left as they are), or the first columns of its field vectors,
+    which its ``start_from_lr`` then makes its output layer read."""
+    target = lr_start_part(model)
+    if target is None:
+        raise ValueError(f"{type(model).__name__} cannot start from an LR")
+    table, tasks = target.embedding, source.tasks
+    src = source.embedding.weight
+    wide = isinstance(target, FeatureEmbedding)
+    if source.embedding.num_rows != table.num_rows or \
+            tasks != (target.tasks if wide else target.schema.num_tasks):
+        raise RuntimeError(f"first-order warm start: the LR has {source.embedding.num_rows} "
+                           f"rows x {tasks} tasks, the model {table.num_rows} x "
+                           f"{target.schema.num_tasks}; they must be built from the same "
+                           "schema")
     # a row-sharded model holds rows [lo, hi): of a whole LR table, or the LR's same shard
     if isinstance(table, RowShardedCollection) and \
-            not isinstance(src_table, RowShardedCollection):
+            not isinstance(source.embedding, RowShardedCollection):
         src = src[table.lo: table.hi]
-    elif src.shape[0] != dst.shape[0]:
+    elif src.shape[0] != table.weight.shape[0]:
         raise RuntimeError("first-order warm start: the LR's table is row-sharded and the "
                            "model's is not")
     # dynamic tables: the model takes the LR's keys -> rows (and its step), so that the
     # rows copied are the same keys'
     for name, index in table.dynamic.items():
-        index.load_state_dict(src_table.dynamic[name].state_dict())
+        index.load_state_dict(source.embedding.dynamic[name].state_dict())
     if table.dynamic:
-        table.dynamic_step.copy_(src_table.dynamic_step)
+        table.dynamic_step.copy_(source.embedding.dynamic_step)
+    dense = source.dense_linear.weight if source.dense_linear is not None else None
     with torch.no_grad():
-        dst[:, : target.tasks].copy_(src[:, : source.tasks])
+        table.weight[:, :tasks].copy_(src[:, :tasks])
+        if not wide:
+            model.start_from_lr(source.bias, dense)
+            return
         target.bias.copy_(source.bias)
-        if target.dense_linear is not None and source.dense_linear is not None:
-            target.dense_linear.weight.copy_(source.dense_linear.weight)
+        if target.dense_linear is not None and dense is not None:
+            target.dense_linear.weight.copy_(dense)
 
 
 def exact_fit_blocker(trainer: Trainer) -> str | None:
     """Why the exact LR (:mod:`sampan.train.exact_lr`) cannot be the warm start's, or
     ``None`` when it can."""
-    target = first_order_part(trainer.model)
+    target = lr_start_part(trainer.model)
     if trainer.valid_data is None:
         return "no validation split to choose its C on"
     if trainer.strategy.enabled:
@@ -115,15 +140,17 @@ def fit_first_order(trainer: Trainer) -> dict[str, Any] | None:
     For the ``lr`` model only the exact fit is a start worth having (an SGD fit would be the
     model itself, trained twice): without it, nothing is fitted and ``None`` returned.
     """
-    target = first_order_part(trainer.model)
+    target = lr_start_part(trainer.model)
     if target is None:
-        raise ValueError(f"{type(trainer.model).__name__} has no first-order terms to warm-start")
+        raise ValueError(f"{type(trainer.model).__name__} cannot start from an LR")
+    # the lr model itself: first-order terms and nothing else
+    only_lr = isinstance(target, FeatureEmbedding) and not target.dim
     solver = trainer.tc.first_order_solver
     blocker = exact_fit_blocker(trainer) if solver != "sgd" else None
     if solver == "lbfgs" and blocker is not None:
         raise ConfigError(f"train.first_order_solver: lbfgs cannot fit this run's LR: "
                           f"{blocker}; use auto or sgd")
-    if target.dim == 0 and (solver == "sgd" or blocker is not None):
+    if only_lr and (solver == "sgd" or blocker is not None):
         trainer.console.print("first-order warm start: skipped, the model is an LR that "
                               "trains as an SGD fit would ("
                               f"{blocker or 'train.first_order_solver: sgd'})")
@@ -141,16 +168,19 @@ def fit_first_order(trainer: Trainer) -> dict[str, Any] | None:
         if solver == "auto" and blocker is not None:
             how += f"; not exact: {blocker}"
     torch.set_rng_state(torch_state)
-    copy_first_order(lr.features.to(trainer.device), target)
-    if out.get("solver") == "lbfgs" and trainer.tc.first_order_frozen and target.dim and \
+    copy_first_order(lr.features.to(trainer.device), trainer.model)
+    if out.get("solver") == "lbfgs" and trainer.tc.first_order_frozen and \
+            isinstance(target, FeatureEmbedding) and not only_lr and \
             trainer.sparse_opt is not None:  # kept in the optimizer's state: a resume keeps it
         trainer.sparse_opt.freeze_columns(target.embedding, target.tasks)
         out["frozen"] = True
         how += "; its id weights stay"
     out["seconds"] = round(time.perf_counter() - t0, 2)
     shown = " ".join(f"{k} {v:.4f}" for k, v in out["valid"].items())
+    where = "the model's linear terms" if isinstance(target, FeatureEmbedding) else \
+        "the model (its vectors' first columns, read by its output layer)"
     trainer.console.print(f"first-order warm start: an LR on the same rows ({how}; valid "
-                          f"{shown}, {out['seconds']:.0f} s) starts the model's linear terms")
+                          f"{shown}, {out['seconds']:.0f} s) starts {where}")
     trainer.warm_start = out
     return out
 

@@ -89,3 +89,37 @@ def test_a_learning_rate_that_is_not_a_number_is_refused_at_load_time():
     for value in (".inf", ".nan"):
         with pytest.raises(ConfigError, match="train.lr: Input should be a finite number"):
             load_config(None, overrides=[f"train.lr={value}"])
+
+
+def test_memorising_the_training_rows_stops_early_instead_of_diverging(tmp_path):
+    # the validation rows are the training rows with every label flipped: a model that
+    # memorises its rows (training loss near 0) has a validation LogLoss far above 5 x the
+    # base rate's without being broken. That is overfitting: the run stops early and keeps
+    # its best step; a halved learning rate would only memorise more slowly
+    from sampan.data.store import SplitArrays
+    from sampan.models import build_model, get_model_class
+    from sampan.schema import DataSchema, SparseFeatureSpec
+    from sampan.train.trainer import Trainer
+
+    n = 512
+    rng = torch.Generator().manual_seed(0)
+    ids = torch.arange(n).numpy()[:, None]
+    y = (torch.rand(n, 1, generator=rng) < 0.5).float().numpy()
+    train = SplitArrays(dense=torch.zeros(n, 0).numpy(), sparse=ids, labels=y)
+    valid = SplitArrays(dense=torch.zeros(n, 0).numpy(), sparse=ids, labels=1.0 - y)
+    cfg = load_config(raw={
+        "features": {"categorical": ["id"]}, "model": {"name": "lr"},
+        "train": {"batch_size": 64, "epochs": 30, "lr": 0.5, "embedding_l2": 0.0,
+                  "first_order_warm_start": False, "progress": False, "tensorboard": False,
+                  "early_stopping": {"metric": "auc", "patience": 100}}})
+    schema = DataSchema(dense=[], sparse=[SparseFeatureSpec("id", n)])
+    torch.manual_seed(0)
+    model = build_model(get_model_class("lr").Config(name="lr"), schema)
+    trainer = Trainer(model, cfg, tmp_path, train, valid, console=Console(quiet=True))
+    state = trainer.fit()  # no DivergenceError
+    assert state.stopped_early and state.recoveries == 0
+    assert trainer.stopped_by.startswith("overfitting: the validation LogLoss is")
+    last = state.history[-1]
+    assert last["logloss"] > 5 * math.log(2) and trainer.last_train_loss < 0.1
+    assert state.step < 30 * n // 64
+    assert not records(tmp_path, "divergence")

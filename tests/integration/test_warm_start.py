@@ -13,7 +13,7 @@ from rich.console import Console
 from sampan.batch import Batch
 from sampan.config import ConfigError, ExperimentConfig, TrainConfig, load_config
 from sampan.data.store import SplitArrays
-from sampan.layers.embed import first_order_part
+from sampan.layers.embed import first_order_part, lr_start_part
 from sampan.models import build_model, get_model_class
 from sampan.schema import DataSchema, SparseFeatureSpec
 from sampan.train import checkpoint as ckpt
@@ -48,16 +48,56 @@ def model(name: str):
                                       ("lr", True), ("dcn_v2", False), ("dcn", False)])
 def test_which_models_have_first_order_terms_to_start(name, has):
     assert (first_order_part(model(name)) is not None) is has
+    # every one of them starts from an LR: DCN and DCN-V2 through their field vectors
+    m = model(name)
+    assert lr_start_part(m) is (m.features if has else m.input)
 
 
 def test_dcn_v2_has_first_order_terms_only_when_asked():
     cls = get_model_class("dcn_v2")
     assert first_order_part(build_model(cls.Config(embedding_dim=4), SCHEMA)) is None
     wide = build_model(cls.Config(embedding_dim=4, first_order=True), SCHEMA)
-    assert first_order_part(wide) is wide.features
+    assert first_order_part(wide) is wide.features and lr_start_part(wide) is wide.features
     rows = additive_rows(64, 3)
     batch = Batch(dense=torch.as_tensor(rows.dense), sparse=torch.as_tensor(rows.sparse))
     assert wide(batch).shape == (64, 1)
+    # stacked: an MLP stands between the vectors and the output; nothing reads an LR there
+    stacked = build_model(cls.Config(embedding_dim=4, structure="stacked"), SCHEMA)
+    assert lr_start_part(stacked) is None
+
+
+@pytest.mark.parametrize("name,extra", [("dcn_v2", {}), ("dcn_v2", {"low_rank": 3}),
+                                        ("dcn", {})])
+def test_dcn_models_start_as_the_lr_exactly_and_every_part_then_learns(name, extra):
+    torch.manual_seed(0)
+    lr = model("lr")
+    with torch.no_grad():
+        lr.features.embedding.weight.normal_()
+        lr.features.bias.fill_(-1.5)
+        lr.features.dense_linear.weight.fill_(0.25)
+    m = build_model(get_model_class(name).Config(name=name, embedding_dim=4, mlp=[8],
+                                                 **extra), SCHEMA)
+    rest = m.input.embedding.weight[:, 1:].clone()
+    copy_first_order(lr.features, m)
+    assert torch.equal(m.input.embedding.weight[:, :1], lr.features.embedding.weight)
+    assert torch.equal(m.input.embedding.weight[:, 1:], rest)  # the other columns as drawn
+    rows = additive_rows(256, 3)
+    batch = Batch(dense=torch.as_tensor(rows.dense), sparse=torch.as_tensor(rows.sparse),
+                  labels=torch.as_tensor(rows.labels))
+    # the model computes the LR: bias, id weights and numeric weight, nothing else
+    assert torch.allclose(m(batch), lr(batch), atol=1e-6)
+    assert m.output_bias()[0][0].item() == -1.5
+    # the crosses, the MLP and the output layer's other weights all get gradients: two
+    # Adam steps move every dense parameter off its start
+    start = {k: v.detach().clone() for k, v in m.named_parameters() if "embedding" not in k}
+    opt = torch.optim.Adam([p for k, p in m.named_parameters() if k in start], lr=1e-2)
+    for _ in range(2):
+        opt.zero_grad()
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(m(batch), batch.labels)
+        loss.backward()
+        opt.step()
+    moved = {k for k, p in m.named_parameters() if k in start and not torch.equal(p, start[k])}
+    assert moved == set(start)
 
 
 def test_plan_turns_it_on_only_where_it_applies():
@@ -84,7 +124,7 @@ def test_copy_takes_the_lr_weights_and_leaves_the_vectors():
         lr.features.bias.fill_(-1.5)
         lr.features.dense_linear.weight.fill_(0.25)
     vectors = fm.features.embedding.weight[:, 1:].clone()
-    copy_first_order(lr.features, fm.features)
+    copy_first_order(lr.features, fm)
     assert torch.equal(fm.features.embedding.weight[:, :1], lr.features.embedding.weight)
     assert torch.equal(fm.features.embedding.weight[:, 1:], vectors)
     assert fm.features.bias.item() == -1.5
@@ -92,7 +132,7 @@ def test_copy_takes_the_lr_weights_and_leaves_the_vectors():
     with pytest.raises(RuntimeError, match="same schema"):
         other = build_model(get_model_class("lr").Config(name="lr"),
                             DataSchema(dense=["x"], sparse=[SparseFeatureSpec("a", 7)]))
-        copy_first_order(other.features, fm.features)
+        copy_first_order(other.features, fm)
 
 
 def warm_trainer(tmp_path, name: str, solver: str, **train):
@@ -141,6 +181,22 @@ def test_the_model_starts_as_the_fitted_lr_and_never_ends_below_it(tmp_path, sol
     else:
         assert "frozen" not in report and not trainer.sparse_opt.frozen_columns
     assert state.best_step == 0 or not torch.equal(table[:, 1:], vectors)
+
+
+def test_a_dcn_v2_run_starts_as_the_exact_lr_and_its_vectors_carry_it_on(tmp_path):
+    trainer, valid = warm_trainer(tmp_path, "dcn_v2", "lbfgs")
+    report = fit_first_order(trainer)
+    # the LR's weights sit in the vectors, which keep training: nothing is frozen
+    assert "frozen" not in report and not trainer.sparse_opt.frozen_columns
+    lr_weights = trainer.model.input.embedding.weight[:, :1].clone()
+    state = trainer.fit()
+    first = state.history[0]
+    # at step 0 the model is exactly the fitted LR
+    assert first["step"] == 0 and first["auc"] == pytest.approx(report["valid"]["auc"],
+                                                                abs=1e-6)
+    assert state.best >= first["auc"]
+    assert state.best_step == 0 or not torch.equal(
+        trainer.model.input.embedding.weight[:, :1], lr_weights)
 
 
 def test_first_order_frozen_keeps_the_lr_weights_and_false_trains_them(tmp_path):
