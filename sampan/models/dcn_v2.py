@@ -69,8 +69,9 @@ class DCNv2(nn.Module):
         low_rank: int | None = Field(None, gt=0)
         first_order: bool = Field(
             False, description="add a first-order weight per id and numeric feature to the "
-            "output (a wide part, as Wide & Deep's), which the LR warm start fits first; "
-            "false: the paper's DCN-V2")
+            "output (a wide part, as Wide & Deep's), which the LR warm start fits first (and "
+            "keeps frozen); false: the paper's DCN-V2, which the warm start starts as the LR "
+            "through its vectors' first column (parallel structure)")
 
     def __init__(self, schema: DataSchema, cfg: Config):
         super().__init__()

@@ -1,0 +1,36 @@
+"""The defaults benchmark's fresh worlds: new shapes for every seed, the same for one."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from sampan.data.synthetic import iter_world
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def test_fresh_worlds_are_drawn_anew_per_seed_within_their_ranges():
+    sys.path.insert(0, str(BENCH))
+    try:
+        fresh_worlds = importlib.import_module("defaults").fresh_worlds
+    finally:
+        sys.path.remove(str(BENCH))
+    a, c = fresh_worlds(8, 1), fresh_worlds(8, 2)
+    assert a == fresh_worlds(8, 1) and a != c
+    assert len({w.name for w in a + c}) == 16
+    for w in a + c:
+        assert 10_000 <= w.rows <= 300_000 and 3 <= w.categorical <= 30
+        assert 2 <= w.vocab[0] <= 50 < 100 <= w.vocab[1] <= 500_000
+        assert 0.03 <= w.base_rate <= 0.4 and 0 <= w.numeric <= 12
+        assert (w.pairs == 0) == (w.interaction == 0)
+    # different shapes, not one shape drawn twice
+    assert len({(w.categorical, w.pairs, w.numeric) for w in a}) > 4
+    # each generates, with the true probabilities beside the labels
+    t = next(iter_world(replace(a[0], rows=500)))
+    p = t.column("oracle_p").to_numpy()
+    assert t.num_rows == 500 and ((p > 0) & (p < 1)).all() and np.isfinite(p).all()
