@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sampan.embedding.dynamic import KeyIndex
+from sampan.embedding.pages import advise_huge_pages
 from sampan.schema import TableSpec
 
 
@@ -107,6 +108,7 @@ def _normal_rows(rows: int, dim: int, std: float, lo: int, hi: int,
     continue the stream exactly, and the last block takes any remainder under 16 values.
     """
     out = torch.empty(hi - lo, dim, device="cpu")  # (also under torch.device("meta"))
+    advise_huge_pages(out)
     start = 0
     while start < rows:
         end = min(start + _INIT_BLOCK_ROWS, rows)
@@ -181,6 +183,7 @@ class EmbeddingCollection(nn.Module):
             self._init_state = torch.get_rng_state()
             _normal_rows(self.num_rows, self.dim, init_std, 0, 0)
         else:
+            advise_huge_pages(self.weight)  # before the first write: see pages.py
             nn.init.normal_(self.weight, 0.0, init_std)
             with torch.no_grad():
                 self.weight[:, :zero_columns].zero_()

@@ -36,6 +36,8 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from sampan.embedding.pages import advise_huge_pages, huge_full
+
 _WINDOW = 8  # slots looked at per probe round: 8 int64 keys are one or two cache lines
 _LATE_WINDOW = 64  # per round for the few keys still searching after one: no third round
 _SMALL_BATCH = 4096  # keys a probe or insert reads whole windows for from the first round
@@ -109,18 +111,18 @@ class KeyIndex(nn.Module):
         self.mask = slots - 1
         i64 = torch.int64
         # the map (rebuilt from the rows when loaded, so not saved): [key, row] per slot
-        self.register_buffer("slots", torch.zeros(slots, 2, dtype=i64, device=device),
-                             persistent=False)
+        self.register_buffer("slots", huge_full((slots, 2), 0, i64, device), persistent=False)
         self.used_slots = 0  # full + deleted
         # per row: its key and its stamp; free rows, a stack popped from the top (1 first)
-        self.register_buffer("row_key", torch.zeros(capacity + 1, dtype=i64, device=device))
-        self.register_buffer("row_stamp", torch.full((capacity + 1,), _NEVER, dtype=i64,
-                                                     device=device))
-        self.register_buffer("free", torch.arange(capacity, 0, -1, dtype=i64, device=device))
+        self.register_buffer("row_key", huge_full(capacity + 1, 0, i64, device))
+        self.register_buffer("row_stamp", huge_full(capacity + 1, _NEVER, i64, device))
+        free = torch.empty(capacity, dtype=i64, device=device)
+        advise_huge_pages(free)
+        self.register_buffer("free", torch.arange(capacity, 0, -1, out=free))
         self.register_buffer("n_free", torch.tensor(capacity, dtype=i64))
         width = 1 << max(4, (sketch_width - 1).bit_length()) if min_count > 1 else 1
-        self.register_buffer("sketch", torch.zeros(len(_SKETCH_SALTS), width, dtype=torch.int32,
-                                                   device=device))
+        self.register_buffer("sketch", huge_full((len(_SKETCH_SALTS), width), 0, torch.int32,
+                                                 device))
         self.register_buffer("sketch_total", torch.tensor(0, dtype=i64))
         self.register_buffer("freed_total", torch.tensor(0, dtype=i64))  # rows ever freed
         self.register_buffer("_window", torch.arange(_LATE_WINDOW, device=device),

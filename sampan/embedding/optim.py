@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from sampan.embedding.collection import EmbeddingCollection
+from sampan.embedding.pages import huge_full, huge_zeros_like
 
 
 class _SparseRowOptimizer(torch.optim.Optimizer):
@@ -111,8 +112,8 @@ class SparseAdam(_SparseRowOptimizer):
     def _update(self, p, w, rows, grad, group, state):  # type: ignore[no-untyped-def]
         if not state:
             state["step"] = torch.zeros((), dtype=torch.float64)
-            state["exp_avg"] = torch.zeros_like(p)
-            state["exp_avg_sq"] = torch.zeros_like(p)
+            state["exp_avg"] = huge_zeros_like(p)
+            state["exp_avg_sq"] = huge_zeros_like(p)
         state["step"] += 1
         step = float(state["step"])
         b1, b2 = group["betas"]
@@ -141,7 +142,8 @@ class SparseAdagrad(_SparseRowOptimizer):
     def _update(self, p, w, rows, grad, group, state):  # type: ignore[no-untyped-def]
         if not state:
             state["step"] = torch.zeros((), dtype=torch.float64)
-            state["sum"] = torch.full_like(p, group["initial_accumulator_value"])
+            state["sum"] = huge_full(p.shape, group["initial_accumulator_value"], p.dtype,
+                                     p.device)
         state["step"] += 1
         s = state["sum"].index_select(0, rows).addcmul_(grad, grad)
         state["sum"].index_copy_(0, rows, s)
@@ -158,7 +160,7 @@ class SparseRowWiseAdagrad(_SparseRowOptimizer):
     def _update(self, p, w, rows, grad, group, state):  # type: ignore[no-untyped-def]
         if not state:
             state["step"] = torch.zeros((), dtype=torch.float64)
-            state["sum"] = torch.zeros(p.shape[0], dtype=p.dtype, device=p.device)
+            state["sum"] = huge_full(p.shape[0], 0.0, p.dtype, p.device)
         state["step"] += 1
         s = state["sum"].index_select(0, rows).add_(grad.square().mean(1))
         state["sum"].index_copy_(0, rows, s)

@@ -1,0 +1,56 @@
+"""Tables read at random are backed by transparent huge pages where Linux allows it."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from sampan.embedding import EmbeddingCollection
+from sampan.embedding.dynamic import KeyIndex
+from sampan.embedding.pages import MIN_BYTES, advise_huge_pages, huge_full, huge_zeros_like
+from sampan.schema import TableSpec
+
+THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+
+def huge_kb() -> int:
+    for line in open("/proc/self/smaps_rollup"):
+        if line.startswith("AnonHugePages:"):
+            return int(line.split()[1])
+    return 0
+
+
+needs_thp = pytest.mark.skipif(
+    sys.platform != "linux" or not THP.exists() or "[never]" in THP.read_text(),
+    reason="transparent huge pages are off (or not Linux)")
+
+
+def test_only_large_contiguous_cpu_tensors_are_advised():
+    assert not advise_huge_pages(torch.empty(MIN_BYTES // 8, dtype=torch.int64)[::2])
+    assert not advise_huge_pages(torch.empty(16))
+    assert not advise_huge_pages(torch.empty(MIN_BYTES, device="meta"))
+    t = huge_full((MIN_BYTES // 4,), 7, torch.int32)
+    assert t.is_contiguous() and bool((t == 7).all())
+    z = huge_zeros_like(torch.ones(3, MIN_BYTES // 12))
+    assert z.shape == (3, MIN_BYTES // 12) and not z.any()
+    if sys.platform == "linux":
+        assert advise_huge_pages(torch.empty(MIN_BYTES // 4))
+
+
+@needs_thp
+def test_the_tables_get_huge_pages():
+    # (a kernel may refuse them under memory pressure; then this fails loudly, not silently)
+    before = huge_kb()
+    t = huge_full((64 << 20) // 8, 0, torch.int64)  # 64 MB
+    assert huge_kb() - before >= 32 << 10
+    del t
+    before = huge_kb()
+    index = KeyIndex(1 << 20)  # its map alone is 32 MB
+    assert huge_kb() - before >= 16 << 10
+    before = huge_kb()
+    table = EmbeddingCollection([TableSpec("a", 1 << 20, 16, ("a",))], 0.01)  # 64 MB
+    assert huge_kb() - before >= 32 << 10
+    assert len(index) == 0 and table.weight.shape == (1 << 20, 16)
