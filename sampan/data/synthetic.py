@@ -321,15 +321,40 @@ def _world_chunk(w: World, truth: _WorldTruth, k: int, n: int
     return ranks, present, np.where(missing, 0.0, z), np.where(missing, np.nan, raw)
 
 
-def iter_world(w: World, chunk_rows: int = CHUNK_ROWS) -> Iterator[pa.Table]:
-    """The rows of ``w`` as tables of up to ``chunk_rows`` rows (a pure function of ``w``)."""
+def _calibrated_truth(w: World) -> _WorldTruth:
+    """``w``'s labelling model with the intercept that gives its base rate (bisection)."""
     truth = _WorldTruth(w)
     ranks, present, z, _ = _world_chunk(w, truth, 1 << 30, min(w.rows, 50_000) or 1)
-    lo, hi = -12.0, 6.0  # the intercept that gives the base rate, by bisection
+    lo, hi = -12.0, 6.0
     for _ in range(40):
         truth.bias = (lo + hi) / 2
         p = 1.0 / (1.0 + np.exp(-truth.logit(ranks, present, z)))
         lo, hi = (truth.bias, hi) if p.mean() < w.base_rate else (lo, truth.bias)
+    return truth
+
+
+def interaction_value(w: World, rows: int = 200_000) -> tuple[float, float]:
+    """``(oracle AUC, AUC of the oracle without its pair terms)`` on ``rows`` rows drawn
+    from ``w`` (not its own rows: a property of the world): the difference is what learning
+    the interactions can be worth at most. Labels are drawn from the full model."""
+    import torch
+
+    from sampan.metrics import auc
+
+    truth = _calibrated_truth(w)
+    ranks, present, z, _ = _world_chunk(w, truth, (1 << 30) + 1, rows)
+    full = truth.logit(ranks, present, z)
+    pairs, truth.pairs = truth.pairs, []
+    first = truth.logit(ranks, present, z)
+    truth.pairs = pairs
+    rng = np.random.default_rng([w.seed, 10])
+    y = torch.from_numpy((rng.random(rows) < 1.0 / (1.0 + np.exp(-full))).astype(np.float32))
+    return auc(torch.from_numpy(full), y), auc(torch.from_numpy(first), y)
+
+
+def iter_world(w: World, chunk_rows: int = CHUNK_ROWS) -> Iterator[pa.Table]:
+    """The rows of ``w`` as tables of up to ``chunk_rows`` rows (a pure function of ``w``)."""
+    truth = _calibrated_truth(w)
     for k, start in enumerate(range(0, w.rows, chunk_rows)):
         n = min(chunk_rows, w.rows - start)
         ranks, present, z, raw = _world_chunk(w, truth, k, n)

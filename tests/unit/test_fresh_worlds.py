@@ -34,3 +34,17 @@ def test_fresh_worlds_are_drawn_anew_per_seed_within_their_ranges():
     t = next(iter_world(replace(a[0], rows=500)))
     p = t.column("oracle_p").to_numpy()
     assert t.num_rows == 500 and ((p > 0) & (p < 1)).all() and np.isfinite(p).all()
+
+
+def test_what_a_worlds_interactions_are_worth():
+    from sampan.data.synthetic import World, interaction_value
+
+    base = dict(rows=20_000, categorical=6, vocab=(5, 60), seed=3)
+    full, first = interaction_value(World("additive", pairs=0, interaction=0.0, **base), 20_000)
+    assert full == first and 0.6 < full < 1.0
+    strong = World("strong", pairs=6, interaction=0.9, **base)
+    full, first = interaction_value(strong, 20_000)
+    assert full - first > 0.05  # the pairs carry much of the signal
+    assert interaction_value(strong, 20_000) == (full, first)  # a property of the world
+    weak = interaction_value(World("weak", pairs=1, interaction=0.2, **base), 20_000)
+    assert 0 <= weak[0] - weak[1] < full - first
