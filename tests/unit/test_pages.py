@@ -16,18 +16,20 @@ from sampan.schema import TableSpec
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 
-def huge_kb(t: torch.Tensor) -> int:
-    """AnonHugePages (kB) of the memory mapping that holds ``t``'s middle byte (advising
-    splits a mapping: the pages advised become one of their own)."""
+def advised(t: torch.Tensor) -> bool:
+    """Whether the memory mapping that holds ``t``'s middle byte is advised for huge pages
+    (``hg`` in its VmFlags; advising splits a mapping, so the advised pages are one of their
+    own). Whether the kernel then gives huge pages depends on its free memory, so that is
+    what ``benchmarks/dynamic_embedding.py`` measures, not this test."""
     addr, mapping = t.data_ptr() + t.numel() * t.element_size() // 2, None
     for line in open("/proc/self/smaps"):
         head = line.split()[0]
         if "-" in head and ":" not in head:  # a mapping's first line: start-end perms ...
             lo, hi = (int(x, 16) for x in head.split("-"))
             mapping = lo <= addr < hi
-        elif mapping and line.startswith("AnonHugePages:"):
-            return int(line.split()[1])
-    return 0
+        elif mapping and line.startswith("VmFlags:"):
+            return "hg" in line.split()[1:]
+    return False
 
 
 needs_thp = pytest.mark.skipif(
@@ -48,14 +50,12 @@ def test_only_large_contiguous_cpu_tensors_are_advised():
 
 
 @needs_thp
-def test_the_tables_get_huge_pages():
-    # (a kernel may refuse them under memory pressure; then this fails loudly, not silently;
-    # memory reused from a tensor freed earlier may already have them, so each table's own
-    # mapping is what is checked, not the process's total)
-    t = huge_full((64 << 20) // 8, 0, torch.int64)  # 64 MB
-    assert huge_kb(t) >= 32 << 10
+def test_the_tables_are_advised_for_huge_pages():
+    t = huge_full((64 << 20) // 8, 0, torch.int64)
+    plain = torch.zeros((64 << 20) // 8, dtype=torch.int64)
+    assert advised(t) and not advised(plain)
     index = KeyIndex(1 << 20)  # its map alone is 32 MB
-    assert huge_kb(index.slots) >= 16 << 10
+    assert advised(index.slots) and advised(index.row_key) and advised(index.row_stamp)
     table = EmbeddingCollection([TableSpec("a", 1 << 20, 16, ("a",))], 0.01)  # 64 MB
-    assert huge_kb(table.weight) >= 32 << 10
+    assert advised(table.weight)
     assert len(index) == 0 and table.weight.shape == (1 << 20, 16)
