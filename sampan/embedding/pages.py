@@ -7,11 +7,15 @@ for them only when ``THP_MEM_ALLOC_ENABLE=1`` is set before its first allocation
 kernels ship THP in ``madvise`` mode (only memory that asks gets them). So the tables that
 are read at random (embedding weights, their optimizer state, a dynamic table's key map)
 are allocated empty, advised with ``madvise(MADV_HUGEPAGE)`` before their first write, and
-only then filled: the first writes fault in huge pages.
+only then filled: the first writes fault in huge pages, where the kernel has 2 MB of
+contiguous free memory to give (else 4 KB pages, as before; the advice stays, and the
+kernel's khugepaged may merge them later).
 
-On the defaults benchmark machine (an AMD EPYC, family 25 model 17) the dynamic key map of
-1 M keys looked up 10.8-32 M ids/s depending on where the allocator happened to put it,
-and 24-28 M ids/s advised (``benchmarks/dynamic_embedding.py``).
+On a 2-core AMD EPYC, family 25 model 17 (2026-12-02), the dynamic key map of 1 M keys
+looked up 10.8-32 M ids/s depending on where the allocator happened to put it; with its
+tables advised, 19.6-21.3 M ids/s in the same two placements, and 23-29 M ids/s with
+``THP_MEM_ALLOC_ENABLE=1``, which also covers each call's temporaries
+(``benchmarks/dynamic_embedding.py``; the README has the 10 M-key figures).
 
 Elsewhere (not Linux, not CPU, small tensors, a kernel with THP ``never``) it does nothing.
 """
