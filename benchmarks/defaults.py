@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import re
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -150,13 +149,18 @@ def prep_world(w: World, out: Path) -> Dataset:
     else:
         files = {s: str(out / f"{s}.parquet") for s in ("train", "valid", "test")}
     worth = world_interaction_value(w)
-    about = (f"{w.rows:,} rows, {w.categorical} categorical (vocab {w.vocab[0]:,}-"
-             f"{w.vocab[1]:,}), {w.numeric} numeric, {w.pairs if w.interaction else 0} "
-             f"interacting pairs (scale {w.interaction}, worth {worth:+.4f} AUC), base rate "
-             f"{w.base_rate}")
-    return Dataset(w.name, about, files, [f"c{i + 1}" for i in range(w.categorical)],
+    return Dataset(w.name, world_about(w, worth), files,
+                   [f"c{i + 1}" for i in range(w.categorical)],
                    [f"n{i + 1}" for i in range(w.numeric)], oracle="oracle_p",
                    interactions=worth >= INTERACTION_WORTH, interaction_value=worth)
+
+
+def world_about(w: World, worth: float) -> str:
+    """The world's line in the report's list of datasets."""
+    return (f"{w.rows:,} rows, {w.categorical} categorical (vocab {w.vocab[0]:,}-"
+            f"{w.vocab[1]:,}), {w.numeric} numeric, {w.pairs if w.interaction else 0} "
+            f"interacting pairs (scale {w.interaction}, worth {worth:+.4f} AUC), base rate "
+            f"{w.base_rate}")
 
 
 def world_interaction_value(w: World) -> float:
@@ -545,8 +549,7 @@ def refresh(path: Path, out: Path, block: str, title: str) -> None:
         w = World(**params)
         worth = world_interaction_value(w)
         d["interaction_value"], d["interactions"] = worth, worth >= INTERACTION_WORTH
-        d["about"] = re.sub(r"\(scale ([0-9.]+)(, worth [-+0-9.]+ AUC)?\)",
-                            f"(scale {w.interaction}, worth {worth:+.4f} AUC)", d["about"])
+        d["about"] = world_about(w, worth)
         print(f"{name}: interactions worth {worth:+.4f} AUC")
     path.write_text(json.dumps(report, indent=1))
     update_block(out, block, markdown(report, title), after="<!-- /perf:defaults")

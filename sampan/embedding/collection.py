@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sampan.embedding.dynamic import KeyIndex
-from sampan.embedding.pages import advise_huge_pages
+from sampan.embedding.pages import advise_huge_pages, huge_empty
 from sampan.schema import TableSpec
 
 
@@ -107,8 +107,7 @@ def _normal_rows(rows: int, dim: int, std: float, lo: int, hi: int,
     PyTorch's CPU ``normal_`` fills 16 values at a time; blocks of a multiple of 16 values
     continue the stream exactly, and the last block takes any remainder under 16 values.
     """
-    out = torch.empty(hi - lo, dim, device="cpu")  # (also under torch.device("meta"))
-    advise_huge_pages(out)
+    out = huge_empty((hi - lo, dim), torch.get_default_dtype(), "cpu")  # (under "meta" too)
     start = 0
     while start < rows:
         end = min(start + _INIT_BLOCK_ROWS, rows)

@@ -36,7 +36,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from sampan.embedding.pages import advise_huge_pages, huge_full
+from sampan.embedding.pages import huge_empty, huge_full
 
 _WINDOW = 8  # slots looked at per probe round: 8 int64 keys are one or two cache lines
 _LATE_WINDOW = 64  # per round for the few keys still searching after one: no third round
@@ -116,9 +116,8 @@ class KeyIndex(nn.Module):
         # per row: its key and its stamp; free rows, a stack popped from the top (1 first)
         self.register_buffer("row_key", huge_full(capacity + 1, 0, i64, device))
         self.register_buffer("row_stamp", huge_full(capacity + 1, _NEVER, i64, device))
-        free = torch.empty(capacity, dtype=i64, device=device)
-        advise_huge_pages(free)
-        self.register_buffer("free", torch.arange(capacity, 0, -1, out=free))
+        self.register_buffer("free", torch.arange(capacity, 0, -1,
+                                                  out=huge_empty(capacity, i64, device)))
         self.register_buffer("n_free", torch.tensor(capacity, dtype=i64))
         width = 1 << max(4, (sketch_width - 1).bit_length()) if min_count > 1 else 1
         self.register_buffer("sketch", huge_full((len(_SKETCH_SALTS), width), 0, torch.int32,

@@ -51,16 +51,20 @@ def advise_huge_pages(t: torch.Tensor) -> bool:
     return end > start and _libc.madvise(start, end - start, _MADV_HUGEPAGE) == 0
 
 
+def huge_empty(shape: int | Sequence[int], dtype: torch.dtype,
+               device: str | torch.device | None = None) -> torch.Tensor:
+    """``torch.empty(shape)``, advised for huge pages (write it only after this)."""
+    t = torch.empty(shape, dtype=dtype, device=device)
+    advise_huge_pages(t)
+    return t
+
+
 def huge_full(shape: int | Sequence[int], value: float | int, dtype: torch.dtype,
               device: str | torch.device | None = None) -> torch.Tensor:
     """``torch.full(shape, value)``, advised for huge pages before it is written."""
-    t = torch.empty(shape, dtype=dtype, device=device)
-    advise_huge_pages(t)
-    return t.fill_(value)
+    return huge_empty(shape, dtype, device).fill_(value)
 
 
 def huge_zeros_like(t: torch.Tensor) -> torch.Tensor:
     """``torch.zeros_like(t)`` (contiguous), advised for huge pages before it is written."""
-    out = torch.empty(t.shape, dtype=t.dtype, device=t.device)
-    advise_huge_pages(out)
-    return out.zero_()
+    return huge_empty(t.shape, t.dtype, t.device).zero_()
