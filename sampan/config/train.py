@@ -56,7 +56,10 @@ class TrainConfig(_Strict):
     optimizer: Literal["adam", "adamw", "sgd"] = "adam"
     lr: float = Field(1e-3, gt=0, allow_inf_nan=False)
     weight_decay: float = Field(0.0, ge=0.0)
-    sparse_optimizer: Literal["adam", "adagrad", "rowwise_adagrad"] = "adam"
+    sparse_optimizer: Literal["adam", "adam_table", "adagrad", "rowwise_adagrad"] = Field(
+        "adam", description="embedding rows: adam (lazy, each row's bias correction counts "
+        "its own updates), adam_table (one step counter per table: torch.optim.SparseAdam), "
+        "adagrad, rowwise_adagrad")
     sparse_lr: float | None = Field(None, gt=0, allow_inf_nan=False,
                                     description="defaults to lr")
     embedding_l2: NonNegFloat | Auto = Field(

@@ -4,7 +4,9 @@ Each step reads the unique rows touched by the batch and their gradients from th
 collections, and updates only those rows (and only their optimizer state): "lazy" updates.
 Numerics follow PyTorch's references exactly, which the tests check:
 
-* :class:`SparseAdam` — ``torch.optim.SparseAdam`` (one step counter per table).
+* :class:`SparseAdam` — lazy Adam. By default each row's bias correction counts that row's
+  own updates; with ``bias_correction="table"`` it is exactly ``torch.optim.SparseAdam``
+  (one step counter per table).
 * :class:`SparseAdagrad` — ``torch.optim.Adagrad`` fed sparse gradients.
 * :class:`SparseRowWiseAdagrad` — one accumulator per row (mean of squared gradients), the
   memory-light variant used by DLRM / TorchRec.
@@ -101,21 +103,45 @@ class _SparseRowOptimizer(torch.optim.Optimizer):
 
 
 class SparseAdam(_SparseRowOptimizer):
-    """Lazy Adam on the rows of each batch; matches ``torch.optim.SparseAdam``."""
+    """Lazy Adam on the rows of each batch: a row's moments and weights change only at the
+    steps that use it.
+
+    ``bias_correction="row"`` (the default) corrects a row's moments by the number of times
+    *that row* was updated, as dense Adam corrects a parameter's: a row's first update moves
+    each coordinate by ``lr`` (``m / sqrt(v)`` is the gradient's sign), whether it comes at
+    step 1 or step 100,000. ``"table"`` uses one step counter per table, exactly
+    ``torch.optim.SparseAdam`` (and TensorFlow's LazyAdam): a row first seen at a late step
+    has fresh moments (``m = 0.1 g``, ``v = 0.001 g^2``) but no correction left, so its
+    first step is ``3.2 lr``, and a row updated ``k`` times far apart moves
+    ``(1 - 0.9^k) / sqrt(0.001 k)`` times ``lr`` per update: 6.5 at ``k = 10``, still 3.2 at
+    ``k = 100``. The rare ids, which carry the least evidence, then move fastest and memorise
+    their few rows (README, "What Sampan does by default and why", for what it cost).
+
+    The row counts are one float per row (``state["row_step"]``), kept with the moments in
+    checkpoints and reset with them when a dynamic table gives a row to a new key. A state
+    saved without them (before 2026-12-03) resumes with every row that has moments counted at
+    the table's step: the correction it had then.
+    """
 
     def __init__(self, collections: list[EmbeddingCollection], lr: float = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 embedding_l2: float = 0.0):
+                 embedding_l2: float = 0.0, bias_correction: str = "row"):
+        if bias_correction not in ("row", "table"):
+            raise ValueError(f"SparseAdam bias_correction must be 'row' or 'table', got "
+                             f"{bias_correction!r}")
         super().__init__(collections, {"lr": lr, "betas": betas, "eps": eps,
-                                       "embedding_l2": embedding_l2})
+                                       "embedding_l2": embedding_l2,
+                                       "bias_correction": bias_correction})
 
     def _update(self, p, w, rows, grad, group, state):  # type: ignore[no-untyped-def]
+        by_row = group.get("bias_correction", "row") == "row"
         if not state:
             state["step"] = torch.zeros((), dtype=torch.float64)
             state["exp_avg"] = huge_zeros_like(p)
             state["exp_avg_sq"] = huge_zeros_like(p)
+        if by_row and "row_step" not in state:
+            state["row_step"] = self._row_steps_of(state, p)
         state["step"] += 1
-        step = float(state["step"])
         b1, b2 = group["betas"]
         m_old = state["exp_avg"].index_select(0, rows)
         v_old = state["exp_avg_sq"].index_select(0, rows)
@@ -123,8 +149,27 @@ class SparseAdam(_SparseRowOptimizer):
         v = v_old.add_(grad.square().sub_(v_old), alpha=1 - b2)
         state["exp_avg"].index_copy_(0, rows, m)
         state["exp_avg_sq"].index_copy_(0, rows, v)
-        step_size = group["lr"] * math.sqrt(1 - b2**step) / (1 - b1**step)
-        w.add_(m.div_(v.sqrt_().add_(group["eps"])), alpha=-step_size)
+        update = m.div_(v.sqrt_().add_(group["eps"]))
+        if by_row:
+            k = state["row_step"].index_select(0, rows).add_(1)
+            state["row_step"].index_copy_(0, rows, k)
+            # lr * sqrt(1 - b2^k) / (1 - b1^k), one factor per row
+            scale = torch.pow(b2, k).neg_().add_(1).sqrt_().div_(
+                torch.pow(b1, k).neg_().add_(1)).mul_(group["lr"])
+            w.addcmul_(update, scale.unsqueeze(1).to(w.dtype), value=-1)
+        else:
+            step = float(state["step"])
+            w.add_(update, alpha=-group["lr"] * math.sqrt(1 - b2**step) / (1 - b1**step))
+
+    @staticmethod
+    def _row_steps_of(state: dict[str, Any], p: torch.Tensor) -> torch.Tensor:
+        """Row counts for a state that has none: 0 for a new state; for one saved without
+        them (a table-corrected run), the table's step for every row with moments."""
+        counts = torch.zeros(p.shape[0], dtype=torch.float32, device=p.device)
+        if float(state["step"]):
+            touched = state["exp_avg_sq"].ne(0).any(dim=1)
+            counts.masked_fill_(touched, float(state["step"]))
+        return counts
 
 
 class SparseAdagrad(_SparseRowOptimizer):
@@ -171,8 +216,12 @@ class SparseRowWiseAdagrad(_SparseRowOptimizer):
 def make_sparse_optimizer(name: str, collections: list[EmbeddingCollection], lr: float,
                           embedding_l2: float = 0.0) -> _SparseRowOptimizer:
     """Build the sparse optimizer named in ``train.sparse_optimizer``."""
+    if name == "adam_table":
+        return SparseAdam(collections, lr=lr, embedding_l2=embedding_l2,
+                          bias_correction="table")
     classes = {"adam": SparseAdam, "adagrad": SparseAdagrad,
                "rowwise_adagrad": SparseRowWiseAdagrad}
     if name not in classes:
-        raise ValueError(f"unknown sparse optimizer {name!r}; choose one of {sorted(classes)}")
+        raise ValueError(f"unknown sparse optimizer {name!r}; choose one of "
+                         f"{sorted([*classes, 'adam_table'])}")
     return classes[name](collections, lr=lr, embedding_l2=embedding_l2)

@@ -21,7 +21,10 @@ class TrainState:
     batch: int = 0  # next batch index within `epoch`
     best: float | None = None
     best_step: int = 0
-    bad_evals: int = 0
+    bad_evals: int = 0  # evaluations since the trained model last improved on itself
+    # the best evaluation of the trained model itself: with a first-order warm start, the
+    # step-0 evaluation (the LR) is the floor for ``best`` but not where patience counts from
+    trained_best: float | None = None
     stopped_early: bool = False
     history: list[dict[str, Any]] = field(default_factory=list)
     lr_scale: float = 1.0  # halved by each recovery from a divergence

@@ -277,15 +277,29 @@ class Trainer:
                 f"and data; available: {sorted(k for k in m if k not in ('rows', 'queries'))}")
         overfit = guard.check_valid(self, m)
         value = m.get(self.metric, math.nan)
-        improved = st.best is None or (
-            value > st.best + es.min_delta if self.maximize else value < st.best - es.min_delta)
-        improved = bool(self.strategy.broadcast(improved))  # one decision for all ranks
-        if improved and not math.isnan(value):
-            st.best, st.best_step, st.bad_evals = value, st.step, 0
+
+        def better(ref: float | None) -> bool:
+            return ref is None or (value > ref + es.min_delta if self.maximize
+                                   else value < ref - es.min_delta)
+        # one decision for all ranks
+        improved = bool(self.strategy.broadcast(better(st.best))) and not math.isnan(value)
+        # a model warm-started from an LR (evaluated at step 0) first loses some of it to its
+        # freshly initialised interaction parts: while it climbs back, beating its own
+        # previous best evaluation also resets the patience, so it is stopped when it stops
+        # improving, not while it is still catching up (best.pt keeps whichever is better)
+        own = st.step > 0 and bool(self.strategy.broadcast(better(st.trained_best))) \
+            and not math.isnan(value)
+        progressed = own and st.trained_best is not None  # the first one sets the mark
+        if own:
+            st.trained_best = value
+        if improved:
+            st.best, st.best_step = value, st.step
             # each rank keeps its own rows (loading accepts them), and writes them to best.pt
             self.best_model = copy.deepcopy({k: v.detach().clone()
                                              for k, v in self.model.state_dict().items()})
             self._write(BEST, {"model": self.best_model, "step": st.step, "metrics": m})
+        if improved or progressed:
+            st.bad_evals = 0
         else:
             st.bad_evals += 1
             if es.enabled and st.bad_evals >= es.patience:
@@ -348,6 +362,7 @@ class Trainer:
             "dense_opt": self.dense_opt.state_dict() if self.dense_opt else None,
             "state": {"step": st.step, "epoch": st.epoch, "batch": st.batch, "best": st.best,
                       "best_step": st.best_step, "bad_evals": st.bad_evals,
+                      "trained_best": st.trained_best,
                       "stopped_early": st.stopped_early, "history": st.history,
                       "lr_scale": st.lr_scale, "recoveries": st.recoveries,
                       "seconds": st.seconds + time.perf_counter() - self._fit_t0,
@@ -377,6 +392,7 @@ class Trainer:
         self.state = TrainState(step=s["step"], epoch=s["epoch"], batch=s["batch"],
                                 best=s["best"], best_step=s["best_step"],
                                 bad_evals=s["bad_evals"], stopped_early=s["stopped_early"],
+                                trained_best=s.get("trained_best", s["best"]),
                                 history=list(s["history"]), lr_scale=s.get("lr_scale", 1.0),
                                 recoveries=s.get("recoveries", 0),
                                 seconds=s.get("seconds", 0.0),

@@ -272,3 +272,26 @@ def test_the_lr_model_starts_as_the_exact_lr_and_skips_an_sgd_one(tmp_path, solv
     assert first["step"] == 0 and first["auc"] == pytest.approx(report["valid"]["auc"],
                                                                 abs=1e-6)
     assert state.best >= first["auc"]
+
+
+@pytest.mark.parametrize("aucs,evals,best_at", [
+    # below the LR at first, then climbing back on its own: patience restarts until the
+    # model beats the LR (0.71), then it is stopped two evaluations after that
+    ([0.70, 0.68, 0.69, 0.71, 0.70, 0.705], 6, 3),
+    # never climbing back: stopped after two trained evaluations, the LR kept
+    ([0.70, 0.69, 0.68], 3, 0)])
+def test_patience_counts_from_the_trained_models_own_best(tmp_path, aucs, evals, best_at):
+    trainer, _ = warm_trainer(tmp_path, "fm", "lbfgs", early_stopping={"patience": 2},
+                              epochs=5)
+    fit_first_order(trainer)
+    real, script = trainer.evaluate, iter(aucs)
+
+    def scripted(data):  # the real metrics, with the AUC the test scripts
+        return {**real(data), "auc": next(script, 0.5)}
+
+    trainer.evaluate = scripted
+    state = trainer.fit()
+    assert [round(r["auc"], 3) for r in state.history] == aucs[:evals]
+    assert state.stopped_early
+    assert state.best_step == state.history[best_at]["step"]
+    assert state.best == aucs[best_at]

@@ -69,13 +69,14 @@ def test_an_evicted_row_starts_again_for_its_new_key():
     coll = EmbeddingCollection(tables(capacity=2, policy="lru", evict_fraction=0.0),
                                init_std=0.3)
     opt = SparseAdam([coll], lr=0.5)
-    for ids in ([[0, 11], [0, 12]], [[0, 12]], [[0, 12]]):  # 11 and 12 trained
+    for ids in ([[0, 11]], [[0, 11], [0, 12]], [[0, 12]]):  # 11 and 12 trained
         loss_of(coll(torch.tensor(ids))).backward()
         opt.step()
     row = 6 + coll.dynamic["k"].find(torch.tensor([11])).item()
     trained = coll.weight[row].clone()
     state = opt.state[coll.weight]
     assert state["exp_avg"][row].abs().sum() > 0
+    assert state["row_step"][row] == 2  # 11's updates, for its bias correction
     # key 13 takes 11's row (the least recent); a zero loss leaves the fresh draw as it is
     (0.0 * coll(torch.tensor([[0, 13]])).sum()).backward()
     assert 6 + coll.dynamic["k"].find(torch.tensor([13])).item() == row
@@ -86,6 +87,7 @@ def test_an_evicted_row_starts_again_for_its_new_key():
     opt.step()
     assert torch.equal(state["exp_avg"][row], torch.zeros(4))
     assert torch.equal(state["exp_avg_sq"][row], torch.zeros(4))
+    assert state["row_step"][row] == 1  # 13's first update, not 11's third
     torch.testing.assert_close(coll.weight[row], fresh)
 
 
