@@ -445,7 +445,7 @@ def evaluate_dataset(ds: Dataset, run_root: Path, models: list[str] | None) -> d
           f"{lr_auc:.4f} ({base['seconds']:.0f} s)", flush=True)
     if ds.oracle:
         out["oracle_auc"] = auc(torch.from_numpy(
-            tables["test"].column(ds.oracle).to_numpy()), yt)
+            tables["test"].column(ds.oracle).to_numpy().copy()), yt)
     for model in ds.models:
         if models and model not in models:
             continue

@@ -42,6 +42,7 @@ from sampan.metrics import auc, auc_bootstrap, grouped_ranking_metrics, paired_a
 from sampan.models import build_model
 from sampan.tasks import make_task
 from sampan.train import checkpoint as ckpt
+from sampan.train import guard
 from sampan.train.compute import apply_saved
 from sampan.train.evaluate import Evaluator, headline_metrics, probabilities, resolve_device
 from sampan.train.rundir import _clear_for_restart, lock_run, new_run_dir
@@ -173,6 +174,8 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path | None = None,
                                                 torch.tensor(np.asarray(test.labels[:, 0])))
     if dist.enabled:
         results["world_size"] = dist.world
+    if note := guard.overconfidence_note(results, trainer.metric):
+        results["notes"] = [note]
     if dist.is_main:
         (run / "results.json").write_text(json.dumps(results, indent=1))
     print_results(results, console)
@@ -212,6 +215,8 @@ def print_results(results: dict[str, Any], console: Console) -> None:
         table.add_row(split, *(f"{m[c]:.4f}" if c in m else "-" for c in cols),
                       f"{int(m['rows']):,}")
     console.print(table)
+    for note in results.get("notes", []):
+        console.print(f"[yellow]note[/]: {note}")
     test = results.get("test", {})
     if "oracle_auc" in test:
         console.print(f"test AUC {test['auc']:.4f} vs oracle AUC {test['oracle_auc']:.4f} "

@@ -99,3 +99,22 @@ def recover(trainer: Trainer, reason: str) -> None:
         trainer.metrics.write({"step": st.step, "epoch": st.epoch, "split": "divergence",
                                "at_step": at, "reason": reason, "action": "recover",
                                "lr_scale": st.lr_scale})
+
+
+# the kept model's validation LogLoss over that of the LR it started from, above which the
+# run says its probabilities are over-confident (DCN-V2 on Frappe, kept for its AUC: 1.49)
+OVERCONFIDENT = 1.2
+
+
+def overconfidence_note(results: dict, metric: str) -> str | None:
+    """What to tell the user when the model kept for a ranking ``metric`` has a validation
+    LogLoss well above the first-order warm start's: it ranks better than the LR but its
+    probabilities are over-confident (``None`` otherwise)."""
+    start = ((results.get("first_order_warm_start") or {}).get("valid") or {}).get("logloss")
+    kept = (results.get("valid") or {}).get("logloss")
+    if metric == "logloss" or start is None or kept is None or not kept > OVERCONFIDENT * start:
+        return None
+    return (f"the kept model's validation LogLoss {kept:.4f} is {kept / start - 1:.0%} above "
+            f"that of the LR it started from ({start:.4f}): kept for its {metric}, it ranks "
+            "better, but its probabilities are over-confident. Where calibrated probabilities "
+            "matter (bids, thresholds), set train.early_stopping.metric: logloss")
