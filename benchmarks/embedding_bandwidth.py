@@ -92,7 +92,9 @@ def main() -> None:
     t_fwd = timed(forward, dev, args.repeats)
     t_step = timed(train_step, dev, args.repeats)
     gather_bytes = unique * row + args.batch * args.fields * row
-    update_bytes = unique * row * 4 * 2  # weight, 2 moments, gradient: read and written
+    # weight, 2 moments, gradient: read and written; and each row's update count (4 bytes,
+    # Adam's per-row bias correction)
+    update_bytes = unique * row * 4 * 2 + unique * 4 * 2
     copy = copy_bandwidth(dev, args.copy_mib, max(args.repeats // 2, 3))
     out = {"machine": machine(), "device": dev,
            "device_name": torch.cuda.get_device_name(0) if dev.startswith("cuda") else "cpu",
