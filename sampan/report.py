@@ -324,6 +324,7 @@ def write_report(paths: list[str | Path], out: str | Path, split: str = "test",
     for i, r in enumerate(runs):
         tag = f"run{i}_" if len(runs) > 1 else ""
         parts.append(f"<h2>{html.escape(r.name)}</h2><p>{html.escape(str(r.path))}</p>")
+        parts += [f"<p><b>note</b>: {html.escape(n)}</p>" for n in r.results.get("notes", [])]
         draw_curves([r], out / f"{tag}curves.png")
         parts.append(f'<img src="{tag}curves.png">')
         if r.probs is not None:

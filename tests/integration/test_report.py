@@ -108,3 +108,16 @@ def test_norms_are_logged_and_a_run_still_training_is_drawn(runs, tmp_path):
     assert "http-equiv='refresh' content='5'" in html
     assert (tmp_path / "rep" / "curves.png").exists()
     assert not (tmp_path / "rep" / "roc.png").exists()
+
+
+def test_a_runs_notes_are_on_its_page(runs, tmp_path):
+    import shutil
+
+    from sampan.report import write_report
+
+    run = shutil.copytree(runs[0], tmp_path / "noted")
+    res = json.loads((run / "results.json").read_text())
+    res["notes"] = ["probabilities <over-confident>"]
+    (run / "results.json").write_text(json.dumps(res))
+    page = write_report([run], tmp_path / "rep", resamples=50).read_text()
+    assert "<b>note</b>: probabilities &lt;over-confident&gt;" in page
