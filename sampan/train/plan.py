@@ -14,7 +14,9 @@ The rules, each a pure function of the training rows (so a resumed run plans the
   when an epoch is longer than 400 steps: CTR models with large tables often peak inside the
   first epoch.
 * ``warmup_steps``: a tenth of an epoch, 10 to 200 steps.
-* ``early_stopping.patience``: two epochs' worth of evaluations without improvement.
+* ``early_stopping.patience``: two epochs' worth of evaluations without improvement (on the
+  best so far; while a warm-started model is still below its LR start, also on its own best
+  evaluation: see ``Trainer._evaluate_and_track``).
 * ``first_order_warm_start``: on for models that can start from an LR (those with
   first-order terms: LR, whose whole model it is, FM, DeepFM, ...; and DCN / DCN-V2, through
   their field vectors) when there is a validation split; see :mod:`sampan.train.warm_start`.
