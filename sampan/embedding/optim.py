@@ -18,6 +18,7 @@ lazy L2 regularisation of embeddings.
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Any
 
 import torch
@@ -216,12 +217,8 @@ class SparseRowWiseAdagrad(_SparseRowOptimizer):
 def make_sparse_optimizer(name: str, collections: list[EmbeddingCollection], lr: float,
                           embedding_l2: float = 0.0) -> _SparseRowOptimizer:
     """Build the sparse optimizer named in ``train.sparse_optimizer``."""
-    if name == "adam_table":
-        return SparseAdam(collections, lr=lr, embedding_l2=embedding_l2,
-                          bias_correction="table")
-    classes = {"adam": SparseAdam, "adagrad": SparseAdagrad,
-               "rowwise_adagrad": SparseRowWiseAdagrad}
+    classes = {"adam": SparseAdam, "adam_table": partial(SparseAdam, bias_correction="table"),
+               "adagrad": SparseAdagrad, "rowwise_adagrad": SparseRowWiseAdagrad}
     if name not in classes:
-        raise ValueError(f"unknown sparse optimizer {name!r}; choose one of "
-                         f"{sorted([*classes, 'adam_table'])}")
+        raise ValueError(f"unknown sparse optimizer {name!r}; choose one of {sorted(classes)}")
     return classes[name](collections, lr=lr, embedding_l2=embedding_l2)

@@ -320,3 +320,15 @@ def test_dedup_and_segment_sum_match_unique_and_index_add(bound):
         torch.testing.assert_close(segment_sum(grads, d), want)
     empty = dedup(torch.zeros(0, dtype=torch.int64), 10)
     assert len(empty.uniq) == 0 and segment_sum(torch.zeros(0, 3), empty).shape == (0, 3)
+
+
+def test_the_config_names_build_the_two_adam_corrections():
+    from sampan.embedding.optim import make_sparse_optimizer
+
+    coll = make()
+    assert make_sparse_optimizer("adam", [coll], 0.01).param_groups[0][
+        "bias_correction"] == "row"
+    assert make_sparse_optimizer("adam_table", [coll], 0.01).param_groups[0][
+        "bias_correction"] == "table"
+    with pytest.raises(ValueError, match="adam_table"):
+        make_sparse_optimizer("adamw", [coll], 0.01)
