@@ -309,6 +309,7 @@ def main() -> None:
     if args.merge and Path(args.json).exists():
         old = json.loads(Path(args.json).read_text())
         report["suites"] = old["suites"]
+        report["intervals"] = old.get("intervals", {})  # the suites not run again keep theirs
         report["command"] = old["command"] + "; then " + report["command"]
     for name in args.suites:
         suite = SUITES[name]

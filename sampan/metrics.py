@@ -16,6 +16,7 @@ All run in float64 and never loop over rows or groups in Python.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,24 +97,45 @@ def auc_bootstrap(scores: torch.Tensor, labels: torch.Tensor, resamples: int = 1
 
 
 
-def paired_auc_comparison(a: torch.Tensor, b: torch.Tensor, labels: torch.Tensor,
-                          resamples: int = 1000) -> dict[str, Any]:
+def paired_auc_comparison(a: torch.Tensor, b: torch.Tensor | Sequence[torch.Tensor],
+                          labels: torch.Tensor, resamples: int = 1000) -> dict[str, Any]:
     """Paired bootstrap of ``AUC(b) - AUC(a)`` on the same rows: both score vectors see the
     same resamples. Returns both AUCs, ``diff``, its 95 % interval ``diff_ci95`` and
     ``p_b_better``, the share of resamples in which ``b`` came out ahead (what ``sampan
     compare`` prints).
 
+    ``b`` may be several score vectors of one model on the same rows (runs with different
+    seeds): ``auc_b`` and ``diff`` are then their means, and the interval and ``p_b_better``
+    come from the draws of every run pooled, so they hold the runs' spread as well as the
+    rows' (``auc_b_runs`` lists each run's AUC).
+
     >>> y = torch.tensor([0., 0., 1., 1., 0., 1.] * 20)
     >>> r = paired_auc_comparison(torch.rand(120), y * 2 + torch.rand(120), y, resamples=100)
     >>> r["diff"] > 0, r["diff_ci95"][0] > 0, r["p_b_better"]
     (True, True, 1.0)
+    >>> r = paired_auc_comparison(torch.rand(120), [y + torch.rand(120), y * 2 + torch.rand(120)],
+    ...                           y, resamples=100)
+    >>> len(r["auc_b_runs"]), r["auc_b"] == sum(r["auc_b_runs"]) / 2
+    (2, True)
     """
-    ba, bb = auc_bootstrap(a, labels, resamples), auc_bootstrap(b, labels, resamples)
-    diff = (bb - ba)[~(ba.isnan() | bb.isnan())]
-    auc_a, auc_b = auc(a, labels), auc(b, labels)
-    return {"auc_a": auc_a, "auc_b": auc_b, "diff": auc_b - auc_a,
-            "diff_ci95": [float(torch.quantile(diff, 0.025)), float(torch.quantile(diff, 0.975))],
-            "p_b_better": float((diff > 0).double().mean())}
+    runs = [b] if isinstance(b, torch.Tensor) else list(b)
+    if not runs:
+        raise ValueError("paired_auc_comparison: no scores to compare")
+    ba = auc_bootstrap(a, labels, resamples)
+    diffs = []
+    for scores in runs:
+        bb = auc_bootstrap(scores, labels, resamples)
+        diffs.append((bb - ba)[~(ba.isnan() | bb.isnan())])
+    diff = torch.cat(diffs)
+    auc_a = auc(a, labels)
+    aucs = [auc(scores, labels) for scores in runs]
+    auc_b = sum(aucs) / len(aucs)
+    out = {"auc_a": auc_a, "auc_b": auc_b, "diff": auc_b - auc_a,
+           "diff_ci95": [float(torch.quantile(diff, 0.025)), float(torch.quantile(diff, 0.975))],
+           "p_b_better": float((diff > 0).double().mean())}
+    if not isinstance(b, torch.Tensor):
+        out["auc_b_runs"] = aucs
+    return out
 
 def logloss(logits: torch.Tensor, labels: torch.Tensor) -> float:
     """Mean binary cross-entropy of ``sigmoid(logits)`` against ``labels`` (natural log)."""

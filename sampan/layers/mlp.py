@@ -46,12 +46,30 @@ class MLP(nn.Module):
 
     Each hidden layer is Linear -> (BatchNorm) -> activation -> (Dropout).
 
+    ``zero_output`` starts the output layer (weights and bias) at zero, so the MLP adds
+    nothing until training moves it; the layers below get gradients from the first step
+    that does. DeepFM and Wide & Deep, which add an MLP over the field vectors to their
+    first-order terms, use it: at step 0 such a model is its first-order part, after a
+    first-order warm start the LR exactly, and the MLP learns the residual from there.
+    PyTorch's random output layer added noise of about 0.1 to every logit of that start.
+    FiBiNET and xDeepFM do not: their MLP (and CIN) read products of two field vectors,
+    which start at 0.01 scale, so with a zero output layer too every gradient into the
+    vectors is a product of near-zero factors and learning stalls at the start (cold-started
+    on the learning test's 24k rows: FiBiNET 0.786 -> 0.701 test AUC, xDeepFM 0.780 -> 0.763;
+    DeepFM 0.809 -> 0.808, Wide & Deep 0.806 -> 0.806). On the defaults
+    benchmark (2026-12-03, AMD EPYC family 25 model 17) DeepFM went from 0.9055 to 0.9136
+    test AUC on the categorical world and from 0.8227 to 0.8261 (mean of seeds 1-3) on the
+    22k-row fresh world ``51358_2``; no other dataset moved by more than 0.004, and the
+    accuracy suite's DeepFM, Wide & Deep, xDeepFM and FiBiNET moved less than their
+    intervals.
+
     >>> MLP(8, [16, 4], out=1)(torch.zeros(2, 8)).shape
     torch.Size([2, 1])
     """
 
     def __init__(self, in_dim: int, hidden: list[int], out: int | None = None,
-                 dropout: float = 0.0, batch_norm: bool = False, act: str = "relu"):
+                 dropout: float = 0.0, batch_norm: bool = False, act: str = "relu",
+                 zero_output: bool = False):
         super().__init__()
         layers: list[nn.Module] = []
         d = in_dim
@@ -68,6 +86,9 @@ class MLP(nn.Module):
             d = h
         if out is not None:
             layers.append(Linear(d, out))
+            if zero_output:
+                nn.init.zeros_(layers[-1].weight)
+                nn.init.zeros_(layers[-1].bias)
             d = out
         self.out_dim = d
         self.has_out = out is not None

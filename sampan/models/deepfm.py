@@ -46,7 +46,8 @@ class DeepFM(nn.Module):
         self.pairs = FieldWeightedFM(self.features.num_vector_fields) \
             if cfg.field_weights else None
         in_dim = schema.num_fields() * cfg.embedding_dim + schema.num_dense
-        self.mlp = MLP(in_dim, cfg.mlp, out=1, dropout=cfg.dropout, batch_norm=cfg.batch_norm)
+        self.mlp = MLP(in_dim, cfg.mlp, out=1, dropout=cfg.dropout, batch_norm=cfg.batch_norm,
+                       zero_output=True)
 
     def output_bias(self) -> list[tuple[nn.Parameter, int]]:
         """The parameter added unchanged to each logit (the task starts it at the base rate)."""

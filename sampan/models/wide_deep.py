@@ -34,7 +34,8 @@ class WideDeep(nn.Module):
                                          embed_dense=False)
         self.num_fields = schema.num_fields()
         self.mlp = MLP(self.num_fields * cfg.embedding_dim + schema.num_dense, cfg.mlp,
-                       out=schema.num_tasks, dropout=cfg.dropout, batch_norm=cfg.batch_norm)
+                       out=schema.num_tasks, dropout=cfg.dropout, batch_norm=cfg.batch_norm,
+                       zero_output=True)
 
     def output_bias(self) -> list[tuple[nn.Parameter, int]]:
         """The parameter added unchanged to each logit (the task starts it at the base rate)."""

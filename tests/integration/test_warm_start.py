@@ -53,6 +53,25 @@ def test_which_models_have_first_order_terms_to_start(name, has):
     assert lr_start_part(m) is (m.features if has else m.input)
 
 
+@pytest.mark.parametrize("name,tol", [("deepfm", 5e-3), ("wide_deep", 0.0)])
+def test_models_that_add_an_mlp_start_as_the_lr_they_are_given(name, tol):
+    """The MLP adds nothing before training: given an LR's weights, the model's logits are
+    the LR's (DeepFM's plus its FM term, whose 0.01-scale vectors make it tiny); a randomly
+    initialised output layer would add ~0.1 noise. (FiBiNET and xDeepFM keep theirs: see
+    :class:`sampan.layers.MLP`.)"""
+    lr = model("lr")
+    with torch.no_grad():  # an LR with weights of a fitted one's size
+        for p in lr.parameters():
+            p.normal_(0.0, 0.5)
+    m = model(name)
+    copy_first_order(lr.features, m)
+    rows = additive_rows(256, 5)
+    batch = Batch(dense=torch.as_tensor(rows.dense), sparse=torch.as_tensor(rows.sparse))
+    with torch.no_grad():
+        gap = (m(batch) - lr(batch)).abs().max().item()
+    assert gap <= tol + 1e-6
+
+
 def test_dcn_v2_has_first_order_terms_only_when_asked():
     cls = get_model_class("dcn_v2")
     assert first_order_part(build_model(cls.Config(embedding_dim=4), SCHEMA)) is None
