@@ -278,14 +278,16 @@ def markdown(report: dict) -> str:
 
 
 def kept_sections(path: Path) -> str:
-    """The blocks other benchmarks write into the same file (``perf:defaults``, by
-    benchmarks/defaults.py through ``_readme.update_block``), carried over when this table
-    is regenerated."""
+    """The blocks other benchmarks write into the same file (``perf:defaults`` and
+    ``perf:defaults_fresh``, by benchmarks/defaults.py through ``_readme.update_block``),
+    carried over when this table is regenerated: every ``<!-- perf:NAME -->`` ...
+    ``<!-- /perf:NAME -->`` block, in file order."""
+    import re
+
     old = path.read_text() if path.exists() else ""
-    begin, end = "<!-- perf:defaults -->", "<!-- /perf:defaults -->"
-    if begin in old and end in old:
-        return "\n" + old[old.index(begin): old.index(end) + len(end)] + "\n"
-    return ""
+    blocks = [m.group(0) for m in re.finditer(
+        r"<!-- perf:([\w.-]+) -->.*?<!-- /perf:\1 -->", old, flags=re.S)]
+    return "".join("\n" + b + "\n" for b in blocks)
 
 
 def main() -> None:

@@ -48,3 +48,32 @@ def test_what_a_worlds_interactions_are_worth():
     assert interaction_value(strong, 20_000) == (full, first)  # a property of the world
     weak = interaction_value(World("weak", pairs=1, interaction=0.2, **base), 20_000)
     assert 0 <= weak[0] - weak[1] < full - first
+
+
+def _bench(name: str):
+    sys.path.insert(0, str(BENCH))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def test_small_datasets_train_three_seeds_and_the_rest_one():
+    seeds_for = _bench("defaults").seeds_for
+    assert seeds_for(18_000, "auto") == [1, 2, 3]
+    assert seeds_for(163_000, "auto") == [1]
+    assert seeds_for(163_000, "2") == [1, 2]
+
+
+def test_regenerating_the_accuracy_tables_keeps_every_other_benchmarks_block(tmp_path):
+    """RESULTS.md holds the defaults and the fresh-worlds blocks below the accuracy tables;
+    rewriting the tables must carry both (it once kept only the first)."""
+    kept_sections = _bench("accuracy").kept_sections
+    doc = tmp_path / "RESULTS.md"
+    doc.write_text("# Results\n## criteo_10k\n| table |\n\n<!-- perf:defaults -->\n## defaults\n"
+                   "A\n<!-- /perf:defaults -->\n\n<!-- perf:defaults_fresh -->\n## fresh\nB\n"
+                   "<!-- /perf:defaults_fresh -->\n")
+    kept = kept_sections(doc)
+    assert "## criteo_10k" not in kept
+    assert kept.index("<!-- perf:defaults -->") < kept.index("<!-- perf:defaults_fresh -->")
+    assert "\nA\n" in kept and "\nB\n" in kept and kept.count("<!-- /perf:") == 2
