@@ -431,6 +431,14 @@ def run_sampan(ds: Dataset, model: str, run_root: Path, seed: int = 1) -> dict[s
             "labels": np.asarray(test.labels[:, 0])}
 
 
+def seeds_arg(value: str) -> str:
+    """``--seeds``: ``auto`` or a positive count."""
+    if value != "auto" and not (value.isdigit() and int(value) > 0):
+        raise argparse.ArgumentTypeError(f"expected auto or a positive number of seeds, "
+                                         f"got {value!r}")
+    return value
+
+
 def seeds_for(train_rows: int, seeds: str) -> list[int]:
     """``auto``: seeds 1-3 below :data:`FEW_ROWS` training rows, else seed 1; ``N``: 1..N."""
     n = (3 if train_rows < FEW_ROWS else 1) if seeds == "auto" else int(seeds)
@@ -591,7 +599,7 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", default=None,
                     help=f"some of the datasets: {', '.join(names)}")
     ap.add_argument("--models", nargs="*", default=None)
-    ap.add_argument("--seeds", default="auto",
+    ap.add_argument("--seeds", default="auto", type=seeds_arg,
                     help=f"runs per model, seeds 1..N (auto: 3 below {FEW_ROWS:,} training "
                     "rows, else 1)")
     ap.add_argument("--runs", default=str(ROOT / "runs/bench_defaults"))
