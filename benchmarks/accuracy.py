@@ -25,6 +25,7 @@ import json
 import math
 import os
 import platform
+import re
 import statistics
 import sys
 import time
@@ -282,8 +283,6 @@ def kept_sections(path: Path) -> str:
     ``perf:defaults_fresh``, by benchmarks/defaults.py through ``_readme.update_block``),
     carried over when this table is regenerated: every ``<!-- perf:NAME -->`` ...
     ``<!-- /perf:NAME -->`` block, in file order."""
-    import re
-
     old = path.read_text() if path.exists() else ""
     blocks = [m.group(0) for m in re.finditer(
         r"<!-- perf:([\w.-]+) -->.*?<!-- /perf:\1 -->", old, flags=re.S)]

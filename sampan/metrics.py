@@ -107,7 +107,7 @@ def paired_auc_comparison(a: torch.Tensor, b: torch.Tensor | Sequence[torch.Tens
     ``b`` may be several score vectors of one model on the same rows (runs with different
     seeds): ``auc_b`` and ``diff`` are then their means, and the interval and ``p_b_better``
     come from the draws of every run pooled, so they hold the runs' spread as well as the
-    rows' (``auc_b_runs`` lists each run's AUC).
+    rows'. ``auc_b_runs`` lists each run's AUC (one for a single vector).
 
     >>> y = torch.tensor([0., 0., 1., 1., 0., 1.] * 20)
     >>> r = paired_auc_comparison(torch.rand(120), y * 2 + torch.rand(120), y, resamples=100)
@@ -130,12 +130,9 @@ def paired_auc_comparison(a: torch.Tensor, b: torch.Tensor | Sequence[torch.Tens
     auc_a = auc(a, labels)
     aucs = [auc(scores, labels) for scores in runs]
     auc_b = sum(aucs) / len(aucs)
-    out = {"auc_a": auc_a, "auc_b": auc_b, "diff": auc_b - auc_a,
-           "diff_ci95": [float(torch.quantile(diff, 0.025)), float(torch.quantile(diff, 0.975))],
-           "p_b_better": float((diff > 0).double().mean())}
-    if not isinstance(b, torch.Tensor):
-        out["auc_b_runs"] = aucs
-    return out
+    return {"auc_a": auc_a, "auc_b": auc_b, "diff": auc_b - auc_a, "auc_b_runs": aucs,
+            "diff_ci95": [float(torch.quantile(diff, 0.025)), float(torch.quantile(diff, 0.975))],
+            "p_b_better": float((diff > 0).double().mean())}
 
 def logloss(logits: torch.Tensor, labels: torch.Tensor) -> float:
     """Mean binary cross-entropy of ``sigmoid(logits)`` against ``labels`` (natural log)."""
