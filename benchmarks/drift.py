@@ -2,9 +2,10 @@
 built-in data (``data.synthetic.drift``): the item 5 comparison of issue 16.
 
 The rows are a stream whose popular ids move along (drift 1.0: by the end every field's
-head is a whole vocabulary further on). Split in order: the first 60 % train, 10 % valid,
-the last 30 % test (the later periods). The same model (DeepFM by default) with its 26
-categorical fields as
+head is a whole vocabulary further on), or whose ids come and go (``--churn``: each
+popularity rank's id is replaced by a new one that many times), or both. Split in order:
+the first 60 % train, 10 % valid, the last 30 % test (the later periods). The same model
+(DeepFM by default) with its 26 categorical fields as
 
 * (a) ``vocab``: a vocabulary fitted on the first period (``features.fit_rows``: the first
   third of the train rows), as a vocabulary fixed at launch;
@@ -19,6 +20,7 @@ Usage::
 
     python benchmarks/drift.py                       # 300,000 rows
     python benchmarks/drift.py --rows 100000 --model fm
+    python benchmarks/drift.py --drift 0 --churn 1.0
 """
 
 from __future__ import annotations
@@ -51,7 +53,8 @@ def config(args: argparse.Namespace, variant: str) -> dict:
                  # what (c) would do with no memory limit and no admission threshold
                  # (+ 1: the key a missing value becomes)
                  "unbounded": {"name": c,
-                               "dynamic": {"capacity": stream_ids(cap, args.drift) + 1}},
+                               "dynamic": {"capacity": stream_ids(cap, args.drift,
+                                                                         args.churn) + 1}},
                  "vocab": c}[variant]
         cats.append(c)
     features["categorical"] = cats
@@ -61,7 +64,8 @@ def config(args: argparse.Namespace, variant: str) -> dict:
     return {"name": f"drift_{variant}", "preset": "criteo",
             "output_dir": str(args.out),
             "data": {"format": "synthetic",
-                     "synthetic": {"rows": args.rows, "drift": args.drift},
+                     "synthetic": {"rows": args.rows, "drift": args.drift,
+                                           "churn": args.churn},
                      "split": {"method": "sequential", "train": 0.6, "valid": 0.1,
                                "test": 0.3}},
             "features": features, "model": {"name": args.model},
@@ -72,6 +76,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=300_000)
     ap.add_argument("--drift", type=float, default=1.0)
+    ap.add_argument("--churn", type=float, default=0.0,
+                    help="ids come and go: each rank's id is replaced this many times")
     ap.add_argument("--model", default="deepfm")
     ap.add_argument("--out", type=Path, default=Path("runs/bench_drift"))
     ap.add_argument("--json", default=None)
@@ -85,8 +91,8 @@ def main() -> None:
         r = run_experiment(load_config(raw=config(args, variant)), run_dir=run)
         results[variant], runs[variant] = r["test"], RunArtifacts(run)
     oracle = results["dynamic"]["oracle_auc"]
-    print(f"\n{args.model}, {args.rows:,} rows, drift {args.drift}; test = the last 30 % "
-          f"(oracle AUC {oracle:.4f})")
+    print(f"\n{args.model}, {args.rows:,} rows, drift {args.drift}, churn {args.churn}; "
+          f"test = the last 30 % (oracle AUC {oracle:.4f})")
     for variant, r in results.items():
         print(f"  ({'abc'[list(results).index(variant)]}) {variant:<8} test AUC "
               f"{r['auc']:.4f}  gap to the oracle {oracle - r['auc']:.4f}")

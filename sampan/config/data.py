@@ -67,6 +67,11 @@ class SyntheticConfig(_Strict):
                          "field's popular ids are d x its vocabulary further on, so ids "
                          "keep appearing that earlier rows never had (rows in time order, "
                          "with their position in column t, 0 to 1)")
+    churn: float = Field(0.0, ge=0.0, description="0: the same ids throughout. c > 0: ids "
+                         "come and go: the id at each popularity rank is replaced by a "
+                         "never-seen one c times over the rows (spread over the ranks), as "
+                         "new items take over from retired ones (rows in time order, with "
+                         "their position in column t; combines with drift)")
 
 
 class JoinConfig(_Strict):

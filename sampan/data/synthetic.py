@@ -15,6 +15,16 @@ ranks of field f start at id ``floor(d * t * vocab_f)``, so the popular ids move
 by the end ids are common that the first rows never held. Each id keeps its own effect (as
 strong as when it is at the head), and ``oracle_p`` stays the true probability of each row.
 
+With ``churn`` c > 0 ids come and go instead: each Zipf rank of a field is a slot whose
+holder is replaced by a never-seen id c times over the stream (at times spread evenly over
+the slots), as new items take over from retired ones. A new holder's effect is as strong as
+its rank makes any id's (the head's strongest), so the head carries most of the signal as in
+the stationary rows, and a model that learns new ids as they come can approach the oracle.
+Under ``drift`` alone every id the head passes over is at rank 0 once, and so carries the
+head's effect, but the largest fields show each id only a handful of times in all (200,000
+rows: about 7 for a 30,000-id field): no model can learn most of that signal. ``drift`` and
+``churn`` combine (the slots move along, and their holders are replaced).
+
 >>> from sampan.config import SyntheticConfig
 >>> t = next(iter_synthetic(SyntheticConfig(rows=5)))
 >>> t.num_rows, t.column_names[:3]
@@ -44,24 +54,38 @@ LATENT = 4
 BIAS = -1.6
 
 
-def stream_ids(vocab: int, drift: float) -> int:
-    """Ids of a field of ``vocab`` ranks whose head moves ``drift * vocab`` ids along."""
-    return vocab + int(np.ceil(drift * vocab))
+def stream_ids(vocab: int, drift: float, churn: float = 0.0) -> int:
+    """Ids of a field of ``vocab`` ranks whose head moves ``drift * vocab`` ids along and
+    whose slots' holders are replaced ``churn`` times."""
+    return (vocab + int(np.ceil(drift * vocab))) * _generations(churn)
+
+
+def _generations(churn: float) -> int:
+    """Holders a slot has over the stream: generation ``floor(churn * t + phase)``."""
+    return int(np.ceil(churn)) + 1
 
 
 class _TruthModel:
     """Parameters of the labelling model, drawn once from the seed."""
 
-    def __init__(self, seed: int, drift: float = 0.0):
+    def __init__(self, seed: int, drift: float = 0.0, churn: float = 0.0):
         rng = np.random.default_rng([seed, 0])
-        sizes = [stream_ids(v, drift) for v in VOCAB_SIZES]
+        self.slots = [stream_ids(v, drift) for v in VOCAB_SIZES]
+        gens = _generations(churn) if churn else 1
+        sizes = [s * gens for s in self.slots]
+        # with churn, the time in [0, 1) at which each slot's holder changes (id = slot +
+        # slots * generation); its own generator, so the rest of the model is as without
+        self.phase = ([np.random.default_rng([seed, 2, f]).random(s)
+                       for f, s in enumerate(self.slots)] if churn else [])
 
-        # Effects shrink with an id's rarity, its best rank over the rows (the head carries
-        # most of the signal, as in real logs, so a model can approach the oracle from a few
-        # hundred k rows); with drift every id the head passes over is at rank 0 once.
+        # Effects shrink with an id's rarity, its slot's best rank over the rows (the head
+        # carries most of the signal, as in real logs, so a model can approach the oracle
+        # from a few hundred k rows); with drift every slot the head passes over is at rank
+        # 0 once. Every holder of a slot shrinks alike.
         def shrink(f: int) -> np.ndarray:
-            best = np.maximum(0, np.arange(sizes[f]) - (sizes[f] - VOCAB_SIZES[f]))
-            return 1.0 / np.sqrt(1.0 + best / 50.0)
+            s = self.slots[f]
+            best = np.maximum(0, np.arange(s) - (s - VOCAB_SIZES[f]))
+            return np.tile(1.0 / np.sqrt(1.0 + best / 50.0), gens)
 
         self.w = [rng.normal(0, 0.7 if f in INFORMATIVE else 0.0, size=sizes[f]) * shrink(f)
                   for f in range(NUM_CATEGORICAL)]
@@ -100,15 +124,19 @@ def _zipf_ranks(rng: np.random.Generator, n: int, vocab: int, a: float) -> np.nd
 
 def iter_synthetic(cfg: SyntheticConfig) -> Iterator[pa.Table]:
     """Tables of up to 65,536 rows each; ``cfg.rows`` in all."""
-    truth = _TruthModel(cfg.seed, cfg.drift)
+    truth = _TruthModel(cfg.seed, cfg.drift, cfg.churn)
     for start in range(0, cfg.rows, CHUNK_ROWS):
         n = min(CHUNK_ROWS, cfg.rows - start)
         rng = np.random.default_rng([cfg.seed, 1, start // CHUNK_ROWS])
         ranks = np.stack([_zipf_ranks(rng, n, v, cfg.zipf_a) for v in VOCAB_SIZES], axis=1)
+        t = (start + np.arange(n)) / max(cfg.rows - 1, 1)
         if cfg.drift:  # the head of each field moves along with the row's position
-            t = (start + np.arange(n)) / max(cfg.rows - 1, 1)
             ranks = ranks + np.floor(cfg.drift * t[:, None] * np.array(VOCAB_SIZES)).astype(
                 np.int64)
+        if cfg.churn:  # each slot's holder at t: generation floor(churn * t + its phase)
+            for f, slots in enumerate(truth.slots):
+                gen = np.floor(cfg.churn * t + truth.phase[f][ranks[:, f]]).astype(np.int64)
+                ranks[:, f] += slots * gen
         present = rng.random((n, NUM_CATEGORICAL)) >= cfg.missing_rate * 0.5
         x = np.floor(np.exp(rng.normal(truth.mu, truth.sigma, size=(n, NUM_NUMERIC))) - 1)
         x = np.maximum(x, 0.0)
@@ -124,7 +152,7 @@ def iter_synthetic(cfg: SyntheticConfig) -> Iterator[pa.Table]:
             cols[f"C{f + 1}"] = pc.if_else(pa.array(present[:, f]), tok,
                                            pa.scalar(None, pa.string()))
         cols["oracle_p"] = pa.array(p)
-        if cfg.drift:
+        if cfg.drift or cfg.churn:
             cols["t"] = pa.array(t)
         yield pa.table(cols)
 

@@ -1,6 +1,7 @@
-"""The drifting mode of the built-in data: popularity moves along the rows and ids keep
-appearing that the first rows never held, while oracle_p stays the true probability; with
-drift 0 the rows are the stationary ones."""
+"""The drifting modes of the built-in data: popularity moves along the rows (drift) or each
+rank's id is replaced by new ones (churn), so ids keep appearing that the first rows never
+held, while oracle_p stays the true probability; with neither the rows are the stationary
+ones."""
 
 import numpy as np
 import pyarrow as pa
@@ -44,3 +45,33 @@ def test_no_drift_leaves_the_rows_as_they_were():
     assert first.column("C1").to_pylist() == ["a5718ece", "a5718ece", "73cad1cd", "425fb9f6"]
     a, c = rows(rows=3000), rows(rows=3000, drift=0.5)
     assert not np.array_equal(np.asarray(a.column("oracle_p")), np.asarray(c.column("oracle_p")))
+
+
+def test_churn_replaces_each_ranks_id_and_keeps_the_popularity_and_the_oracle_true():
+    still, churned = rows(rows=80_000), rows(rows=80_000, churn=1.0)
+    t = np.asarray(churned.column("t"))
+    assert t[0] == 0.0 and t[-1] == 1.0
+    for col in ("C3", "C10", "C21"):
+        assert unseen_share(still, col) < 0.1 < 0.25 < unseen_share(churned, col)
+    # the popularity curve stays the stationary one: the ten commonest ids' share of each
+    # quarter is the stationary rows' share (new ids take over whole ranks)
+    for col in ("C3", "C10"):
+        top = [pa.Table.from_arrays([part.column(col)], [col]).group_by(col).aggregate(
+            [([], "count_all")]).sort_by([("count_all", "descending")])
+            .column("count_all").to_numpy()[:10].sum() / part.num_rows
+            for tab in (still, churned) for part in [tab.slice(60_000, 20_000)]]
+        assert top[1] == pytest.approx(top[0], rel=0.15)
+    p, y = np.asarray(churned.column("oracle_p")), np.asarray(churned.column("label"))
+    for part in np.array_split(np.arange(len(p)), 4):
+        assert y[part].mean() == pytest.approx(p[part].mean(), abs=0.01)
+
+
+def test_churn_and_drift_combine_and_without_churn_drift_is_as_it_was():
+    # the last rows of drift 0.5 as the code before churn existed made them
+    a = rows(rows=3000, drift=0.5).slice(2997)
+    assert np.asarray(a.column("oracle_p")) == pytest.approx(
+        [0.0506931738, 0.4206932504, 0.2497070198], abs=1e-9)
+    assert a.column("C3").to_pylist() == ["b9755eb9", "a9f77ea1", "9bf17597"]
+    both = rows(rows=20_000, drift=1.0, churn=1.0)
+    drift_only = rows(rows=20_000, drift=1.0)
+    assert unseen_share(both, "C10") > unseen_share(drift_only, "C10")
