@@ -18,22 +18,22 @@ Usage::
     python benchmarks/stream_drift.py --batch 256 --lr 0.003 --variants vocab dynamic
 
 ``--batch`` / ``--lr`` set every variant's training (embedding L2 ``1e-4`` at batch 1024,
-scaled as the built-in plan scales it). More optimizer steps per window do not move the
-figures: on 2026-12-02 batch 256 gave (a) 0.6926 / (c) 0.7333 and batch 256 at lr 0.003
-(a) 0.6826 / (c) 0.7223, against 0.6928 / 0.7324 at the defaults. Longer streams do:
-``--rows 1000000 --window 50000`` gave (a) 0.7209 / (c) 0.7875 (33 % of (a)'s gap to the
-oracle closed), ``--rows 2000000 --window 100000`` (a) 0.7398 / (c) 0.8108 (39 %) and
-``--rows 4000000 --window 200000`` (a) 0.7646 / (c) 0.8307 (42 %).
-A higher learning rate for the tables does not move them either (2026-12-02, 200,000
-rows): Adam at ``--sparse-lr 0.01`` gave (a) 0.6790 / (c) 0.7127, ``--sparse-optimizer
-adagrad --sparse-lr 0.05`` (a) 0.6887 / (c) 0.7220. ``--variants vocab dynamic unbounded``
-adds (e), a table with a row for every id from its first sighting: (e) 0.7351, (c) - (e)
--0.0027 [-0.0037, -0.0017] at drift 1.0; (a) 0.7034, (c) 0.7576, (e) 0.7607 at ``--drift
-0.25``. The table closes about 94 % of (a)'s gap to (e); the rest of the gap to the
-oracle is in ids the stream has barely shown when they are scored. Under ``--churn 1.0``
-(``--drift 0``), where a new id holds its rank for a while and so is seen as often as its
-rank makes it, (c) closes 57 % of (a)'s gap (55 % with ``--seed 7``; 70 % at ``--churn
-2.0``) and (e) is where (c) is (2026-12-03; the README's table).
+scaled as the built-in plan scales it). At drift 1.0 (the default world), with the code of
+2026-12-02: more optimizer steps per window did not move the figures (batch 256 gave
+(a) 0.6926 / (c) 0.7333 and batch 256 at lr 0.003 (a) 0.6826 / (c) 0.7223, against
+0.6928 / 0.7324 at the defaults), nor did a higher learning rate for the tables (Adam at
+``--sparse-lr 0.01`` (a) 0.6790 / (c) 0.7127, ``--sparse-optimizer adagrad --sparse-lr
+0.05`` (a) 0.6887 / (c) 0.7220); longer streams did: ``--rows 1000000 --window 50000``
+(a) 0.7209 / (c) 0.7875 (33 % of (a)'s gap to the oracle closed), ``--rows 2000000
+--window 100000`` (a) 0.7398 / (c) 0.8108 (39 %), ``--rows 4000000 --window 200000``
+(a) 0.7646 / (c) 0.8307 (42 %). ``--variants vocab dynamic unbounded`` adds (e), a table
+with a row for every id from its first sighting; on 2026-12-03: (a) 0.6929, (c) 0.7256,
+(e) 0.7268 at drift 1.0, (a) 0.7028, (c) 0.7497, (e) 0.7533 at ``--drift 0.25``: the
+table closes 93-96 % of (a)'s gap to (e), and the rest of the gap to the oracle is in
+ids the stream has barely shown when they are scored. Under ``--churn 1.0`` (``--drift
+0``), where a new id holds its rank for a while and so is seen as often as its rank makes
+it, (c) closes 57 % of (a)'s gap to the oracle (55 % with ``--seed 7``; 70 % at
+``--churn 2.0``) and (e) is where (c) is (the README's table).
 """
 
 from __future__ import annotations

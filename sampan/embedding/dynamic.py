@@ -10,10 +10,13 @@ operations (CPU or GPU, no per-key Python):
   batch of keys probes all at once: the home slot first (where most keys end), then 8
   neighbouring slots per round, each round on the keys still searching;
 * **admission**: a new key gets a row once it has been seen ``min_count`` times (counted
-  in a count-min sketch of 4 x ``sketch_width`` counters, all halved after every
-  ``sketch_width / 2`` sightings, so a key must come back before its count fades), and then
-  with probability ``probability`` (a hash of the key and the step, so a resumed run makes
-  the same draws);
+  in a count-min sketch of 4 rows of 8 counters per row of capacity, 4,096 to
+  ``sketch_width``; when more than 25 % of a row's counters are in use, checked every
+  1/32 of a row's width of sightings, all are halved, so a key seen once is admitted by
+  collisions alone with a chance near 0.25 ** 4 = 0.4 % while a batch's new keys are a
+  small share of the sketch, and, in a stream of ever new keys, a key must come back
+  before its count fades), and then with probability ``probability`` (a
+  hash of the key and the step, so a resumed run makes the same draws);
 * **eviction**: when a new key needs a row and none is free, the least recently used
   (``lru``, ``ttl``) or least frequently used (``lfu``; ties by recency) rows give theirs
   up, at least
@@ -24,8 +27,9 @@ operations (CPU or GPU, no per-key Python):
   are returned, for their owner to re-initialise the weights and reset the optimizer state
   before reuse.
 
-Memory is fixed by ``capacity`` (about ``capacity * 88`` bytes plus the sketch), however
-many distinct keys stream through. The map changes only in :meth:`KeyIndex.admit`, which
+Memory is fixed by ``capacity`` (about ``capacity * 88`` bytes, plus 128 bytes a row for
+the sketch when ``min_count`` > 1, at most 16 MB), however many distinct keys stream
+through. The map changes only in :meth:`KeyIndex.admit`, which
 the training step calls in its own thread: no lookup ever reads a row while it is freed.
 """
 
@@ -48,6 +52,9 @@ _MAX_FILL = 0.75  # full + deleted slots over all slots: rebuilt above it
 _NEVER = torch.iinfo(torch.int64).max  # the stamp of a free row: never evicted, never seen
 _LOW32 = 0xFFFFFFFF
 _SKETCH_SALTS = (0, 0x5BD1E995, 0x27D4EB2F, 0x165667B1)  # one hash per count-min row
+_SKETCH_PER_ROW = 8  # counters per row of capacity (the sketch's width, before its bounds)
+_SKETCH_MIN = 1 << 12
+_SKETCH_FILL = 0.25  # counters in use above which all are halved
 
 
 def _srl(x: torch.Tensor, s: int) -> torch.Tensor:
@@ -119,9 +126,11 @@ class KeyIndex(nn.Module):
         self.register_buffer("free", torch.arange(capacity, 0, -1,
                                                   out=huge_empty(capacity, i64, device)))
         self.register_buffer("n_free", torch.tensor(capacity, dtype=i64))
-        width = 1 << max(4, (sketch_width - 1).bit_length()) if min_count > 1 else 1
+        want = min(sketch_width, max(_SKETCH_MIN, _SKETCH_PER_ROW * capacity))
+        width = 1 << max(4, (want - 1).bit_length()) if min_count > 1 else 1
         self.register_buffer("sketch", huge_full((len(_SKETCH_SALTS), width), 0, torch.int32,
                                                  device))
+        # sightings counted since the sketch's fill was last checked
         self.register_buffer("sketch_total", torch.tensor(0, dtype=i64))
         self.register_buffer("freed_total", torch.tensor(0, dtype=i64))  # rows ever freed
         self.register_buffer("_window", torch.arange(_LATE_WINDOW, device=device),
@@ -253,8 +262,9 @@ class KeyIndex(nn.Module):
             est = flat.index_select(0, h).view(len(_SKETCH_SALTS), -1).amin(0)
             ok &= est >= self.min_count
             self.sketch_total += int(counts.sum())
-            if int(self.sketch_total) > (w + 1) // 2:  # aging: old counts fade
-                self.sketch.div_(2, rounding_mode="floor")
+            if int(self.sketch_total) > (w + 1) // 32:  # crowded: old counts fade
+                if float(self.sketch[0].count_nonzero()) > _SKETCH_FILL * (w + 1):
+                    self.sketch.div_(2, rounding_mode="floor")
                 self.sketch_total.zero_()
         if self.probability < 1.0:
             salt = mix64(torch.tensor(step, dtype=torch.int64, device=keys.device))
@@ -364,6 +374,12 @@ class KeyIndex(nn.Module):
 
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any,
                               **kwargs: Any) -> None:
+        saved = state_dict.get(prefix + "sketch")
+        if saved is not None and saved.shape != self.sketch.shape:
+            # a checkpoint's sketch keeps its width (before 2026-12-03 every sketch was
+            # 4 x 2**20 counters): its counts only mean something at the width they were
+            # hashed with
+            self.sketch = torch.zeros_like(saved, device=self.sketch.device)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
         self._rebuild()
 

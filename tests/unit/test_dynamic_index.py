@@ -61,6 +61,60 @@ def test_admission_by_count_waits_for_min_count_sightings():
     invariants(idx)
 
 
+def test_a_count_lasts_while_the_sketch_is_not_crowded():
+    # a key seen once, then 200,000 sightings of 50 other keys (far more sightings than the
+    # 8,192-counter sketch has counters, but few distinct keys): its second sighting admits
+    idx = KeyIndex(1000, min_count=2)
+    assert idx.sketch.shape == (4, 8192)
+    assert idx.admit(torch.tensor([10**12]), step=0)[0].item() == 0
+    others = torch.arange(50).repeat(100)
+    for step in range(1, 41):
+        idx.admit(others, step)
+    assert idx.admit(torch.tensor([10**12]), step=41)[0].item() > 0
+    invariants(idx)
+
+
+def test_a_stream_of_new_keys_keeps_false_admissions_rare():
+    # never a key twice: every admission is a count-min collision; the halving when the
+    # sketch fills keeps them near 0.25 ** 4, where counts that never fade would let most
+    # keys in by the end (300,000 keys through 131,072 counters a row)
+    idx = KeyIndex(10_000, min_count=2, policy="lru")
+    admitted = 0
+    for step in range(300):
+        keys = torch.arange(step * 1000, (step + 1) * 1000) * 7919 + 13
+        admitted += int((idx.admit(keys, step)[0] > 0).sum())
+    assert 0 < admitted < 0.01 * 300_000, admitted
+    assert int(idx.sketch[0].count_nonzero()) <= 0.25 * idx.sketch.shape[1] + 1000
+
+
+def test_the_sketch_is_sized_by_the_capacity():
+    assert KeyIndex(3, min_count=2).sketch.shape == (4, 4096)
+    assert KeyIndex(100_000, min_count=2).sketch.shape == (4, 1 << 20)
+    assert KeyIndex(10_000_000, min_count=2).sketch.shape == (4, 1 << 20)  # 16 MB at most
+    assert KeyIndex(100_000).sketch.numel() == 4  # no sketch without min_count
+
+
+def test_a_checkpoint_with_a_sketch_of_another_width_resumes_exactly(monkeypatch):
+    # checkpoints before the sketch was sized by the capacity hold 4 x 2**20 counters
+    import sampan.embedding.dynamic as dynamic
+
+    g = np.random.default_rng(3)
+    stream = [torch.from_numpy(g.zipf(1.3, 500).astype(np.int64)) for _ in range(30)]
+    monkeypatch.setattr(dynamic, "_SKETCH_PER_ROW", 64)
+    old = KeyIndex(300, min_count=2, policy="lru")
+    for s, b in enumerate(stream[:15]):
+        old.admit(b, s)
+    state = old.state_dict()
+    monkeypatch.undo()
+    resumed = KeyIndex(300, min_count=2, policy="lru")
+    assert resumed.sketch.shape[1] < old.sketch.shape[1]
+    resumed.load_state_dict(state)
+    assert resumed.sketch.shape == old.sketch.shape
+    for s, b in enumerate(stream[15:], start=15):
+        assert torch.equal(old.admit(b, s)[0], resumed.admit(b, s)[0]), s
+    invariants(resumed)
+
+
 def test_admission_by_probability_admits_that_share_and_the_same_on_a_rerun():
     keys = torch.arange(20_000)
     a, b = KeyIndex(50_000, probability=0.25), KeyIndex(50_000, probability=0.25)
