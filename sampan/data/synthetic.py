@@ -71,10 +71,11 @@ class _TruthModel:
     def __init__(self, seed: int, drift: float = 0.0, churn: float = 0.0):
         rng = np.random.default_rng([seed, 0])
         self.slots = [stream_ids(v, drift) for v in VOCAB_SIZES]
-        gens = _generations(churn) if churn else 1
+        self.generations = gens = _generations(churn)
         sizes = [s * gens for s in self.slots]
-        # with churn, the time in [0, 1) at which each slot's holder changes (id = slot +
-        # slots * generation); its own generator, so the rest of the model is as without
+        # with churn, each slot's offset in [0, 1) of its generation clock (holder at t:
+        # generation floor(churn * t + phase), id slot + slots * generation); its own
+        # generator, so the rest of the model is as without
         self.phase = ([np.random.default_rng([seed, 2, f]).random(s)
                        for f, s in enumerate(self.slots)] if churn else [])
 
@@ -136,6 +137,7 @@ def iter_synthetic(cfg: SyntheticConfig) -> Iterator[pa.Table]:
         if cfg.churn:  # each slot's holder at t: generation floor(churn * t + its phase)
             for f, slots in enumerate(truth.slots):
                 gen = np.floor(cfg.churn * t + truth.phase[f][ranks[:, f]]).astype(np.int64)
+                gen = np.minimum(gen, truth.generations - 1)  # (float round-up at t = 1)
                 ranks[:, f] += slots * gen
         present = rng.random((n, NUM_CATEGORICAL)) >= cfg.missing_rate * 0.5
         x = np.floor(np.exp(rng.normal(truth.mu, truth.sigma, size=(n, NUM_NUMERIC))) - 1)

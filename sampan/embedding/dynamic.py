@@ -10,7 +10,8 @@ operations (CPU or GPU, no per-key Python):
   batch of keys probes all at once: the home slot first (where most keys end), then 8
   neighbouring slots per round, each round on the keys still searching;
 * **admission**: a new key gets a row once it has been seen ``min_count`` times (counted
-  in a count-min sketch of 4 rows of 8 counters per row of capacity, 4,096 to
+  in a count-min sketch of 4 rows of 8 to 16 counters per row of capacity (a power of
+  two), 4,096 to
   ``sketch_width``; when more than 25 % of a row's counters are in use, checked every
   1/32 of a row's width of sightings, all are halved, so a key seen once is admitted by
   collisions alone with a chance near 0.25 ** 4 = 0.4 % while a batch's new keys are a
@@ -27,9 +28,9 @@ operations (CPU or GPU, no per-key Python):
   are returned, for their owner to re-initialise the weights and reset the optimizer state
   before reuse.
 
-Memory is fixed by ``capacity`` (about ``capacity * 88`` bytes, plus 128 bytes a row for
-the sketch when ``min_count`` > 1, at most 16 MB), however many distinct keys stream
-through. The map changes only in :meth:`KeyIndex.admit`, which
+Memory is fixed by ``capacity`` (about ``capacity * 88`` bytes, plus the sketch when
+``min_count`` > 1: 128 to 256 bytes a row, 64 KB to 16 MB), however many distinct keys
+stream through. The map changes only in :meth:`KeyIndex.admit`, which
 the training step calls in its own thread: no lookup ever reads a row while it is freed.
 """
 
@@ -263,7 +264,8 @@ class KeyIndex(nn.Module):
             ok &= est >= self.min_count
             self.sketch_total += int(counts.sum())
             if int(self.sketch_total) > (w + 1) // 32:  # crowded: old counts fade
-                if float(self.sketch[0].count_nonzero()) > _SKETCH_FILL * (w + 1):
+                if (float(self.sketch[0].count_nonzero()) > _SKETCH_FILL * (w + 1)
+                        or int(self.sketch.max()) > 1 << 30):  # (int32 counters)
                     self.sketch.div_(2, rounding_mode="floor")
                 self.sketch_total.zero_()
         if self.probability < 1.0:
@@ -376,10 +378,14 @@ class KeyIndex(nn.Module):
                               **kwargs: Any) -> None:
         saved = state_dict.get(prefix + "sketch")
         if saved is not None and saved.shape != self.sketch.shape:
-            # a checkpoint's sketch keeps its width (before 2026-12-03 every sketch was
-            # 4 x 2**20 counters): its counts only mean something at the width they were
-            # hashed with
-            self.sketch = torch.zeros_like(saved, device=self.sketch.device)
+            if self.min_count > 1 and saved.shape[1] > 1:
+                # a checkpoint's sketch keeps its width (before 2026-12-03 every sketch was
+                # 4 x 2**20 counters): its counts only mean something at the width they
+                # were hashed with
+                self.sketch = huge_full(tuple(saved.shape), 0, torch.int32,
+                                        self.sketch.device)
+            else:  # saved without counting (min_count 1), or this index does not count
+                state_dict = {**state_dict, prefix + "sketch": self.sketch.clone()}
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
         self._rebuild()
 

@@ -62,14 +62,16 @@ def test_admission_by_count_waits_for_min_count_sightings():
 
 
 def test_a_count_lasts_while_the_sketch_is_not_crowded():
-    # a key seen once, then 200,000 sightings of 50 other keys (far more sightings than the
-    # 8,192-counter sketch has counters, but few distinct keys): its second sighting admits
-    idx = KeyIndex(1000, min_count=2)
-    assert idx.sketch.shape == (4, 8192)
+    # a key seen once, then 200,000 sightings of 50 other keys that never all fit in the
+    # 20 rows, so they go on being counted (far more sightings than the 4,096-counter
+    # sketch has counters, but few distinct keys): its second sighting admits
+    idx = KeyIndex(20, min_count=2)
+    assert idx.sketch.shape == (4, 4096)
     assert idx.admit(torch.tensor([10**12]), step=0)[0].item() == 0
     others = torch.arange(50).repeat(100)
     for step in range(1, 41):
         idx.admit(others, step)
+    assert int(idx.sketch[0].sum()) > 100_000  # counted, never halved
     assert idx.admit(torch.tensor([10**12]), step=41)[0].item() > 0
     invariants(idx)
 
@@ -113,6 +115,11 @@ def test_a_checkpoint_with_a_sketch_of_another_width_resumes_exactly(monkeypatch
     for s, b in enumerate(stream[15:], start=15):
         assert torch.equal(old.admit(b, s)[0], resumed.admit(b, s)[0]), s
     invariants(resumed)
+    # a state saved without counting (min_count 1) leaves the counting index its sketch
+    counting = KeyIndex(300, min_count=2, policy="lru")
+    counting.load_state_dict(KeyIndex(300, policy="lru").state_dict())
+    assert counting.sketch.shape == (4, 4096)
+    assert counting.admit(torch.arange(10), step=0)[0].tolist() == [0] * 10
 
 
 def test_admission_by_probability_admits_that_share_and_the_same_on_a_rerun():
