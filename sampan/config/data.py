@@ -62,12 +62,12 @@ class SyntheticConfig(_Strict):
     seed: int = 2024
     zipf_a: float = Field(1.2, gt=1.0)
     missing_rate: float = Field(0.1, ge=0.0, lt=1.0)
-    drift: float = Field(0.0, ge=0.0, description="0: the same distribution in every row. "
+    drift: float = Field(0.0, ge=0.0, le=20.0, description="0: the same distribution in every row. "
                          "d > 0: popularity moves as the rows go by: by the last row each "
                          "field's popular ids are d x its vocabulary further on, so ids "
                          "keep appearing that earlier rows never had (rows in time order, "
                          "with their position in column t, 0 to 1)")
-    churn: float = Field(0.0, ge=0.0, description="0: the same ids throughout. c > 0: ids "
+    churn: float = Field(0.0, ge=0.0, le=20.0, description="0: the same ids throughout. c > 0: ids "
                          "come and go: the id at each popularity rank is replaced by a "
                          "never-seen one c times over the rows (spread over the ranks), as "
                          "new items take over from retired ones (rows in time order, with "

@@ -75,3 +75,12 @@ def test_churn_and_drift_combine_and_without_churn_drift_is_as_it_was():
     both = rows(rows=20_000, drift=1.0, churn=1.0)
     drift_only = rows(rows=20_000, drift=1.0)
     assert unseen_share(both, "C10") > unseen_share(drift_only, "C10")
+
+
+def test_drift_and_churn_are_bounded_where_the_generator_stays_quick():
+    # each field holds (1 + drift) x (1 + churn) x its vocabulary of ids, all made up front
+    from pydantic import ValidationError
+
+    for key in ("drift", "churn"):
+        with pytest.raises(ValidationError, match=key):
+            SyntheticConfig(**{key: 50})
