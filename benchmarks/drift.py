@@ -40,7 +40,9 @@ from sampan.data.synthetic import VOCAB_SIZES, stream_ids  # noqa: E402
 from sampan.train.experiment import RunArtifacts, compare_runs, run_experiment  # noqa: E402
 
 
-def config(args: argparse.Namespace, variant: str) -> dict:
+def features_of(variant: str, drift: float = 0.0, churn: float = 0.0) -> dict:
+    """The Criteo preset's features with the 26 categorical fields as ``variant`` (vocab,
+    hashing, dynamic or unbounded) for a stream of this drift and churn."""
     features = copy.deepcopy(PRESETS["criteo"]()["features"])
     cats = []
     for c in features["categorical"]:
@@ -53,11 +55,15 @@ def config(args: argparse.Namespace, variant: str) -> dict:
                  # what (c) would do with no memory limit and no admission threshold
                  # (+ 1: the key a missing value becomes)
                  "unbounded": {"name": c,
-                               "dynamic": {"capacity": stream_ids(cap, args.drift,
-                                                                         args.churn) + 1}},
+                               "dynamic": {"capacity": stream_ids(cap, drift, churn) + 1}},
                  "vocab": c}[variant]
         cats.append(c)
     features["categorical"] = cats
+    return features
+
+
+def config(args: argparse.Namespace, variant: str) -> dict:
+    features = features_of(variant, args.drift, args.churn)
     train_rows = int(args.rows * 0.6)
     if variant == "vocab":
         features["fit_rows"] = train_rows // 3
@@ -65,7 +71,7 @@ def config(args: argparse.Namespace, variant: str) -> dict:
             "output_dir": str(args.out),
             "data": {"format": "synthetic",
                      "synthetic": {"rows": args.rows, "drift": args.drift,
-                                           "churn": args.churn},
+                                   "churn": args.churn},
                      "split": {"method": "sequential", "train": 0.6, "valid": 0.1,
                                "test": 0.3}},
             "features": features, "model": {"name": args.model},

@@ -11,13 +11,12 @@ operations (CPU or GPU, no per-key Python):
   neighbouring slots per round, each round on the keys still searching;
 * **admission**: a new key gets a row once it has been seen ``min_count`` times (counted
   in a count-min sketch of 4 rows of 8 to 16 counters per row of capacity (a power of
-  two), 4,096 to
-  ``sketch_width``; when more than 25 % of a row's counters are in use, checked every
-  1/32 of a row's width of sightings, all are halved, so a key seen once is admitted by
-  collisions alone with a chance near 0.25 ** 4 = 0.4 % while a batch's new keys are a
-  small share of the sketch, and, in a stream of ever new keys, a key must come back
-  before its count fades), and then with probability ``probability`` (a
-  hash of the key and the step, so a resumed run makes the same draws);
+  two, 4,096 to ``sketch_width``); when more than 25 % of a row's counters are in use,
+  checked every 1/32 of a row's width of sightings, all are halved, so a key seen once is
+  admitted by collisions alone with a chance near 0.25 ** 4 = 0.4 % while a batch's new
+  keys are a small share of the sketch, and, in a stream of ever new keys, a key must
+  come back before its count fades), and then with probability ``probability`` (a hash
+  of the key and the step, so a resumed run makes the same draws);
 * **eviction**: when a new key needs a row and none is free, the least recently used
   (``lru``, ``ttl``) or least frequently used (``lfu``; ties by recency) rows give theirs
   up, at least

@@ -188,8 +188,7 @@ def test_on_a_stream_whose_ids_come_and_go_dynamic_tables_beat_a_vocabulary_of_w
     """Churn (each rank's id replaced by new ones): the same online model scores the later
     windows better with dynamic tables, which take the new ids in, than with the vocabulary
     fitted on the first window, to which they are all one OOV row."""
-    from sampan.config.load import PRESETS
-    from sampan.data.synthetic import VOCAB_SIZES
+    from benchmarks.drift import features_of
 
     table = pa.concat_tables(list(iter_synthetic(SyntheticConfig(rows=ROWS, churn=2.0,
                                                                 seed=13))))
@@ -199,17 +198,10 @@ def test_on_a_stream_whose_ids_come_and_go_dynamic_tables_beat_a_vocabulary_of_w
               "window_rows": PART_ROWS}
     # batches of 500: 26 dynamic tables cost a map lookup each per step
     raw = yaml.safe_load(stream_config(tmp_path, stream, batch_size=500).read_text())
-    raw["features"] = PRESETS["criteo"]()["features"]
     later = range(ROWS // PART_ROWS // 2 + 1, ROWS // PART_ROWS + 1)
     auc = {}
-    for variant in ("vocab", "dynamic"):
-        if variant == "dynamic":
-            raw["features"]["categorical"] = [
-                {"name": c, "dynamic": {"capacity": VOCAB_SIZES[int(c[1:]) - 1],
-                                        "admit": {"min_count": 2},
-                                        "evict": {"policy": "lru"}}}
-                if isinstance(c, str) and c.startswith("C") else c
-                for c in raw["features"]["categorical"]]
+    for variant in ("vocab", "dynamic"):  # capacity: each field's ids live at one time
+        raw["features"] = features_of(variant, churn=2.0)
         run_stream(load_config(raw=raw), run_dir=tmp_path / variant)
         m = [json.loads(line) for line in (tmp_path / variant / "metrics.jsonl")
              .read_text().splitlines() if '"stream"' in line]
