@@ -88,9 +88,18 @@ class TuneJob:
     def storage(self) -> Any:
         if self._storage is None:
             optuna = _optuna()
+            from sqlalchemy.exc import IntegrityError  # optuna's own dependency
+
             kwargs = {"connect_args": {"timeout": 60}} \
                 if self.storage_url.startswith("sqlite") else {}
-            self._storage = optuna.storages.RDBStorage(self.storage_url, engine_kwargs=kwargs)
+            try:
+                self._storage = optuna.storages.RDBStorage(self.storage_url,
+                                                           engine_kwargs=kwargs)
+            except IntegrityError:
+                # another process made the new database's tables at the same moment (both
+                # saw none and wrote the schema version): they are there now
+                self._storage = optuna.storages.RDBStorage(self.storage_url,
+                                                           engine_kwargs=kwargs)
         return self._storage
 
     def trial_id(self, number: int) -> int:
