@@ -37,7 +37,7 @@ from sampan.config.load import (
     load_config,
 )
 from sampan.config.messages import format_validation_error
-from sampan.config.model import MLPModelConfig, ModelConfig
+from sampan.config.model import FieldWeightsConfig, MLPModelConfig, ModelConfig
 from sampan.config.serve import FeatureStoreConfig, ServeConfig, load_serve_config
 from sampan.config.stream import DirectoryConfig, KafkaConfig, PublishConfig, StreamConfig
 from sampan.config.train import EarlyStoppingConfig, TrainConfig
@@ -47,9 +47,10 @@ from sampan.errors import ConfigError
 __all__ = [
     "PACKAGE_FEATURE_DEFAULTS", "PRESETS", "Auto", "CategoricalFeature", "ConfigError",
     "DataConfig", "DirectoryConfig", "EarlyStoppingConfig", "ExperimentConfig",
-    "FeatureStoreConfig", "FeaturesConfig", "JoinConfig", "KafkaConfig", "LabelSpec",
-    "ListFeature", "MLPModelConfig", "ModelConfig", "NonNegFloat", "NonNegInt", "NumericFeature",
-    "ParamSpec", "PosInt", "PublishConfig", "ServeConfig", "SplitConfig", "StreamConfig",
-    "SyntheticConfig", "TrainConfig", "TuneConfig", "apply_override", "builtin_config_path",
-    "deep_merge", "dump_config", "format_validation_error", "load_config", "load_serve_config",
+    "FeatureStoreConfig", "FeaturesConfig", "FieldWeightsConfig", "JoinConfig", "KafkaConfig",
+    "LabelSpec", "ListFeature", "MLPModelConfig", "ModelConfig", "NonNegFloat", "NonNegInt",
+    "NumericFeature", "ParamSpec", "PosInt", "PublishConfig", "ServeConfig", "SplitConfig",
+    "StreamConfig", "SyntheticConfig", "TrainConfig", "TuneConfig", "apply_override",
+    "builtin_config_path", "deep_merge", "dump_config", "format_validation_error", "load_config",
+    "load_serve_config",
 ]

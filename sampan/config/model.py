@@ -19,6 +19,18 @@ class ModelConfig(_Strict):
     embedding_init_std: float = Field(1e-2, gt=0)
 
 
+class FieldWeightsConfig(_Strict):
+    """Options of the models with a field-weighted FM term (``fm``, ``deepfm``)."""
+
+    field_weights: bool = Field(
+        True, description="a learned weight per pair of fields on the FM term (FwFM; "
+        "starts at 1, the plain FM); false: Rendle's FM, every pair weighted 1")
+    field_weights_l1: float = Field(
+        0.1, ge=0.0, description="after each step every field-pair weight moves toward 0 by "
+        "this fraction of its learning rate and stops there (an L1 proximal step): pairs "
+        "whose gradient is noise end at 0; 0 turns it off")
+
+
 class MLPModelConfig(ModelConfig):
     """Options of models with an MLP over the fields."""
 

@@ -79,16 +79,27 @@ class FieldWeightedFM(nn.Module):
     the defaults benchmark's world with 44 fields and 10 true pairs, the six largest of the
     946 learned weights are true pairs.
 
+    ``l1`` (``model.field_weights_l1``: 0.1 in ``fm`` and ``deepfm``) pulls the weights
+    toward 0: after every step each one moves toward 0 by ``l1`` times its learning rate and
+    stops there (a proximal L1 step; ``l1_shrink`` on the parameter, applied by the trainer,
+    see :func:`sampan.train.compute.l1_shrink_targets`). An Adam step moves a weight by up
+    to its learning rate, so a pair whose gradient keeps its sign holds its weight, and one
+    whose gradient is noise ends at 0, where it stops adding that noise to every
+    prediction. Without it, the weights of pairs that do not interact wander around their
+    start of 1.
+
     >>> v = torch.tensor([[[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]])
     >>> FieldWeightedFM(3)(v).item()   # weights 1: the plain FM
     67.0
     """
 
-    def __init__(self, num_fields: int):
+    def __init__(self, num_fields: int, l1: float = 0.0):
         super().__init__()
         self.num_fields = num_fields
         self.weight = nn.Parameter(torch.ones(num_fields, num_fields))
         self.weight.lr_multiplier = PAIR_WEIGHT_LR  # type: ignore[attr-defined]
+        if l1 > 0:
+            self.weight.l1_shrink = l1  # type: ignore[attr-defined]
         self.register_buffer("upper", torch.ones(num_fields, num_fields).triu(1),
                              persistent=False)
 

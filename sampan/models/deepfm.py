@@ -5,11 +5,10 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-from pydantic import Field
 from torch import nn
 
 from sampan.batch import Batch
-from sampan.config import MLPModelConfig
+from sampan.config import FieldWeightsConfig, MLPModelConfig
 from sampan.errors import ConfigError
 from sampan.layers import MLP, FeatureEmbedding, FieldWeightedFM, bias_terms, pair_interaction
 from sampan.models.registry import register_model
@@ -30,12 +29,9 @@ class DeepFM(nn.Module):
     torch.Size([2, 1])
     """
 
-    class Config(MLPModelConfig):
+    class Config(MLPModelConfig, FieldWeightsConfig):
         name: Literal["deepfm"] = "deepfm"
         embed_dense: bool = True
-        field_weights: bool = Field(
-            True, description="a learned weight per pair of fields on the FM term (FwFM; "
-            "starts at 1, the plain FM); false: Rendle's FM, every pair weighted 1")
 
     def __init__(self, schema: DataSchema, cfg: Config):
         super().__init__()
@@ -43,8 +39,8 @@ class DeepFM(nn.Module):
             raise ConfigError(f"deepfm predicts one label; got {schema.num_tasks}: {schema.labels}")
         self.features = FeatureEmbedding(schema, cfg.embedding_dim, cfg.embedding_init_std,
                                          embed_dense=cfg.embed_dense)
-        self.pairs = FieldWeightedFM(self.features.num_vector_fields) \
-            if cfg.field_weights else None
+        self.pairs = FieldWeightedFM(self.features.num_vector_fields,
+                                     cfg.field_weights_l1) if cfg.field_weights else None
         in_dim = schema.num_fields() * cfg.embedding_dim + schema.num_dense
         self.mlp = MLP(in_dim, cfg.mlp, out=1, dropout=cfg.dropout, batch_norm=cfg.batch_norm,
                        zero_output=True)

@@ -5,11 +5,10 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-from pydantic import Field
 from torch import nn
 
 from sampan.batch import Batch
-from sampan.config import ModelConfig
+from sampan.config import FieldWeightsConfig, ModelConfig
 from sampan.errors import ConfigError
 from sampan.layers import FeatureEmbedding, FieldWeightedFM, bias_terms, pair_interaction
 from sampan.models.registry import register_model
@@ -23,12 +22,9 @@ class FM(nn.Module):
     field-pair weights (FwFM, see :class:`~sampan.layers.fm.FieldWeightedFM`), or all 1
     (Rendle's FM) with ``field_weights: false``."""
 
-    class Config(ModelConfig):
+    class Config(ModelConfig, FieldWeightsConfig):
         name: Literal["fm"] = "fm"
         embed_dense: bool = True
-        field_weights: bool = Field(
-            True, description="a learned weight per pair of fields on the FM term (FwFM; "
-            "starts at 1, the plain FM); false: Rendle's FM, every pair weighted 1")
 
     def __init__(self, schema: DataSchema, cfg: Config):
         super().__init__()
@@ -36,8 +32,8 @@ class FM(nn.Module):
             raise ConfigError(f"fm predicts one label; got {schema.num_tasks}: {schema.labels}")
         self.features = FeatureEmbedding(schema, cfg.embedding_dim, cfg.embedding_init_std,
                                          embed_dense=cfg.embed_dense)
-        self.pairs = FieldWeightedFM(self.features.num_vector_fields) \
-            if cfg.field_weights else None
+        self.pairs = FieldWeightedFM(self.features.num_vector_fields,
+                                     cfg.field_weights_l1) if cfg.field_weights else None
 
     def output_bias(self) -> list[tuple[nn.Parameter, int]]:
         """The parameter added unchanged to each logit (the task starts it at the base rate)."""

@@ -106,3 +106,29 @@ def dense_optimizer(params: list[torch.Tensor], tc: TrainConfig) -> torch.optim.
         return torch.optim.AdamW(groups, lr=tc.lr, weight_decay=tc.weight_decay, **opts)
     return torch.optim.SGD(groups, lr=tc.lr, momentum=0.9, weight_decay=tc.weight_decay,
                            **opts)
+
+
+def l1_shrink_targets(opt: torch.optim.Optimizer | None) -> list[tuple[int, torch.Tensor, float]]:
+    """``(group index, parameter, l1)`` for each parameter of ``opt`` with an ``l1_shrink``
+    attribute (FwFM's field-pair weights): what :func:`shrink_l1` moves after each step. The
+    group is kept by index: loading a checkpoint replaces the group dicts."""
+    if opt is None:
+        return []
+    return [(i, p, float(p.l1_shrink)) for i, g in enumerate(opt.param_groups)
+            for p in g["params"] if getattr(p, "l1_shrink", 0.0) > 0]
+
+
+@torch.no_grad()
+def shrink_l1(opt: torch.optim.Optimizer, targets: list[tuple[int, torch.Tensor, float]]) -> None:
+    """The proximal step of an L1 penalty: each target moves toward 0 by ``l1`` times its
+    group's current learning rate, and a value that would cross 0 stops at 0.
+
+    >>> p = torch.nn.Parameter(torch.tensor([1.0, -0.005, 0.0]))
+    >>> p.l1_shrink = 0.5
+    >>> opt = torch.optim.SGD([p], lr=0.02)
+    >>> shrink_l1(opt, l1_shrink_targets(opt)); p.data.tolist()
+    [0.9900000095367432, 0.0, 0.0]
+    """
+    for i, p, l1 in targets:
+        step = opt.param_groups[i]["lr"] * l1
+        p.sub_(p.clamp(-step, step))  # = sign(p) * max(|p| - step, 0)

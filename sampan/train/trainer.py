@@ -31,7 +31,13 @@ from sampan.layers.embed import lr_start_part
 from sampan.tasks import make_task
 from sampan.train import checkpoint as ckpt
 from sampan.train import guard
-from sampan.train.compute import compile_dense, dense_optimizer, plan_for
+from sampan.train.compute import (
+    compile_dense,
+    dense_optimizer,
+    l1_shrink_targets,
+    plan_for,
+    shrink_l1,
+)
 from sampan.train.evaluate import (  # noqa: F401  (importable from here as before)
     Evaluator,
     headline_metrics,
@@ -97,6 +103,7 @@ class Trainer:
             self.tc.sparse_optimizer, collections, lr=self.tc.sparse_lr or self.tc.lr,
             embedding_l2=self.tc.embedding_l2) if collections else None
         self.dense_opt = dense_optimizer(self.dense_params, self.tc)
+        self._l1_targets = l1_shrink_targets(self.dense_opt)
         self.base_lrs = [[g["lr"] for g in o.param_groups] for o in self._optimizers()]
         self.state = TrainState()
         self.metrics = MetricsLog(self.run_dir, self.tc.tensorboard and log_metrics,
@@ -165,6 +172,8 @@ class Trainer:
         if self.dense_opt is not None:
             self.dense_opt.step()
             self.dense_opt.zero_grad(set_to_none=True)
+            if self._l1_targets:
+                shrink_l1(self.dense_opt, self._l1_targets)
         return loss.detach() * weight  # summed over ranks at logging: the global mean
 
     # -------------------------------------------------------------------- fitting

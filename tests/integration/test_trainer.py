@@ -125,3 +125,55 @@ def test_a_resumed_run_continues_its_loss_window_and_its_training_time(tmp_path)
         assert got[step] == pytest.approx(want[step], rel=1e-5), step
     assert again["steps"] == straight["steps"] == 20
     assert again["train_seconds"] > first["train_seconds"] > 0
+
+
+@pytest.mark.parametrize("resumed", [False, True])
+def test_field_pair_weights_take_the_l1_step_at_the_rate_of_the_moment(tmp_path, resumed):
+    # one training step of the same FM with and without field_weights_l1: the weights differ
+    # by l1 x the pair weights' current learning rate (warmup included), toward 0; a weight
+    # the step would carry across 0 stops there. After an optimizer state is loaded (a
+    # resume replaces its parameter groups) the step still reads the current rate.
+    import numpy as np
+    from rich.console import Console
+
+    from sampan.batch import Batch
+    from sampan.config import ExperimentConfig
+    from sampan.data.store import SplitArrays
+    from sampan.models import build_model, get_model_class
+    from sampan.schema import DataSchema, SparseFeatureSpec
+    from sampan.train.trainer import Trainer
+
+    schema = DataSchema(sparse=[SparseFeatureSpec(c, 20) for c in "abcd"])
+    rng = np.random.default_rng(0)
+    rows = SplitArrays(dense=np.zeros((256, 0), np.float32),
+                       sparse=rng.integers(0, 20, (256, 4)),
+                       labels=(rng.random((256, 1)) < 0.3).astype(np.float32))
+    batch = Batch(dense=torch.zeros(256, 0), sparse=torch.as_tensor(rows.sparse),
+                  labels=torch.as_tensor(rows.labels))
+    after = {}
+    for l1 in (0.0, 0.25):
+        torch.manual_seed(0)
+        cfg = ExperimentConfig.model_validate({
+            "features": {"categorical": list("abcd")},
+            "model": {"name": "fm", "embedding_dim": 4, "field_weights_l1": l1},
+            "train": {"batch_size": 256, "epochs": 1, "lr": 0.004, "warmup_steps": 10,
+                      "progress": False, "tensorboard": False,
+                      "first_order_warm_start": False}})
+        model = build_model(get_model_class("fm").Config(**cfg.model.model_dump()), schema)
+        with torch.no_grad():
+            model.pairs.weight[1, 0] = 1e-4  # unused (below the diagonal): no Adam step
+        trainer = Trainer(model, cfg, tmp_path / str(l1), rows, None,
+                          console=Console(quiet=True))
+        if resumed:
+            trainer.dense_opt.load_state_dict(trainer.dense_opt.state_dict())
+        trainer.state.step = 3
+        trainer._train_step(batch)
+        rate = next(g["lr"] for g in trainer.dense_opt.param_groups
+                    if any(p is model.pairs.weight for p in g["params"]))
+        after[l1] = model.pairs.weight.detach().clone()
+    assert rate == pytest.approx(0.004 * 10 * 4 / 10)  # 10x the dense rate, warmup step 4
+    free, shrunk = after[0.0], after[0.25]
+    upper = torch.ones(4, 4).triu(1).bool()
+    far = upper & (free.abs() > 0.01)
+    torch.testing.assert_close(shrunk[far], free[far] - free[far].sign() * 0.25 * rate)
+    assert shrunk[1, 0] == 0.0 and free[1, 0] == 1e-4  # the step would cross 0: it stops
