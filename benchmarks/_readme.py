@@ -8,9 +8,9 @@ from pathlib import Path
 def update_block(path: Path, key: str, text: str, after: str | None = None) -> None:
     """Replace the block between this key's markers in ``path``. When it is absent, put it
     after the line of the last marker starting with ``after`` (the end of the file when
-    there is none)."""
+    there is none; a file that does not exist yet is made)."""
     begin, end = f"<!-- perf:{key} -->", f"<!-- /perf:{key} -->"
-    doc = path.read_text()
+    doc = path.read_text() if path.exists() else ""
     block = f"{begin}\n{text}\n{end}"
     if begin in doc:
         doc = doc[: doc.index(begin)] + block + doc[doc.index(end) + len(end):]

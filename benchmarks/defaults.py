@@ -403,7 +403,8 @@ def config_for(ds: Dataset, model: str, run_root: Path, seed: int = 1) -> dict[s
             "train": {"progress": False, "tensorboard": False}}
 
 
-def run_sampan(ds: Dataset, model: str, run_root: Path, seed: int = 1) -> dict[str, Any]:
+def run_sampan(ds: Dataset, model: str, run_root: Path, seed: int = 1,
+               overrides: list[str] | None = None) -> dict[str, Any]:
     import shutil
 
     import torch
@@ -412,7 +413,7 @@ def run_sampan(ds: Dataset, model: str, run_root: Path, seed: int = 1) -> dict[s
     from sampan.config import load_config
     from sampan.train.experiment import RunArtifacts, run_experiment
 
-    cfg = load_config(raw=config_for(ds, model, run_root, seed))
+    cfg = load_config(raw=config_for(ds, model, run_root, seed), overrides=overrides)
     run_dir = run_root / ds.name / (model if seed == 1 else f"{model}-seed{seed}")
     if run_dir.exists():
         shutil.rmtree(run_dir)
@@ -446,7 +447,7 @@ def seeds_for(train_rows: int, seeds: str) -> list[int]:
 
 
 def evaluate_dataset(ds: Dataset, run_root: Path, models: list[str] | None,
-                     seeds: str = "auto") -> dict[str, Any]:
+                     seeds: str = "auto", overrides: list[str] | None = None) -> dict[str, Any]:
     import torch
 
     from sampan.metrics import auc, paired_auc_comparison
@@ -471,7 +472,7 @@ def evaluate_dataset(ds: Dataset, run_root: Path, models: list[str] | None,
     for model in ds.models:
         if models and model not in models:
             continue
-        runs = [run_sampan(ds, model, run_root, seed)
+        runs = [run_sampan(ds, model, run_root, seed, overrides)
                 for seed in seeds_for(out["rows"]["train"], seeds)]
         for r in runs:
             if len(r["labels"]) != len(y_test) or not np.array_equal(r["labels"], y_test):
@@ -602,6 +603,10 @@ def main() -> None:
     ap.add_argument("--seeds", default="auto", type=seeds_arg,
                     help=f"runs per model, seeds 1..N (auto: 3 below {FEW_ROWS:,} training "
                     "rows, else 1)")
+    ap.add_argument("--set", dest="overrides", action="append", default=[],
+                    metavar="KEY=VALUE", help="a config override for every run, as `sampan "
+                    "train --set` (an ablation: e.g. model.field_weights_l1=0); write its "
+                    "results elsewhere with --json and --out")
     ap.add_argument("--runs", default=str(ROOT / "runs/bench_defaults"))
     ap.add_argument("--json", default=str(ROOT / "benchmarks/results/defaults.json"))
     ap.add_argument("--out", default=str(ROOT / "RESULTS.md"))
@@ -649,7 +654,7 @@ def main() -> None:
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
 
     def evaluate(name: str, ds: Dataset) -> None:
-        new = evaluate_dataset(ds, run_root, args.models, args.seeds)
+        new = evaluate_dataset(ds, run_root, args.models, args.seeds, args.overrides)
         old = report["datasets"].get(name)
         if args.models and old:  # --merge --models: the other models' rows stay
             models = {**old["models"], **new["models"]}
