@@ -56,7 +56,7 @@ sys.path.insert(0, str(ROOT))
 from _readme import update_block  # noqa: E402
 from accuracy import machine  # noqa: E402
 
-from sampan.data.synthetic import World, interaction_value, iter_world  # noqa: E402
+from sampan.data.synthetic import World, interaction_value, iter_world, true_pairs  # noqa: E402,E501
 
 CTR_MODELS = ["lr", "fm", "deepfm", "dcn_v2"]
 # a world "has interactions" for the bars when learning them can be worth this much test AUC
@@ -126,6 +126,7 @@ class Dataset:
     models: list[str] = field(default_factory=lambda: list(CTR_MODELS))
     interactions: bool | None = None  # known for worlds: FM/DeepFM should beat LR
     interaction_value: float | None = None  # oracle AUC - the oracle's without its pairs
+    pairs: list[tuple[int, int]] = field(default_factory=list)  # a world's true pairs
 
 
 # ------------------------------------------------------------------------ preparing data
@@ -159,7 +160,8 @@ def prep_world(w: World, out: Path) -> Dataset:
     return Dataset(w.name, world_about(w, worth), files,
                    [f"c{i + 1}" for i in range(w.categorical)],
                    [f"n{i + 1}" for i in range(w.numeric)], oracle="oracle_p",
-                   interactions=worth >= INTERACTION_WORTH, interaction_value=worth)
+                   interactions=worth >= INTERACTION_WORTH, interaction_value=worth,
+                   pairs=true_pairs(w) if worth > 0 else [])
 
 
 def world_about(w: World, worth: float) -> str:
@@ -366,12 +368,15 @@ def lr_features(ds: Dataset, tables: dict[str, pa.Table]) -> dict[str, Any]:
     return {s: sp.hstack(b, format="csr") for s, b in blocks.items()}
 
 
-def tuned_lr(ds: Dataset, tables: dict[str, pa.Table]) -> dict[str, Any]:
+def tuned_lr(ds: Dataset, tables: dict[str, pa.Table], x: dict[str, Any] | None = None
+             ) -> dict[str, Any]:
+    """scikit-learn's LR on :func:`lr_features` (``x`` when given), ``C`` picked on the
+    validation rows: its test logits, ``C`` and coefficients."""
     from sklearn.linear_model import LogisticRegression
     from sklearn.metrics import roc_auc_score
 
     t0 = time.perf_counter()
-    x = lr_features(ds, tables)
+    x = lr_features(ds, tables) if x is None else x
     y = {s: t.column("label").to_numpy().astype(np.int64) for s, t in tables.items()}
     results = {}
     grid = [0.01, 0.03, 0.1, 0.3, 1.0, 3.0]
@@ -386,9 +391,37 @@ def tuned_lr(ds: Dataset, tables: dict[str, pa.Table]) -> dict[str, Any]:
             grid.append(grid[-1] * 3)  # the best C is at the edge: look one step further
         k += 1
     best = max(results, key=lambda key: results[key][0])
-    z = results[best][1].decision_function(x["test"])
-    return {"C": best, "valid_auc": results[best][0], "test_logits": z,
-            "features": x["train"].shape[1], "seconds": time.perf_counter() - t0}
+    m = results[best][1]
+    return {"C": best, "valid_auc": results[best][0], "test_logits": m.decision_function(
+        x["test"]), "coef": m.coef_[0], "intercept": float(m.intercept_[0]),
+        "features": x["train"].shape[1], "seconds": time.perf_counter() - t0}
+
+
+def true_form(ds: Dataset, tables: dict[str, pa.Table], base: dict[str, Any] | None = None,
+              x: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The world's own form fitted on its training rows (``benchmarks/true_form.py``),
+    against the tuned LR (``base``, fitted here when not given; ``x`` its design matrices):
+    its test AUC, the paired interval over the LR, and whether it is above the LR beyond it
+    (``learnable``)."""
+    import torch
+    from true_form import fit_true_form
+
+    from sampan.metrics import auc, paired_auc_comparison
+
+    x = lr_features(ds, tables) if x is None else x
+    base = tuned_lr(ds, tables, x) if base is None else base
+    y = {s: t.column("label").to_numpy().astype(np.float64) for s, t in tables.items()}
+    fit = fit_true_form(x, y, base["coef"], base["intercept"], base["C"], tables, ds.pairs)
+    yt = torch.from_numpy(y["test"])
+    cmp = paired_auc_comparison(torch.from_numpy(base["test_logits"]), fit["test_logits"], yt,
+                                resamples=RESAMPLES)
+    out = {"auc": auc(fit["test_logits"], yt), "vs_lr": cmp["diff"],
+           "vs_lr_ci95": cmp["diff_ci95"], "learnable": cmp["diff_ci95"][0] > 0,
+           "l2": fit["l2"], "path": fit["path"], "seconds": round(fit["seconds"], 1)}
+    print(f"   true form fitted on the training rows (vector L2 {fit['l2']:g}): test AUC "
+          f"{out['auc']:.4f}, vs LR {out['vs_lr']:+.4f} [{out['vs_lr_ci95'][0]:+.4f}, "
+          f"{out['vs_lr_ci95'][1]:+.4f}] ({fit['seconds']:.0f} s)", flush=True)
+    return out
 
 
 # ----------------------------------------------------------------------- Sampan runs
@@ -454,7 +487,8 @@ def evaluate_dataset(ds: Dataset, run_root: Path, models: list[str] | None,
 
     tables = {s: pq.read_table(p) for s, p in ds.files.items()}
     print(f"== {ds.name}: {ds.about}", flush=True)
-    base = tuned_lr(ds, tables)
+    design = lr_features(ds, tables)
+    base = tuned_lr(ds, tables, design)
     y_test = tables["test"].column("label").to_numpy().astype(np.float32)
     yt = torch.from_numpy(y_test)
     lr_auc = auc(torch.from_numpy(base["test_logits"]), yt)
@@ -469,6 +503,8 @@ def evaluate_dataset(ds: Dataset, run_root: Path, models: list[str] | None,
     if ds.oracle:
         out["oracle_auc"] = auc(torch.from_numpy(
             tables["test"].column(ds.oracle).to_numpy().copy()), yt)
+    if ds.interactions and ds.pairs:  # can these rows show the interactions at all?
+        out["true_form"] = true_form(ds, tables, base, design)
     for model in ds.models:
         if models and model not in models:
             continue
@@ -507,6 +543,12 @@ def evaluate_dataset(ds: Dataset, run_root: Path, models: list[str] | None,
 
 
 # ---------------------------------------------------------------------------- report
+def learnable(d: dict[str, Any]) -> bool:
+    """Whether the world's own form, fitted on its training rows, beats the tuned LR beyond
+    the interval (true where it was not fitted: the bar then applies)."""
+    return d.get("true_form", {}).get("learnable", True)
+
+
 def verdicts(name: str, d: dict[str, Any]) -> list[str]:
     """The issue's bars, checked row by row."""
     notes = []
@@ -516,7 +558,7 @@ def verdicts(name: str, d: dict[str, Any]) -> list[str]:
             continue
         if e["vs_lr_ci95"][1] < 0:
             notes.append(f"{m} below LR")
-        if d.get("interactions") and e["vs_lr_ci95"][0] <= 0:
+        if d.get("interactions") and learnable(d) and e["vs_lr_ci95"][0] <= 0:
             notes.append(f"{m} not clearly above LR")
     e = d["models"].get("deepfm")
     if e and "lift_efficiency" in e and d["rows"]["train"] >= 300_000 \
@@ -558,11 +600,13 @@ def markdown(report: dict[str, Any], title: str = "defaults") -> str:
                 str(e["plan"]["batch_size"]), f"{e['steps']:,} ({e['best_step']:,})",
                 f"{e['seconds']:.0f}"]) + " |")
     lines += ["", "Datasets:", ""]
-    lines += [f"- `{n}`: {d['about']}" for n, d in report["datasets"].items()]
+    lines += [f"- `{n}`: {d['about']}{true_form_note(d)}"
+              for n, d in report["datasets"].items()]
     misses = {n: v for n, d in report["datasets"].items() if (v := verdicts(n, d))}
     lines += ["", "Bars (FM and DeepFM at least LR or within the interval; above LR beyond "
               f"the interval on worlds whose interactions are worth {INTERACTION_WORTH} AUC or "
-              "more; DeepFM lift >= 0.80 on worlds with "
+              "more and whose true form, fitted on the training rows, is itself above LR "
+              "beyond the interval; DeepFM lift >= 0.80 on worlds with "
               "300k+ training rows; no divergence): "
               + ("all met." if not misses else "missed: " + "; ".join(
                   f"{n}: {', '.join(v)}" for n, v in misses.items()) + "."), ""]
@@ -574,20 +618,38 @@ def markdown(report: dict[str, Any], title: str = "defaults") -> str:
     return "\n".join(lines)
 
 
-def refresh(path: Path, out: Path, block: str, title: str) -> None:
-    """Recompute each world's interaction value (and so whether the "clearly above the LR"
-    bar applies) in the report at ``path``, and rewrite its section of ``out``."""
+def true_form_note(d: dict[str, Any]) -> str:
+    """The datasets list's words on the world's true form fitted on its training rows."""
+    tf = d.get("true_form")
+    if tf is None:
+        return ""
+    lo, hi = tf["vs_lr_ci95"]
+    return (f"; its true form fitted on the training rows: {tf['auc']:.4f}, {tf['vs_lr']:+.4f} "
+            f"[{lo:+.4f}, {hi:+.4f}] over the LR" + ("" if tf["learnable"] else
+                                                     " (the rows cannot show the pairs)"))
+
+
+def refresh(path: Path, out: Path, block: str, title: str, run_root: Path,
+            only: list[str] | None = None, command: str | None = None) -> None:
+    """Recompute what belongs to each world (or to those in ``only``) in the report at
+    ``path``: its interaction value and its true form fitted on its training rows (and so
+    whether the "clearly above the LR" bar applies); rewrite its section of ``out``."""
     report = json.loads(path.read_text())
+    if command:
+        report["command"] += f"; then {command}"
     for name, d in report["datasets"].items():
-        if name not in report.get("worlds", {}):
+        if name not in report.get("worlds", {}) or (only and name not in only):
             continue
         params = dict(report["worlds"][name])
         params["vocab"] = tuple(params["vocab"])
         w = World(**params)
-        worth = world_interaction_value(w)
-        d["interaction_value"], d["interactions"] = worth, worth >= INTERACTION_WORTH
-        d["about"] = world_about(w, worth)
-        print(f"{name}: interactions worth {worth:+.4f} AUC")
+        ds = prep_world(w, run_root / "data" / name)
+        d["interaction_value"], d["interactions"] = ds.interaction_value, ds.interactions
+        d["about"] = ds.about
+        print(f"{name}: interactions worth {ds.interaction_value:+.4f} AUC", flush=True)
+        d.pop("true_form", None)
+        if ds.interactions and ds.pairs:
+            d["true_form"] = true_form(ds, {s: pq.read_table(p) for s, p in ds.files.items()})
     path.write_text(json.dumps(report, indent=1))
     update_block(out, block, markdown(report, title), after="<!-- /perf:defaults")
     bad = {n: v for n, d in report["datasets"].items() if (v := verdicts(n, d))}
@@ -619,7 +681,8 @@ def main() -> None:
                     help="the --fresh worlds' seed (default: a new one, printed)")
     ap.add_argument("--refresh", action="store_true",
                     help="train nothing: recompute what belongs to the worlds (what their "
-                    "interactions are worth, which bars apply) in --json and rewrite its "
+                    "interactions are worth, their true form fitted on their training rows, "
+                    "which bars apply; --only some of them) in --json and rewrite its "
                     "section (with --fresh 0 the named datasets', with --fresh 1 the fresh "
                     "worlds')")
     args = ap.parse_args()
@@ -630,7 +693,8 @@ def main() -> None:
         refresh(Path(args.json) if args.json != ap.get_default("json") or not args.fresh
                 else ROOT / "benchmarks/results/defaults_fresh.json", Path(args.out),
                 "defaults_fresh" if args.fresh else "defaults",
-                "defaults, fresh worlds" if args.fresh else "defaults")
+                "defaults, fresh worlds" if args.fresh else "defaults", run_root, args.only,
+                command)
         return
     if args.fresh:
         if args.seed is None:

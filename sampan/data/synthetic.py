@@ -363,6 +363,17 @@ def _calibrated_truth(w: World) -> _WorldTruth:
     return truth
 
 
+def true_pairs(w: World) -> list[tuple[int, int]]:
+    """The pairs of categorical fields that interact in ``w``, as 0-based field indices
+    (field ``f`` is column ``c{f + 1}``); each field's ids carry one rank-:data:`LATENT`
+    vector shared by its pairs. Empty for an additive world.
+
+    >>> true_pairs(World("w", rows=10, categorical=4, vocab=(5, 50), pairs=2))
+    [(0, 2), (0, 3)]
+    """
+    return [(int(f), int(g)) for f, g in _WorldTruth(w).pairs]
+
+
 def interaction_value(w: World, rows: int = 200_000) -> tuple[float, float]:
     """``(oracle AUC, AUC of the oracle without its pair terms)`` on ``rows`` rows drawn
     from ``w`` (not its own rows: a property of the world): the difference is what learning
