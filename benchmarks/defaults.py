@@ -569,6 +569,18 @@ def verdicts(name: str, d: dict[str, Any]) -> list[str]:
     return notes
 
 
+def machines_note(report: dict[str, Any]) -> str:
+    """Where rows merged from earlier runs were measured, when that is not the header's
+    machine (each row's s column is wall seconds on its own)."""
+    others: dict[tuple[str, str], list[str]] = {}
+    for name, d in report["datasets"].items():
+        cpu = d.get("machine", report["machine"]["cpu"])
+        if cpu != report["machine"]["cpu"]:
+            others.setdefault((cpu, d.get("date", "?")), []).append(name)
+    return "".join(f" Measured on {cpu} ({date}), with its own s: {', '.join(names)}."
+                   for (cpu, date), names in others.items())
+
+
 def markdown(report: dict[str, Any], title: str = "defaults") -> str:
     m = report["machine"]
     lines = [f"## {title}", "",
@@ -582,8 +594,8 @@ def markdown(report: dict[str, Any], title: str = "defaults") -> str:
              "95 % interval (1,000 resamples, as `sampan compare`); on datasets under "
              f"{FEW_ROWS:,} training rows the mean of seeds 1-3, the interval pooling the "
              "three runs' draws (batch, steps and s: seed 1's run). Lift = (AUC - 0.5) / "
-             "(oracle - 0.5) where the true probabilities are known.", "",
-             "| dataset | train rows | oracle | sklearn LR | model | test AUC | Δ vs LR [95 %] "
+             "(oracle - 0.5) where the true probabilities are known." + machines_note(report),
+             "", "| dataset | train rows | oracle | sklearn LR | model | test AUC | Δ vs LR [95 %] "
              "| lift | batch | steps (best) | s |", "|" + "---|" * 11]
     for name, d in report["datasets"].items():
         first = True
@@ -714,6 +726,9 @@ def main() -> None:
         report["datasets"] = old["datasets"]
         report["worlds"] = {**old.get("worlds", {}), **report["worlds"]}
         report["command"] = old["command"] + "; then " + report["command"]
+        for d in report["datasets"].values():  # rows measured before: where and when
+            d.setdefault("machine", old["machine"]["cpu"])
+            d.setdefault("date", old["date"])
     todo = args.only or names
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
 
@@ -723,6 +738,7 @@ def main() -> None:
         if args.models and old:  # --merge --models: the other models' rows stay
             models = {**old["models"], **new["models"]}
             new["models"] = {m: models[m] for m in ds.models if m in models}
+        new["machine"], new["date"] = report["machine"]["cpu"], report["date"]
         report["datasets"][name] = new
         save()
 

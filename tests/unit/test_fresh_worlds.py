@@ -125,3 +125,12 @@ def test_a_worlds_true_form_finds_pairs_its_rows_can_show(tmp_path):
     d["true_form"]["learnable"] = True
     assert bench.verdicts("w", d) == ["fm not clearly above LR"]
     assert "the rows cannot show" not in bench.true_form_note(d)
+
+
+def test_rows_merged_from_another_machine_say_where_they_were_measured():
+    note = _bench("defaults").machines_note
+    report = {"machine": {"cpu": "B"}, "datasets": {
+        "w1": {"machine": "A", "date": "2026-12-02"}, "w2": {"machine": "B"}, "w3": {}}}
+    assert note(report) == " Measured on A (2026-12-02), with its own s: w1."
+    del report["datasets"]["w1"]
+    assert note(report) == ""
