@@ -338,9 +338,14 @@ class _WorldTruth:
         return out
 
 
-def _world_chunk(w: World, truth: _WorldTruth, k: int, n: int
+def _draw_key(w: World, stream: int, k: int, draw: int) -> list[int]:
+    """The seed of chunk ``k`` of sample ``draw`` (0: the world's own rows)."""
+    return [w.seed, stream, k] if draw == 0 else [w.seed, stream, k, draw]
+
+
+def _world_chunk(w: World, truth: _WorldTruth, k: int, n: int, draw: int = 0
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    rng = np.random.default_rng([w.seed, 8, k])
+    rng = np.random.default_rng(_draw_key(w, 8, k, draw))
     ranks = np.stack([_zipf_ranks(rng, n, int(v), w.zipf_a) for v in truth.vocab], axis=1) \
         if w.categorical else np.zeros((n, 0), np.int64)
     present = rng.random(ranks.shape) >= w.missing_rate
@@ -393,14 +398,24 @@ def interaction_value(w: World, rows: int = 200_000) -> tuple[float, float]:
     return auc(torch.from_numpy(full), y), auc(torch.from_numpy(first), y)
 
 
-def iter_world(w: World, chunk_rows: int = CHUNK_ROWS) -> Iterator[pa.Table]:
-    """The rows of ``w`` as tables of up to ``chunk_rows`` rows (a pure function of ``w``)."""
+def iter_world(w: World, chunk_rows: int = CHUNK_ROWS, draw: int = 0,
+               rows: int | None = None) -> Iterator[pa.Table]:
+    """The rows of ``w`` as tables of up to ``chunk_rows`` rows (a pure function of ``w``).
+
+    ``draw`` 0 gives the world's own ``w.rows`` rows; ``draw`` 1, 2, ... give independent
+    samples of ``rows`` rows (default ``w.rows``) from the same world: the same labelling
+    model, intercept and vocabularies, other rows (a held-out test set as large as wanted).
+    """
+    if draw < 0:
+        raise ValueError(f"draw must be 0 (the world's own rows) or a positive sample "
+                         f"number, got {draw}")
     truth = _calibrated_truth(w)
-    for k, start in enumerate(range(0, w.rows, chunk_rows)):
-        n = min(chunk_rows, w.rows - start)
-        ranks, present, z, raw = _world_chunk(w, truth, k, n)
+    total = w.rows if rows is None else rows
+    for k, start in enumerate(range(0, total, chunk_rows)):
+        n = min(chunk_rows, total - start)
+        ranks, present, z, raw = _world_chunk(w, truth, k, n, draw)
         p = 1.0 / (1.0 + np.exp(-truth.logit(ranks, present, z)))
-        rng = np.random.default_rng([w.seed, 9, k])
+        rng = np.random.default_rng(_draw_key(w, 9, k, draw))
         cols: dict[str, pa.Array] = {"label": pa.array((rng.random(n) < p).astype(np.int64)),
                                      "oracle_p": pa.array(p)}
         for j in range(w.numeric):

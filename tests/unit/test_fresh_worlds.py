@@ -90,7 +90,8 @@ def test_a_worlds_true_form_without_pairs_is_the_tuned_lr(tmp_path):
 
     bench, tf = _bench("defaults"), _bench("true_form")
     ds = bench.prep_world(World("w", rows=4_000, categorical=4, vocab=(5, 40), numeric=2,
-                                pairs=0, interaction=0.0, seed=5), tmp_path)
+                                pairs=0, interaction=0.0, seed=5), tmp_path,
+                          test_rows=2_000)
     tables = {s: pq.read_table(p) for s, p in ds.files.items()}
     x = bench.lr_features(ds, tables)
     base = bench.tuned_lr(ds, tables, x)
@@ -111,7 +112,8 @@ def test_a_worlds_true_form_finds_pairs_its_rows_can_show(tmp_path):
 
     bench = _bench("defaults")
     strong = bench.prep_world(World("strong", rows=12_000, categorical=4, vocab=(5, 40),
-                                    pairs=3, interaction=0.9, seed=3), tmp_path / "strong")
+                                    pairs=3, interaction=0.9, seed=3), tmp_path / "strong",
+                             test_rows=5_000)
     assert strong.interactions and len(strong.pairs) == 3
     tables = {s: pq.read_table(p) for s, p in strong.files.items()}
     out = bench.true_form(strong, tables)
@@ -134,3 +136,41 @@ def test_rows_merged_from_another_machine_say_where_they_were_measured():
     assert note(report) == " Measured on A (2026-12-02), with its own s: w1."
     del report["datasets"]["w1"]
     assert note(report) == ""
+
+
+def test_a_small_worlds_test_rows_are_a_fresh_draw_from_the_same_world(tmp_path):
+    """Train and valid are the world's own first 80 % / next 10 %; where its own last 10 %
+    are too few to tell models apart, the test rows are drawn afresh: other rows, the same
+    labelling model (its ids, its base rate)."""
+    import pyarrow.parquet as pq
+
+    from sampan.data.synthetic import World
+
+    bench = _bench("defaults")
+    w = World("w", rows=3_000, categorical=3, vocab=(5, 40), numeric=1, base_rate=0.3, seed=9)
+    own = pa_concat(iter_world(w))
+    ds = bench.prep_world(w, tmp_path, test_rows=20_000)
+    t = {s: pq.read_table(p) for s, p in ds.files.items()}
+    assert (t["train"].num_rows, t["valid"].num_rows, t["test"].num_rows) == (2_400, 300, 20_000)
+    assert t["train"].equals(own.slice(0, 2_400)) and t["valid"].equals(own.slice(2_400, 300))
+    assert "tested on 20,000 rows drawn afresh" in ds.about
+    p_own, p_new = own.column("oracle_p").to_numpy(), t["test"].column("oracle_p").to_numpy()
+    assert abs(p_new.mean() - 0.3) < 0.02 and abs(p_own.mean() - p_new.mean()) < 0.03
+    assert np.isin(p_new, p_own).mean() < 0.2  # other rows (a few repeat: small vocabularies)
+    assert set(t["test"].column("c1").drop_null().to_pylist()) <= set(
+        own.column("c1").drop_null().to_pylist()) | {f"v1_{i}" for i in range(40)}
+    # the draw is part of the world: the same every time, other for another draw number
+    again = pa_concat(iter_world(w, draw=1, rows=20_000))
+    assert again.equals(t["test"])
+    assert not pa_concat(iter_world(w, draw=2, rows=500)).equals(again.slice(0, 500))
+    # a large world keeps its own test split; an earlier run's files are rewritten
+    assert bench.world_test(World("big", rows=1_000_000, categorical=3, vocab=(5, 40))) == \
+        {"draw": 0, "rows": 100_000}
+    assert bench.prep_world(w, tmp_path, test_rows=100).files["test"] and \
+        pq.read_table(tmp_path / "test.parquet").equals(own.slice(2_700, 300))
+
+
+def pa_concat(tables):
+    import pyarrow as pa
+
+    return pa.concat_tables(list(tables))
