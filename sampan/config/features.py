@@ -192,7 +192,9 @@ class NumericFeature(_Strict):
 
     name: str
     column: str | None = None
-    fill: float | Literal["mean"] = 0.0
+    fill: float | Literal["mean"] = Field(
+        0.0, description="what a missing value becomes: a number, or mean: the value at the "
+        "mean of the train values after clip and log1p (0 once standardized)")
     clip: tuple[float | None, float | None] | None = None
     log1p: bool = Field(False, description="signed log1p: tames heavy-tailed counts; "
                         "monotone, so it loses little for other numbers")
@@ -217,11 +219,13 @@ class LabelSpec(_Strict):
 # add to them (a key given there wins), and a feature's own keys win over both. A spec built
 # directly in Python (CategoricalFeature(name=...)) is neutral: min_count 1, no transforms.
 PACKAGE_FEATURE_DEFAULTS: dict[str, dict[str, Any]] = {
-    # rare ids get no row of their own to overfit: they share the OOV row
-    "categorical": {"min_count": 3},
-    # counts are heavy-tailed: signed log1p, then standardize; the quantile-bucket twin
-    # carries non-linear effects and what a missing value means
-    "numeric": {"fill": 0.0, "log1p": True, "standardize": True, "buckets": 16},
+    # every id seen in training gets its row: the exact LR of the warm start shrinks a rare
+    # id's weight by its evidence, as a tuned LR with a column per value does
+    "categorical": {"min_count": 1},
+    # counts are heavy-tailed: signed log1p, then standardize; a missing value enters at
+    # the mean (0), and the quantile-bucket twin carries non-linear effects and what a
+    # missing value means
+    "numeric": {"fill": "mean", "log1p": True, "standardize": True, "buckets": 16},
 }
 
 

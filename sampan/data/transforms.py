@@ -243,7 +243,6 @@ class NumericEncoder:
 
     def __init__(self, spec: NumericFeature):
         self.spec = spec
-        self._raw = (0, 0.0)  # count, mean of non-missing raw values (for fill: mean)
         self._shaped = (0, 0.0, 0.0)  # count, mean, M2 of non-missing shaped values
         self._n_missing = 0
         self.fill_: float | None = None
@@ -277,16 +276,22 @@ class NumericEncoder:
         self._n_missing += len(values) - len(x)
         if not len(x):
             return
-        n0, m0 = self._raw
-        self._raw = (n0 + len(x), m0 + (float(x.mean()) - m0) * len(x) / (n0 + len(x)))
         t = self._shape(x)
         tm = float(t.mean())
         self._shaped = self._merge(self._shaped, (len(t), tm, float(np.square(t - tm).sum())))
 
+    def _unshape(self, t: float) -> float:
+        """The raw value whose :meth:`_shape` is ``t`` (``t`` within the clip range)."""
+        return float(np.sign(t) * np.expm1(abs(t))) if self.spec.log1p else t
+
     def finalize(self) -> None:
-        n_raw, raw_mean = self._raw
-        self.fill_ = (raw_mean if n_raw else 0.0) if self.spec.fill == "mean" \
-            else float(self.spec.fill)
+        n_shaped, shaped_mean, _ = self._shaped
+        # fill "mean": the value the mean of the shaped (clipped, log1p'd) train values comes
+        # from, so a missing value enters at the average the model sees (0 once
+        # standardized) and the bucket twin's missing id carries what missing means; the raw
+        # mean of a heavy-tailed count would put it far up the tail
+        self.fill_ = (self._unshape(shaped_mean) if n_shaped else 0.0) \
+            if self.spec.fill == "mean" else float(self.spec.fill)
         # Missing values enter the statistics as the filled, shaped value.
         tf = float(self._shape(np.array([self.fill_]))[0])
         n, mean, m2 = self._merge(self._shaped, (self._n_missing, tf, 0.0))

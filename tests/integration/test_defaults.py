@@ -69,22 +69,22 @@ def test_readme_defaults_are_what_a_run_without_preset_saves(tmp_path):
     assert plan["chosen"]["batch_size"] == 64 and "sqrt" in plan["reasons"]["batch_size"]
     manifest = yaml.safe_load((run / "data" / "manifest.json").read_text())
     table = {f["feature"]: f for f in manifest["features"]}
-    assert table["a"]["kind"] == "categorical" and table["a"]["min_count"] == 3
+    assert table["a"]["kind"] == "categorical" and table["a"]["min_count"] == 1
     assert 0.0 <= table["a"]["oov_share"] <= 1.0
-    assert table["x"]["transform"] == "fill 0, log1p, standardize"
+    assert table["x"]["transform"] == "fill mean, log1p, standardize"
     assert table["x_bucket"]["transform"] == "16 quantile buckets"
 
 
 def test_user_defaults_add_to_the_package_defaults():
     base = {"data": {"train": "x.csv"}}
     cfg = load_config(raw={**base, "features": {
-        "categorical_defaults": {"max_size": 10}, "categorical": ["a", {"name": "b",
-                                                                         "min_count": 1}],
-        "numeric_defaults": {"fill": "mean"}, "numeric": ["x"]}})
+        "categorical_defaults": {"max_size": 10, "min_count": 2},
+        "categorical": ["a", {"name": "b", "min_count": 1}],
+        "numeric_defaults": {"fill": 0.0}, "numeric": ["x"]}})
     a, b = cfg.features.categorical[:2]
-    assert (a.min_count, a.max_size, b.min_count, b.max_size) == (3, 10, 1, 10)
+    assert (a.min_count, a.max_size, b.min_count, b.max_size) == (2, 10, 1, 10)
     x = cfg.features.numeric[0]
-    assert (x.fill, x.log1p, x.standardize, x.buckets) == ("mean", True, True, 16)
+    assert (x.fill, x.log1p, x.standardize, x.buckets) == (0.0, True, True, 16)
     # the preset adds to them too
     crit = load_config(None)
     assert crit.features.numeric[0].clip == (0.0, None) and crit.features.numeric[0].log1p

@@ -254,8 +254,8 @@ def _fit_num(spec: NumericFeature, chunks) -> NumericEncoder:
 
 
 def _ref_numeric(spec: NumericFeature, train: list, query: list) -> np.ndarray:
-    raw = np.array([np.nan if v is None else v for v in train], dtype=np.float64)
-    fill = np.nanmean(raw) if spec.fill == "mean" else float(spec.fill)
+    seen = np.array([v for v in train if v is not None], dtype=np.float64)
+    fill = 0.0 if spec.fill == "mean" else float(spec.fill)
 
     def shape(v):
         x = np.array([fill if u is None else u for u in v], dtype=np.float64)
@@ -266,6 +266,9 @@ def _ref_numeric(spec: NumericFeature, train: list, query: list) -> np.ndarray:
             x = np.sign(x) * np.log1p(np.abs(x))
         return x
 
+    if spec.fill == "mean":  # the raw value at the mean of the shaped seen values
+        t = shape(seen).mean()
+        fill = float(np.sign(t) * np.expm1(abs(t))) if spec.log1p else t
     q = shape(query)
     if spec.standardize:
         t = shape(train)
@@ -292,13 +295,25 @@ def test_numeric_matches_numpy_over_chunks(spec) -> None:
     train = [None if i % 9 == 0 else float(v) for i, v in enumerate(vals)]
     enc = _fit_num(spec, [train[:1], train[1:200], train[200:201], train[201:]])
     raw = np.array([v for v in train if v is not None])
-    if spec.fill == "mean":
+    if spec.fill == "mean" and spec.clip is None and not spec.log1p:
         assert enc.fill_ == pytest.approx(raw.mean(), rel=1e-12)
     assert enc.missing_rate_ == pytest.approx(sum(v is None for v in train) / len(train))
     query = [None, -100.0, -1.0, 0.0, 0.5, 3.0, 12.0, 1e4]
     got = enc.transform(pa.array(query, pa.float64()))
     assert got.dtype == np.float32 and got.shape == (len(query),)
     np.testing.assert_allclose(got, _ref_numeric(spec, train, query), rtol=2e-6, atol=2e-6)
+
+
+def test_fill_mean_is_the_average_the_model_sees() -> None:
+    """With log1p a missing count enters at the mean of the log1p'd counts (0 once
+    standardized), not at the raw mean, which a heavy tail puts far above most rows."""
+    counts = [1.0, 2.0, 3.0, 5.0, 8.0, 10_000.0, None]
+    enc = _fit_num(NumericFeature(name="x", fill="mean", log1p=True, standardize=True),
+                   [counts])
+    shaped = np.log1p(np.array(counts[:-1]))
+    assert enc.fill_ == pytest.approx(np.expm1(shaped.mean()))
+    assert enc.fill_ < 20 < np.mean(counts[:-1])
+    assert enc.transform(pa.array([None], pa.float64()))[0] == pytest.approx(0.0, abs=1e-6)
 
 
 def test_numeric_docstring_values() -> None:
@@ -353,7 +368,7 @@ def _features() -> FeaturesConfig:
     return FeaturesConfig(
         # the package's feature defaults switched off: this checks the encoding itself
         categorical_defaults={"min_count": 1},
-        numeric_defaults={"log1p": False, "standardize": False, "buckets": 0},
+        numeric_defaults={"fill": 0.0, "log1p": False, "standardize": False, "buckets": 0},
         label="label", group="user",
         categorical=["c", {"name": "d", "hash_buckets": 4, "min_count": 2}],
         numeric=["x", {"name": "y", "log1p": True, "standardize": True}],
