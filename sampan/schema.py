@@ -34,11 +34,14 @@ class DynamicSpec:
 @dataclass(frozen=True)
 class SparseFeatureSpec:
     """One categorical field after encoding: ids are in ``[0, cardinality)``; with
-    ``dynamic``, 64-bit keys mapped to the ``cardinality = capacity + 1`` rows."""
+    ``dynamic``, 64-bit keys mapped to the ``cardinality = capacity + 1`` rows. ``binned``:
+    its ids are bins of a number (``bucketize``, or a numeric column's bucket twin), which
+    the exact LR of the warm start regularises with an L2 strength of their own."""
 
     name: str
     cardinality: int
     dynamic: DynamicSpec | None = None
+    binned: bool = False
 
 
 @dataclass(frozen=True)
@@ -191,4 +194,5 @@ class DataSchema:
 def _sparse_spec(d: dict[str, Any]) -> SparseFeatureSpec:
     dyn = d.get("dynamic")
     return SparseFeatureSpec(d["name"], d["cardinality"],
-                             DynamicSpec(**dyn) if dyn is not None else None)
+                             DynamicSpec(**dyn) if dyn is not None else None,
+                             bool(d.get("binned", False)))

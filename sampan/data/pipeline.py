@@ -243,7 +243,8 @@ class FeaturePipeline:
     def schema(self) -> DataSchema:
         return DataSchema(
             dense=[e.spec.name for e in self.numeric],
-            sparse=[SparseFeatureSpec(e.spec.name, e.cardinality, dynamic_spec(e.spec))
+            sparse=[SparseFeatureSpec(e.spec.name, e.cardinality, dynamic_spec(e.spec),
+                                      binned=e.spec.bucketize != "none")
                     for e in self.categorical],
             labels=self.features.labels,
             has_group=self.features.group is not None,

@@ -161,7 +161,9 @@ def fit_first_order(trainer: Trainer) -> dict[str, Any] | None:
     lr = LR(target.schema, lr_model)
     if solver != "sgd" and blocker is None:
         out = fit_exact(trainer, lr)
-        how = f"exact L2 optimum, C {out['C']:g} chosen on validation, {out['passes']} passes"
+        how = f"exact L2 optimum, C {out['C']:g}" + (
+            f" (binned numbers' L2 x{out['binned_l2']:g})" if "binned_l2" in out else "") + \
+            f" chosen on validation, {out['passes']} passes"
     else:
         out = fit_sgd(trainer, lr, lr_model)
         how = f"SGD, best at step {out['best_step']:,} of {out['steps']:,}"

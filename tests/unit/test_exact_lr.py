@@ -14,10 +14,12 @@ from sampan.data.arrays import SplitArrays
 from sampan.models.lr import LR
 from sampan.schema import DataSchema, SequenceFeatureSpec, SparseFeatureSpec
 from sampan.train.exact_lr import (
+    BINNED_L2,
     C_PATH,
     C_START,
     _Objective,
     _solve,
+    binned_rows,
     design,
     fit_exact_lr,
     nonzeros,
@@ -131,3 +133,83 @@ def test_c_is_chosen_on_validation_and_written_into_the_table():
     # the table holds the chosen solution: its validation logits give the chosen AUC
     z = design(valid, lr.features, transpose=False).logits(*unpacked(lr))
     assert score(z)[0] == pytest.approx(out["valid"]["auc"], abs=1e-6)
+
+
+# an id column and a number that also enters as its 16 quantile bins (its bucket twin)
+TWIN = DataSchema(dense=["x"], sparse=[SparseFeatureSpec("a", 30),
+                                       SparseFeatureSpec("x_bucket", 18, binned=True)])
+
+
+def twin_rows(n: int, seed: int, effect: str) -> SplitArrays:
+    """``effect`` ``linear``: the number acts through its standardised value (what its
+    numeric weight carries; the bins only add noise); ``steps``: through the sign of
+    sin(3x), which only its bins can follow."""
+    rng, world = np.random.default_rng(seed), np.random.default_rng(11)
+    wa = world.normal(0, 0.8, 30)
+    a, x = rng.integers(0, 30, n), rng.normal(size=n)
+    cuts = np.quantile(np.random.default_rng(12).normal(size=100_000), np.arange(1, 16) / 16)
+    xb = 2 + np.searchsorted(cuts, x)  # ids 2..17 (0 padding, 1 missing)
+    z = wa[a] - 1.0 + (0.8 * x if effect == "linear" else 1.2 * np.sign(np.sin(3 * x)))
+    y = (rng.random(n) < 1 / (1 + np.exp(-z))).astype(np.float32)[:, None]
+    return SplitArrays(dense=x[:, None].astype(np.float32), sparse=np.stack([a, xb], 1),
+                       labels=y)
+
+
+def auc_score(valid: SplitArrays):
+    from sampan.metrics import auc
+
+    def score(z: torch.Tensor) -> tuple[float, dict[str, float]]:
+        value = auc(z[:, 0], torch.from_numpy(valid.labels[:, 0]))
+        return value, {"auc": value}
+    return score
+
+
+def test_binned_rows_are_the_binned_fields_table_rows():
+    fe = LR(TWIN, LR.Config()).features
+    rows = binned_rows(fe)
+    lo = int(fe.embedding.offsets[1])
+    assert lo == 30 and rows.sum() == 18 and rows[lo:].all() and not rows[:lo].any()
+    assert not binned_rows(LR(SCHEMA, LR.Config()).features).any()
+
+
+def test_the_binned_rows_own_l2_is_scikit_learns_on_scaled_columns():
+    """An L2 ``m`` times stronger on some columns is the plain L2 on those columns scaled
+    by ``1 / sqrt(m)`` (their coefficients then scaled back): scikit-learn's optimum."""
+    data, c, m = twin_rows(3000, 1, "linear"), 0.5, 25.0
+    fe = LR(TWIN, LR.Config()).features
+    d = design(data, fe, transpose=True)
+    obj = _Objective(d, fe.embedding.num_rows, 1, binned_rows(fe))
+    obj.lam, obj.binned_l2 = 1.0 / (c * len(data)), m
+    theta, _ = _solve(obj, torch.zeros(obj.rows + 2), 500)
+    x, _ = d.blocks[0]
+    ids = sp.csr_matrix((x.values().numpy(), x.col_indices().numpy(),
+                         x.crow_indices().numpy()), shape=tuple(x.shape))
+    scale = np.where(binned_rows(fe).numpy(), 1 / np.sqrt(m), 1.0)
+    xs = sp.hstack([ids @ sp.diags(scale), sp.csr_matrix(data.dense)]).tocsr()
+    ref = LogisticRegression(C=c, tol=1e-10, max_iter=10_000).fit(xs, data.labels[:, 0])
+    theirs = ref.coef_[0] * np.concatenate([scale, [1.0]])
+    assert np.abs(theta[: obj.rows + 1].numpy() - theirs).max() < 0.01
+    assert theta[-1].item() == pytest.approx(ref.intercept_[0], abs=0.01)
+    # the gradient of the penalty follows its value
+    eps, i = 1e-2, int(fe.embedding.offsets[1]) + 4
+    e = torch.zeros_like(theta)
+    e[i] = eps
+    numeric = (obj(theta + e)[0] - obj(theta - e)[0]) / (2 * eps)
+    assert obj(theta)[1][i].item() == pytest.approx(numeric, abs=2e-4)
+
+
+@pytest.mark.parametrize("effect", ["linear", "steps"])
+def test_the_binned_rows_l2_is_chosen_on_validation(effect):
+    train, valid = twin_rows(4000, 2, effect), twin_rows(20_000, 3, effect)
+    fe = LR(TWIN, LR.Config()).features
+    out = fit_exact_lr(fe, train, valid, auc_score(valid))
+    tried = {p["binned_l2"] for p in out["path"]}
+    assert tried <= set(BINNED_L2) and len(tried) > 1
+    assert out["valid"]["auc"] == max(p["auc"] for p in out["path"])
+    if effect == "linear":  # the number's weight carries it: the bins give way
+        assert out["binned_l2"] > 1
+    else:  # only the bins can follow it: they keep the common L2
+        assert out["binned_l2"] == 1
+    # an LR without binned fields reports no such multiplier
+    assert "binned_l2" not in fit_exact_lr(LR(SCHEMA, LR.Config()).features, rows(2000, 4),
+                                           rows(1000, 5), auc_score(rows(1000, 5)))
