@@ -73,6 +73,9 @@ def test_readme_defaults_are_what_a_run_without_preset_saves(tmp_path):
     assert 0.0 <= table["a"]["oov_share"] <= 1.0
     assert table["x"]["transform"] == "fill mean, log1p, standardize"
     assert table["x_bucket"]["transform"] == "16 quantile buckets"
+    # the twin is marked binned in the saved schema (its own L2 in the warm start's LR)
+    assert {f["name"]: f["binned"] for f in manifest["schema"]["sparse"]} == \
+        {"a": False, "b": False, "x_bucket": True}
 
 
 def test_user_defaults_add_to_the_package_defaults():
