@@ -323,7 +323,7 @@ def test_quantile_state_round_trip_through_pipeline(tmp_path) -> None:
     np.testing.assert_array_equal(back.categorical[1].boundaries_,
                                   np.quantile(x, [.2, .4, .6, .8]))
     np.testing.assert_array_equal(back.transform(t)["sparse"], pipe.transform(t)["sparse"])
-    assert back.schema().sparse[1] == SparseFeatureSpec("x_q", 2 + 1 + 5)
+    assert back.schema().sparse[1] == SparseFeatureSpec("x_q", 2 + 1 + 5, binned=True)
 
 
 def test_reservoir_keeps_a_fixed_size_sample() -> None:
