@@ -155,11 +155,17 @@ class _Objective:
         self.binned = binned if binned is not None and bool(binned.any()) else None
         self.binned_l2 = 1.0
 
-    def _row_l2(self) -> torch.Tensor | float:
-        """Each row's L2 multiplier, ``[R, 1]`` (or 1.0 for all)."""
-        if self.binned is None or self.binned_l2 == 1.0:
-            return 1.0
-        return torch.where(self.binned, self.binned_l2, 1.0).unsqueeze(1)
+    @property
+    def binned_l2(self) -> float:
+        return self._binned_l2
+
+    @binned_l2.setter
+    def binned_l2(self, m: float) -> None:
+        """Set the binned rows' multiplier; each row's, ``[R, 1]`` (or 1.0 for all), is
+        built here once, not on every pass."""
+        self._binned_l2 = m
+        self.row_l2: torch.Tensor | float = 1.0 if self.binned is None or m == 1.0 else \
+            torch.where(self.binned, m, 1.0).unsqueeze(1)
 
     def unpack(self, theta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         t, r, nd = self.tasks, self.rows, self.d.dense.shape[1]
@@ -182,7 +188,7 @@ class _Objective:
         gwd.copy_(d.dense.t() @ r)
         gb.copy_(r.sum(0))
         if self.lam:
-            p = self._row_l2()
+            p = self.row_l2
             value += 0.5 * self.lam * float((w.double().square() * p).sum()
                                             + wd.double().square().sum())
             gw.add_(w * p, alpha=self.lam)

@@ -208,8 +208,9 @@ def test_the_binned_rows_l2_is_chosen_on_validation(effect):
     assert out["valid"]["auc"] == max(p["auc"] for p in out["path"])
     if effect == "linear":  # the number's weight carries it: the bins give way
         assert out["binned_l2"] > 1
+        # an LR without binned fields reports no such multiplier
+        assert "binned_l2" not in fit_exact_lr(LR(SCHEMA, LR.Config()).features,
+                                               rows(2000, 4), rows(1000, 5),
+                                               auc_score(rows(1000, 5)))
     else:  # only the bins can follow it: they keep the common L2
         assert out["binned_l2"] == 1
-    # an LR without binned fields reports no such multiplier
-    assert "binned_l2" not in fit_exact_lr(LR(SCHEMA, LR.Config()).features, rows(2000, 4),
-                                           rows(1000, 5), auc_score(rows(1000, 5)))
