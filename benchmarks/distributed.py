@@ -26,6 +26,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 
 def run(procs: int, args: argparse.Namespace, work: Path) -> dict:
@@ -45,8 +46,20 @@ def run(procs: int, args: argparse.Namespace, work: Path) -> dict:
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     speeds = [r["samples_per_s"] for r in rows if r["split"] == "train"][1:]
     result = json.loads((run_dir / "results.json").read_text())
-    return {"procs": procs, "samples_per_s": statistics.median(speeds),
-            "valid_auc": result["valid"]["auc"], "test_auc": result["test"]["auc"]}
+    out = {"procs": procs, "samples_per_s": statistics.median(speeds),
+           "valid_auc": result["valid"]["auc"], "test_auc": result["test"]["auc"]}
+    if args.bootstrap:  # the test AUC's 95 % interval, to compare process counts by
+        from sampan.train.experiment import RunArtifacts
+
+        m = RunArtifacts(run_dir).evaluate("test", bootstrap=args.bootstrap)
+        out["test_auc_ci95"] = list(m["auc_ci95"])
+    return out
+
+
+def gpu_name() -> str | None:
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
 
 
 def main() -> None:
@@ -57,6 +70,8 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="passed to every `sampan train`, e.g. model.batch_norm=true")
+    ap.add_argument("--bootstrap", type=int, default=0,
+                    help="also the test AUC's 95 %% bootstrap interval, over this many resamples")
     ap.add_argument("--json", default=str(ROOT / "benchmarks/results/distributed.json"))
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="sampan-dist-"))
@@ -67,10 +82,12 @@ def main() -> None:
         results.append(r)
         print(f"{p} process(es): {r['samples_per_s']:10,.0f} samples/s  "
               f"(x{r['ratio_to_1']:.2f})  valid AUC {r['valid_auc']:.4f}  "
-              f"test AUC {r['test_auc']:.4f}", flush=True)
+              f"test AUC {r['test_auc']:.4f}"
+              + (" [{:.4f}, {:.4f}]".format(*r["test_auc_ci95"]) if "test_auc_ci95" in r
+                 else ""), flush=True)
     Path(args.json).write_text(json.dumps({
         "args": vars(args), "machine": {"cpu": platform.processor() or platform.machine(),
-                                        "cores": os.cpu_count()},
+                                        "cores": os.cpu_count(), "gpu": gpu_name()},
         "results": results}, indent=1))
 
 

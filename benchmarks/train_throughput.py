@@ -36,6 +36,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -82,7 +83,8 @@ def cardinalities(vocab: list[int]) -> list[int]:
 
 
 # ----------------------------------------------------------------------- contenders
-def run_sampan(args: argparse.Namespace, data: dict) -> dict:
+def sampan_trainer(args: argparse.Namespace, data: dict, run: str) -> Any:
+    """Sampan's Trainer for ``args.model`` on ``data``, writing into ``run``."""
     import torch
 
     from sampan.config import load_config
@@ -110,20 +112,28 @@ def run_sampan(args: argparse.Namespace, data: dict) -> dict:
         "train": {"batch_size": args.batch, "lr": 1e-3, "max_steps": args.warmup + args.steps,
                   "epochs": 1000, "log_every_steps": args.log_every, "tensorboard": False,
                   "device": args.device, "schedule": "constant",
+                  "amp": "bf16" if args.precision == "bf16" else "none",
                   "compile": args.compile == "all", "kernels": args.kernels,
                   "early_stopping": {"enabled": False}},
     })
     torch.manual_seed(0)
     model = build_model(get_model_class(args.model).Config(**model_opts), schema)
     split = SplitArrays(dense=data["dense"], sparse=data["sparse"], labels=data["labels"],
-                        sequences={"hist": data["hist"]} if "hist" in data else None)
+                        sequences={"hist": data["hist"]} if args.model == "din" else None)
+    return Trainer(model, cfg, run, split, None)
+
+
+def run_sampan(args: argparse.Namespace, data: dict) -> dict:
     with tempfile.TemporaryDirectory() as run:
-        trainer = Trainer(model, cfg, run, split, None)
-        trainer.fit()
+        sampan_trainer(args, data, run).fit()
         recs = [json.loads(x) for x in Path(run, "metrics.jsonl").read_text().splitlines()]
-    speeds = [r["samples_per_s"] for r in recs if r["split"] == "train" and r["step"] > args.warmup]
+    recs = [r for r in recs if r["split"] == "train" and r["step"] > args.warmup]
+    speeds = [r["samples_per_s"] for r in recs]
     # every interval has the same number of samples: the overall rate is the harmonic mean
-    return {"samples_per_s": statistics.harmonic_mean(speeds), "intervals": len(speeds)}
+    rate = statistics.harmonic_mean(speeds)
+    measured = len(speeds) * args.log_every * args.batch / rate  # seconds of those intervals
+    t1 = recs[-1]["time"]  # the log record's wall clock (time.time)
+    return {"samples_per_s": rate, "intervals": len(speeds), "window": [t1 - measured, t1]}
 
 
 def run_plain(args: argparse.Namespace, data: dict) -> dict:
@@ -200,26 +210,28 @@ def run_plain(args: argparse.Namespace, data: dict) -> dict:
     n = len(data["labels"])
     perm = np.random.default_rng(0).permutation(n)
     steps = args.warmup + args.steps
-    t0 = 0.0
+    t0 = w0 = 0.0
     for step in range(steps):
         if step == args.warmup:
             if dev.type == "cuda":
                 torch.cuda.synchronize()
-            t0 = time.perf_counter()
+            t0, w0 = time.perf_counter(), time.time()
         lo = (step * args.batch) % max(n - args.batch, 1)
         idx = np.sort(perm[lo:lo + args.batch])
         dense = torch.from_numpy(data["dense"][idx]).to(dev)
         sparse = torch.from_numpy(data["sparse"][idx]).to(dev)
         y = torch.from_numpy(data["labels"][idx]).to(dev)
-        hist = torch.from_numpy(data["hist"][idx]).to(dev) if "hist" in data else None
-        loss = F.binary_cross_entropy_with_logits(model(dense, sparse, hist), y)
+        hist = torch.from_numpy(data["hist"][idx]).to(dev) if args.model == "din" else None
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=args.precision == "bf16"):
+            loss = F.binary_cross_entropy_with_logits(model(dense, sparse, hist), y)
         sparse_opt.zero_grad()
         dense_opt.zero_grad()
         loss.backward()
         sparse_opt.step()
         dense_opt.step()
-    loss.item()
-    return {"samples_per_s": args.steps * args.batch / (time.perf_counter() - t0)}
+    loss.item()  # waits for the device
+    return {"samples_per_s": args.steps * args.batch / (time.perf_counter() - t0),
+            "window": [w0, time.time()]}
 
 
 def run_deepctr(args: argparse.Namespace, data: dict) -> dict:
@@ -272,9 +284,149 @@ def worker(args: argparse.Namespace) -> None:
     result = CONTENDERS[args.worker](args, data)
     if args.worker == "sampan":
         result["compile"] = args.compile == "all"
+    result.pop("window", None)
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     result["rss_before_training_mb"] = before / 1024
     print("RESULT " + json.dumps(result), flush=True)
+
+
+# ------------------------------------------------------------------ on a GPU, in-process
+PRECISIONS = ("fp32", "tf32", "bf16")
+
+
+def set_precision(precision: str) -> None:
+    """``fp32``: full-precision matrix products; ``tf32``: TF32 tensor cores for fp32
+    matrix products; ``bf16``: bf16 autocast (and TF32 for what stays fp32)."""
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = precision != "fp32"
+    torch.backends.cudnn.allow_tf32 = precision != "fp32"
+
+
+class GpuLoad:
+    """GPU utilisation (NVML's: the share of time a kernel was running) sampled every 20 ms
+    in a thread while the context is open; :meth:`mean` averages the samples of a window
+    (wall-clock ``time.time()`` seconds)."""
+
+    def __init__(self) -> None:
+        self.samples: list[tuple[float, int]] = []
+        self.handle = None
+        try:
+            import pynvml  # nvidia-ml-py
+
+            pynvml.nvmlInit()
+            self.handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+            self.nvml = pynvml
+        except Exception:  # no NVML here (a CPU machine): no figure
+            self.handle = None
+
+    def __enter__(self) -> GpuLoad:
+        import threading
+
+        self.stop = threading.Event()
+        if self.handle is not None:
+            self.thread = threading.Thread(target=self._run, daemon=True)
+            self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self.stop.wait(0.02):
+            u = self.nvml.nvmlDeviceGetUtilizationRates(self.handle).gpu
+            self.samples.append((time.time(), u))
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        if self.handle is not None:
+            self.thread.join()
+
+    def mean(self, lo: float, hi: float) -> float | None:
+        xs = [u for t, u in self.samples if lo <= t <= hi]
+        return statistics.fmean(xs) if xs else None
+
+
+def run_in_process(args: argparse.Namespace, models: list[str], contenders: list[str],
+                   save: Any = None) -> list[dict]:
+    """Every model x batch x precision x contender in this process, on one data set (a
+    GPU's start is paid once; peak host RSS is then not each contender's own, so it is not
+    reported: peak GPU memory is). ``save(rows)`` is called after each combination."""
+    import copy
+    import traceback
+
+    import torch
+
+    cuda = args.device.startswith("cuda")
+    data = make_data(args.data_rows, args.vocab, din="din" in models)
+    rows = []
+    for batch in args.batches:
+        for m in models:
+            for prec in args.precisions:
+                for c in contenders:
+                    a = copy.copy(args)
+                    a.batch, a.model, a.precision, a.worker = batch, m, prec, c
+                    a.steps = max(args.steps_for[m], 2 * args.log_every)
+                    set_precision(prec)
+                    if cuda:
+                        torch.cuda.empty_cache()
+                        torch.cuda.reset_peak_memory_stats()
+                    try:
+                        with GpuLoad() as load:
+                            r = CONTENDERS[c](a, data)
+                    except Exception:  # one failing combination (say, out of memory) is
+                        traceback.print_exc()  # reported; the others still run
+                        print(f"{m} batch {batch} {prec} {c}: failed", flush=True)
+                        continue
+                    r["gpu_util"] = load.mean(*r.pop("window"))
+                    if cuda:
+                        r["peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20
+                    rows.append({"model": m, "batch": batch, "precision": prec,
+                                 "contender": c, **r})
+                    if save is not None:
+                        save(rows)
+                    util = f"{r['gpu_util']:.0f}%" if r["gpu_util"] is not None else "-"
+                    print(f"{m:7} batch {batch:6} {prec:5} {c:7} {r['samples_per_s']:>12,.0f} "
+                          f"samples/s  GPU busy {util}", flush=True)
+    return rows
+
+
+def device_summary(rows: list[dict]) -> dict:
+    """``{"deepfm/16384/bf16": {"sampan": {...}, "plain": {...}, "sampan_vs_plain": x}}``."""
+    out: dict = {}
+    for r in rows:
+        key = f"{r['model']}/{r['batch']}/{r['precision']}"
+        out.setdefault(key, {})[r["contender"]] = {
+            k: v for k, v in r.items() if k not in ("model", "batch", "precision", "contender")}
+    for row in out.values():
+        if "sampan" in row and "plain" in row:
+            row["sampan_vs_plain"] = row["sampan"]["samples_per_s"] / \
+                row["plain"]["samples_per_s"]
+    return out
+
+
+def device_markdown(report: dict) -> str:
+    mc, a = report["machine"], report["args"]
+    lines = [f"{mc.get('date', '')}, {mc.get('cuda')} (driver {mc.get('cuda_driver', '?')}, "
+             f"CUDA {mc.get('cuda_runtime', '?')}), torch {mc['torch']}: dim {a['dim']}, MLP "
+             f"400-400-400, {a['steps']} measured steps after {a['warmup']} (DIN: a third); "
+             "GPU busy is NVML's utilisation over the measured steps.", "",
+             "| model | batch | precision | Sampan samples/s | plain PyTorch | Sampan / plain "
+             "| GPU busy (Sampan / plain) | peak GPU memory (Sampan) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for key, r in report["results"].items():
+        m, b, p = key.split("/")
+
+        def sps(c: str, row: dict = r) -> str:
+            return f"{row[c]['samples_per_s']:,.0f}" if c in row else "-"
+
+        def util(c: str, row: dict = r) -> str:
+            u = row.get(c, {}).get("gpu_util")
+            return f"{u:.0f}%" if u is not None else "-"
+
+        ratio = f"{r['sampan_vs_plain']:.2f}x" if "sampan_vs_plain" in r else "-"
+        mem = r.get("sampan", {}).get("peak_gpu_mb")
+        lines.append(f"| {m} | {int(b):,} | {p} | {sps('sampan')} | {sps('plain')} | {ratio} "
+                     f"| {util('sampan')} / {util('plain')} | "
+                     + (f"{mem:,.0f} MB |" if mem is not None else "- |"))
+    return "\n".join(lines)
 
 
 # ------------------------------------------------------------------------- driver
@@ -291,7 +443,8 @@ def spawn(args: argparse.Namespace, contender: str, model: str) -> dict | None:
            "--batch", str(args.batch), "--steps", str(args.steps_for[model]),
            "--warmup", str(args.warmup), "--dim", str(args.dim), "--device", args.device,
            "--data-rows", str(args.data_rows), "--log-every", str(args.log_every),
-           "--vocab", ",".join(map(str, args.vocab)), "--kernels", args.kernels]
+           "--vocab", ",".join(map(str, args.vocab)), "--kernels", args.kernels,
+           "--precision", args.precisions[0]]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
     if args.compile in ("all", model) or model in args.compile.split(","):
@@ -310,6 +463,14 @@ def main() -> None:
     ap.add_argument("--contenders", default="sampan,plain,deepctr")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batch", type=int, default=4096)
+    ap.add_argument("--batches", default=None,
+                    help="several batch sizes, a comma list (with --in-process)")
+    ap.add_argument("--precisions", default="fp32",
+                    help="comma list of fp32, tf32 (TF32 matrix products on a GPU) and bf16 "
+                         "(bf16 autocast); with several, --in-process")
+    ap.add_argument("--in-process", action="store_true",
+                    help="run every combination in this process (on a GPU: its start and "
+                         "the data are paid once; the default there)")
     ap.add_argument("--steps", type=int, default=30, help="measured steps (DIN: a third)")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--log-every", type=int, default=5)
@@ -336,6 +497,7 @@ def main() -> None:
     # internal
     ap.add_argument("--worker", default=None)
     ap.add_argument("--model", default=None)
+    ap.add_argument("--precision", default="fp32", choices=PRECISIONS)
     ap.add_argument("--vocab", default=None)
     args = ap.parse_args()
 
@@ -365,7 +527,28 @@ def main() -> None:
     if "deepctr" in args.contenders and "deepctr" not in contenders:
         print("deepctr_torch is not importable: skipping it (pip install -e '.[bench]')")
     args.steps_for = {m: max(args.steps // 3, 6) if m == "din" else args.steps for m in models}
-    args.data_rows = args.data_rows or (args.warmup + args.steps + 1) * args.batch
+    args.batches = [int(b) for b in args.batches.split(",")] if args.batches else [args.batch]
+    args.precisions = args.precisions.split(",")
+    if bad := [p for p in args.precisions if p not in PRECISIONS]:
+        ap.error(f"--precisions: {bad} not among {list(PRECISIONS)}")
+    args.data_rows = args.data_rows or (args.warmup + args.steps + 1) * max(args.batches)
+    if args.in_process or args.device.startswith("cuda") or len(args.batches) > 1 \
+            or len(args.precisions) > 1:
+        contenders = [c for c in contenders if c != "deepctr"]
+        report = {"benchmark": "train_throughput", "in_process": True,
+                  "args": {k: v for k, v in vars(args).items()
+                           if k not in ("worker", "model", "precision", "vocab")},
+                  "machine": machine(), "results": {}}
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+
+        def save(rows: list[dict]) -> None:  # after each combination: a cut run keeps them
+            report["results"] = device_summary(rows)
+            Path(args.out).write_text(json.dumps(report, indent=1))
+
+        run_in_process(args, models, contenders, save)
+        print(device_markdown(report))
+        print(f"wrote {args.out}")
+        return
 
     results: dict[str, dict[str, list[dict]]] = {m: {c: [] for c in contenders} for m in models}
     for rnd in range(args.rounds):
@@ -441,9 +624,18 @@ def machine() -> dict:
     from benchmarks.accuracy import machine as cpu_machine
 
     m = cpu_machine()
-    return {**m, "date": time.strftime("%Y-%m-%d"),
-            "cpu_class": cpu_class(m),
-            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+    out = {**m, "date": time.strftime("%Y-%m-%d"), "cpu_class": cpu_class(m),
+           "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+    if out["cuda"]:
+        out["cuda_runtime"] = torch.version.cuda
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            out["cuda_driver"] = pynvml.nvmlSystemGetDriverVersion()
+        except Exception:
+            out["cuda_driver"] = None
+    return out
 
 
 # Bytes one embedding row moves per sample and training step, each row assumed distinct

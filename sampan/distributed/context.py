@@ -48,10 +48,18 @@ def init_from_env(device_type: str = "cpu") -> DistContext:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if "TORCHELASTIC_RUN_ID" in os.environ:
         _die_with_launcher()
+    backend = "gloo"
     if device_type == "cuda":
-        torch.cuda.set_device(local_rank)  # one GPU per process on each machine
+        gpus = torch.cuda.device_count()
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        # one GPU per process; more processes than GPUs share them in turn, over gloo (NCCL
+        # refuses two ranks on one GPU)
+        torch.cuda.set_device(local_rank % max(gpus, 1))
+        backend = "nccl" if local_world <= gpus else "gloo"
+        if backend == "gloo" and local_rank == 0:
+            print(f"{local_world} processes on {gpus} GPU(s): they share GPUs, so the "
+                  "collectives go over gloo (NCCL needs one GPU per process)", flush=True)
     if not dist.is_initialized():
-        backend = "nccl" if device_type == "cuda" else "gloo"
         dist.init_process_group(backend=backend)
     _CTX = DistContext(rank=dist.get_rank(), world=dist.get_world_size(),
                        local_rank=local_rank)

@@ -242,9 +242,10 @@ class Trainer:
                 st.step += 1
                 st.batch += 1
                 if st.step % self.tc.log_every_steps == 0 or st.batch == n_batches:
-                    speed = seen * self.strategy.world / max(time.perf_counter() - t0, 1e-9)
                     self.strategy.sum_(loss_sum)  # the global-batch loss
                     mean_loss = (loss_sum / loss_n).item()  # the only host sync, every N
+                    # timed after the sync: on a GPU the window's steps have then finished
+                    speed = seen * self.strategy.world / max(time.perf_counter() - t0, 1e-9)
                     guard.check_loss(self, mean_loss, loss_n)
                     self.last_train_loss = mean_loss
                     if self.metrics is not None:

@@ -61,3 +61,27 @@ def test_dynamic_key_index_on_cuda_matches_cpu():
                     strict=True):
         assert torch.equal(torch.sort(a).values, torch.sort(b).values)
     assert torch.equal(out["cpu"][2] > 0, out["cuda"][2] > 0)
+
+
+def test_cuda_trained_model_exports_with_parity(tmp_path):
+    """A model trained on the GPU exports to ONNX (run on the CPU by ONNX Runtime) and scores
+    as it does on the GPU."""
+    import json
+
+    from sampan.export import export_run
+    from sampan.train.experiment import RunArtifacts
+
+    cfg = load_config(raw=tiny_config(tmp_path, rows=2000, device="cuda", epochs=1))
+    results = run_experiment(cfg, run_dir=tmp_path / "run")
+    bundle = export_run(tmp_path / "run", tmp_path / "bundle")
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert manifest["parity"]["max_abs_diff"] <= 1e-5  # ONNX Runtime vs the weights on CPU
+    art = RunArtifacts(tmp_path / "run")  # on the run's device: CUDA
+    assert next(art.model.parameters()).is_cuda
+    test = art.labelled("test")
+    on_gpu = art.evaluator.predict_logits(test).float().cpu()
+    art.model.cpu()  # the same weights, scored on the CPU
+    art.evaluator.device = torch.device("cpu")
+    torch.testing.assert_close(art.evaluator.predict_logits(test).float().cpu(), on_gpu,
+                               rtol=1e-4, atol=1e-4)
+    assert art.evaluate("test")["auc"] == pytest.approx(results["test"]["auc"], abs=1e-3)
