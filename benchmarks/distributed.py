@@ -40,9 +40,20 @@ def run(procs: int, args: argparse.Namespace, work: Path) -> dict:
     for kv in args.set:
         cmd += ["--set", kv]
     env = {**os.environ}
-    if procs > 1 and args.device == "cpu":
+    if procs > 1:  # the cores shared out (torchrun would give each process one)
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // procs))
-    subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, env=env)
+    log = work / f"p{procs}.log"
+    with open(log, "w") as f:
+        try:
+            r = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env,
+                               timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            r = None
+    if r is None or r.returncode:
+        tail = "".join(log.read_text().splitlines(keepends=True)[-40:])
+        why = f"timed out after {args.timeout} s" if r is None else f"exit {r.returncode}"
+        raise RuntimeError(f"{procs} process(es): `sampan train` {why}; its output ends:\n"
+                           f"{tail}")
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     speeds = [r["samples_per_s"] for r in rows if r["split"] == "train"][1:]
     result = json.loads((run_dir / "results.json").read_text())
@@ -70,14 +81,20 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="passed to every `sampan train`, e.g. model.batch_norm=true")
+    ap.add_argument("--timeout", type=int, default=None, help="seconds each run may take")
     ap.add_argument("--bootstrap", type=int, default=0,
                     help="also the test AUC's 95 %% bootstrap interval, over this many resamples")
     ap.add_argument("--json", default=str(ROOT / "benchmarks/results/distributed.json"))
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="sampan-dist-"))
-    results = []
+    results, failed = [], []
     for p in args.procs:
-        r = run(p, args, work)
+        try:
+            r = run(p, args, work)
+        except RuntimeError as e:  # the others are still measured and written
+            print(e, flush=True)
+            failed.append(p)
+            continue
         r["ratio_to_1"] = r["samples_per_s"] / results[0]["samples_per_s"] if results else 1.0
         results.append(r)
         print(f"{p} process(es): {r['samples_per_s']:10,.0f} samples/s  "
@@ -88,7 +105,9 @@ def main() -> None:
     Path(args.json).write_text(json.dumps({
         "args": vars(args), "machine": {"cpu": platform.processor() or platform.machine(),
                                         "cores": os.cpu_count(), "gpu": gpu_name()},
-        "results": results}, indent=1))
+        "results": results, "failed": failed}, indent=1))
+    if failed:
+        sys.exit(f"failed: {failed} process(es)")
 
 
 if __name__ == "__main__":

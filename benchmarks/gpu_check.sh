@@ -16,6 +16,7 @@
 #  5. data parallel: 1 and 2 processes (on one GPU they share it, over gloo), test AUC with
 #     its bootstrap interval;
 #  6. the dynamic table's key -> row map on the GPU (throughput, evictions, memory).
+# ONLY=step,step runs only those steps (names as in the log: gpu_tests, train_throughput, ...).
 # Every step writes JSON into $OUT; `python benchmarks/gpu_report.py DIR --readme README.md`
 # turns a run's JSON into the README's GPU block.
 set -uo pipefail
@@ -48,7 +49,7 @@ if [ "$DRY" = 1 ]; then
   DYN="--quick" DIST_ROWS=100000
 else
   export PYTHONPATH="$WORK/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
-  DEVICE=cuda BATCHES=16384,65536 PRECISIONS=tf32,bf16 STEPS=20 BIG=65536 ROWS=4000000
+  DEVICE=cuda BATCHES=16384,65536 PRECISIONS=tf32,bf16 STEPS=40 BIG=65536 ROWS=4000000
   DYN="--stream 10000000" DIST_ROWS=200000
 fi
 export PYTHONUNBUFFERED=1
@@ -58,6 +59,7 @@ LOG="$OUT/gpu_check.log"  # every step's output, in one file (the device returns
 step() {  # step NAME SECONDS COMMAND...: run it under its time limit, log it, note a failure
   local name=$1 limit=$2
   shift 2
+  if [ -n "${ONLY:-}" ] && [[ ",$ONLY," != *",$name,"* ]]; then return; fi
   local t0=$SECONDS
   echo "== $name (limit ${limit}s)" | tee -a "$LOG"
   timeout "$limit" "$@" 2>&1 | tee -a "$LOG" | tail -n 14
@@ -92,7 +94,7 @@ step gpu_tests 120 "$PY" -m pytest -o addopts="" -m gpu -q -p no:cacheprovider -
     tests/integration/test_gpu.py
 step train_throughput 210 "$PY" benchmarks/train_throughput.py --device "$DEVICE" \
     --batches "$BATCHES" --precisions "$PRECISIONS" --models deepfm,dcn_v2,din \
-    --contenders sampan,plain --steps "$STEPS" --warmup 5 --compile none \
+    --contenders sampan,sampan_host,plain --steps "$STEPS" --warmup 5 --compile none \
     --out "$OUT/train_throughput_gpu.json"
 step step_profile 60 "$PY" benchmarks/step_profile.py --device "$DEVICE" --model deepfm \
     --batch "$BIG" --precision "${PRECISIONS%%,*}" --json "$OUT/step_profile.json"
@@ -100,8 +102,8 @@ step embedding_bandwidth 40 "$PY" benchmarks/embedding_bandwidth.py --device "$D
     --batch "$BIG" --rows "$ROWS" --json "$OUT/embedding_bandwidth.json"
 step loader 60 "$PY" benchmarks/loader.py --device "$DEVICE" --batch "$BIG" --rows "$ROWS" \
     --out "$OUT/loader_gpu.json"
-step distributed 120 "$PY" benchmarks/distributed.py --device "$DEVICE" --procs 1 2 \
-    --rows "$DIST_ROWS" --bootstrap 200 --set train.log_every_steps=5 \
+step distributed 200 "$PY" benchmarks/distributed.py --device "$DEVICE" --procs 1 2 \
+    --rows "$DIST_ROWS" --bootstrap 200 --set train.log_every_steps=5 --timeout 100 \
     --json "$OUT/distributed_gpu.json"
 step dynamic_embedding 60 "$PY" benchmarks/dynamic_embedding.py --device "$DEVICE" $DYN \
     --out "$OUT/dynamic_embedding.json"

@@ -32,6 +32,7 @@ SYNC_OPS = ("aten::_local_scalar_dense", "cudaStreamSynchronize", "cudaDeviceSyn
 
 def main() -> None:
     import torch
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     from benchmarks.train_throughput import PRECISIONS, VOCAB, make_data, sampan_trainer, \
@@ -83,7 +84,6 @@ def main() -> None:
                 step()
             sync()
     ka = prof.key_averages()
-    dev_key = "self_device_time_total" if cuda else "self_cpu_time_total"
     print(f"{args.model} batch {args.batch} {args.precision} on {args.device}: "
           f"{wall * 1e3:.2f} ms a step, {args.batch / wall:,.0f} samples/s (no profiler)")
     if cuda:
@@ -91,8 +91,9 @@ def main() -> None:
                        max_name_column_width=60))
     print(ka.table(sort_by="self_cpu_time_total", row_limit=args.rows, max_name_column_width=60))
     syncs = {e.key: e.count / args.steps for e in ka if e.key in SYNC_OPS}
-    # a kernel's time is its own (self) device time; host operators have none of their own
-    kernel_us = sum(getattr(e, dev_key, 0) or 0 for e in ka) if cuda else 0.0
+    # the kernels' (and copies') own time on the device, each event once
+    kernel_us = sum(e.time_range.elapsed_us() for e in prof.events()
+                    if e.device_type == DeviceType.CUDA) if cuda else 0.0
     launches = sum(e.count for e in ka if e.key in ("cudaLaunchKernel", "cuLaunchKernel",
                                                     "cudaLaunchKernelExC")) / args.steps
     out = {"model": args.model, "batch": args.batch, "precision": args.precision,

@@ -117,6 +117,10 @@ class TrainConfig(_Strict):
                                  "large (weights) are row-sharded")
     sync_batch_norm: bool = Field(True, description="distributed runs: batch norm "
                                   "statistics over the global batch (False: per process)")
+    data_on_device: bool | Auto = Field(
+        "auto", description="on a GPU: copy the training split to the device once and gather "
+        "each batch there (no host gather or copy per step); auto: when the split takes under "
+        "a quarter of the device's free memory")
     threads: int | None = Field(None, gt=0)
     prefetch: int = Field(2, ge=0)
     log_every_steps: int = Field(50, gt=0)

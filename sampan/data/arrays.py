@@ -47,6 +47,12 @@ class SplitArrays:
     def __len__(self) -> int:
         return int(self.sparse.shape[0])
 
+    def nbytes(self) -> int:
+        """Bytes of the arrays a batch is made of (``line`` is not)."""
+        arrays = [self.dense, self.sparse, self.labels, self.group, self.oracle,
+                  *(self.sequences or {}).values()]
+        return sum(a.nbytes for a in arrays if a is not None)
+
     def take(self, rows: np.ndarray) -> SplitArrays:
         """The rows ``rows`` (indices or a boolean mask) of every array, as a new in-memory
         split."""

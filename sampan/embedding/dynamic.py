@@ -82,6 +82,19 @@ def _unique(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
     return uniq, inv, counts
 
 
+def _lowest_first(rows: torch.Tensor, stamps: torch.Tensor, n: int) -> torch.Tensor:
+    """The ``n`` of ``rows`` (ascending) with the lowest ``stamps``, lowest stamp first; ties
+    at the cut go to the lower rows. ``torch.topk`` breaks ties differently on CPU and CUDA;
+    this gives the same rows on both."""
+    if n <= 0:
+        return rows[:0]
+    cut = torch.kthvalue(stamps, n).values
+    below = stamps < cut
+    take = below | ((stamps == cut) & ((stamps == cut).cumsum(0) <= n - below.sum()))
+    chosen, st = rows[take], stamps[take]
+    return chosen[torch.sort(st, stable=True).indices]
+
+
 class KeyIndex(nn.Module):
     """Map int64 keys to rows ``[1, capacity]`` (0: not admitted); see the module docstring.
 
@@ -314,8 +327,9 @@ class KeyIndex(nn.Module):
         return self._free(self._lowest(n, step, keep))
 
     def _lowest(self, n: int, step: int, keep: torch.Tensor | None = None) -> torch.Tensor:
-        """Up to ``n`` live rows of lowest stamp (ties in any order), none of ``keep`` (by
-        default the rows seen at ``step``).
+        """Up to ``n`` live rows of lowest stamp (ties: the lowest rows first, so that a
+        table on a GPU evicts the same rows as on the CPU), none of ``keep`` (by default the
+        rows seen at ``step``).
 
         On a large table a threshold from a sample first keeps only the rows at or under it
         (one pass over the stamps), the rows to keep are dropped from those, and the lowest
@@ -339,10 +353,9 @@ class KeyIndex(nn.Module):
             cut = sample.kthvalue(k).values
             cand = evictable((stamps <= cut).nonzero().squeeze(1))
             if len(cand) >= n:
-                return cand[torch.topk(stamps[cand], n, largest=False).indices]
+                return _lowest_first(cand, stamps.index_select(0, cand), n)
         cand = evictable(torch.arange(len(stamps), device=stamps.device))
-        n = min(n, len(cand))
-        return cand[torch.topk(stamps[cand], n, largest=False).indices]
+        return _lowest_first(cand, stamps.index_select(0, cand), min(n, len(cand)))
 
     def expire(self, step: int) -> torch.Tensor:
         """With ``ttl``: free every row unseen for more than ``ttl_steps``; returns them."""

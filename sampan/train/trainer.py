@@ -50,6 +50,21 @@ from sampan.train.schedules import lr_factor
 from sampan.train.state import BEST, LAST, START, TrainState  # noqa: F401  (importable here)
 
 
+def data_on_device(data: SplitArrays, choice: bool | str, device: torch.device
+                   ) -> tuple[bool, str | None]:
+    """Whether the training split lives on ``device`` (``train.data_on_device``), and why
+    (``None`` off a GPU, where there is nothing to choose)."""
+    if device.type != "cuda":
+        return False, None
+    size = data.nbytes()
+    if choice != "auto":
+        return bool(choice), f"{bool(choice)} (set; the split is {size / 2**20:,.0f} MB)"
+    free, _ = torch.cuda.mem_get_info(device)
+    fits = size <= free // 4
+    return fits, (f"{fits}: the split's {size / 2**20:,.0f} MB is {'under' if fits else 'over'} "
+                  f"a quarter of the GPU's {free / 2**30:,.1f} GB free")
+
+
 class Trainer:
     """Trains ``model`` on ``train`` and evaluates on ``valid``, writing into ``run_dir``.
 
@@ -86,10 +101,14 @@ class Trainer:
         if strategy.enabled and self.tc.batch_size < 2 * strategy.world:
             raise ConfigError(f"train.batch_size {self.tc.batch_size} (the global batch) must "
                              f"give each of the {strategy.world} processes two rows or more")
+        on_device, why = data_on_device(train, self.tc.data_on_device, self.device)
+        if why:
+            self.plan.reasons["data_on_device"] = why
         self.loader = BatchLoader(train, self.tc.batch_size, shuffle=self.tc.shuffle,
                                   seed=cfg.seed, prefetch=self.tc.prefetch,
-                                  pin_memory=self.device.type == "cuda", drop_singleton=True,
-                                  rank=strategy.rank, world=strategy.world)
+                                  pin_memory=self.device.type == "cuda" and not on_device,
+                                  drop_singleton=True, rank=strategy.rank, world=strategy.world,
+                                  device=self.device if on_device else None)
         self.total_steps = self.tc.max_steps or self.tc.epochs * len(self.loader)
         self.kernels = plan_for(self, log_metrics)
         self.evaluator = Evaluator(self.model, self.task, self.device, self.tc.eval_batch_size,

@@ -85,3 +85,20 @@ def test_cuda_trained_model_exports_with_parity(tmp_path):
     torch.testing.assert_close(art.evaluator.predict_logits(test).float().cpu(), on_gpu,
                                rtol=1e-4, atol=1e-4)
     assert art.evaluate("test")["auc"] == pytest.approx(results["test"]["auc"], abs=1e-3)
+
+
+def test_batches_gathered_on_cuda_are_the_host_batches():
+    import numpy as np
+
+    from sampan.data.arrays import SplitArrays
+    from sampan.data.loader import BatchLoader
+
+    rng = np.random.default_rng(0)
+    data = SplitArrays(dense=rng.standard_normal((700, 3)).astype(np.float32),
+                       sparse=rng.integers(0, 50, (700, 4)).astype(np.int32),
+                       labels=rng.random((700, 1)).astype(np.float32))
+    host = list(BatchLoader(data, 64, shuffle="rows", seed=1))
+    dev = list(BatchLoader(data, 64, shuffle="rows", seed=1, device="cuda"))
+    for a, b in zip(host, dev, strict=True):
+        assert b.sparse.is_cuda
+        assert torch.equal(a.sparse, b.sparse.cpu()) and torch.equal(a.dense, b.dense.cpu())

@@ -271,3 +271,17 @@ def test_the_sampled_eviction_never_takes_a_row_seen_at_this_step(policy):
     assert torch.equal(torch.sort(idx.row_stamp[got]).values, want)
     by_keep = idx._lowest(n, step=step, keep=now)  # the same rows named explicitly
     assert torch.equal(torch.sort(idx.row_stamp[by_keep]).values, want)
+
+
+def test_eviction_ties_go_to_the_lowest_rows():
+    """Which of several equally old rows is evicted does not depend on the device: the
+    result is a stable sort's (by stamp, then row), as on CPU so on CUDA."""
+    from sampan.embedding.dynamic import _lowest_first
+
+    g = torch.Generator().manual_seed(0)
+    for n in (1, 7, 50, 199, 200):
+        rows = torch.sort(torch.randperm(1000, generator=g)[:200]).values
+        stamps = torch.randint(0, 6, (200,), generator=g)  # many ties
+        want = rows[torch.sort(stamps, stable=True).indices[:n]]
+        assert torch.equal(_lowest_first(rows, stamps, n), want)
+    assert len(_lowest_first(rows, stamps, 0)) == 0

@@ -104,3 +104,32 @@ def test_rank_parts_cover_each_global_batch_with_two_rows_or_more():
     for i, batch in enumerate(single[:2]):
         assert sorted(parts[0][i] + parts[1][i]) == sorted(batch)
         assert len(parts[0][i]) >= 2 and len(parts[1][i]) >= 2
+
+
+def test_batches_gathered_on_a_device_are_the_host_batches():
+    """``device=``: the arrays live on the device and batches are gathered there; every
+    shuffle mode gives the same rows in the same order as the host path (on the CPU here;
+    the GPU tests run it on CUDA)."""
+    import torch
+
+    from sampan.data.arrays import SplitArrays
+    from sampan.data.loader import BatchLoader
+
+    rng = np.random.default_rng(0)
+    n = 1000
+    data = SplitArrays(dense=rng.standard_normal((n, 3)).astype(np.float32),
+                       sparse=rng.integers(0, 50, (n, 4)).astype(np.int32),
+                       labels=rng.random((n, 1)).astype(np.float32),
+                       sequences={"hist": rng.integers(0, 9, (n, 5))})
+    for shuffle in ("rows", "blocks", "none"):
+        for rank in (0, 1):
+            kw = dict(batch_size=96, shuffle=shuffle, seed=3, block_rows=128, rank=rank,
+                      world=2)
+            host = list(BatchLoader(data, **kw))
+            dev = list(BatchLoader(data, device="cpu", **kw))
+            assert len(host) == len(dev) == 11
+            for a, b in zip(host, dev, strict=True):
+                assert b.sparse.dtype == torch.int64
+                for x, y in ((a.dense, b.dense), (a.sparse, b.sparse), (a.labels, b.labels),
+                             (a.sequences["hist"], b.sequences["hist"])):
+                    assert torch.equal(x, y)
