@@ -29,6 +29,35 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (Linux /proc)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def stop_with_stacks(launcher: subprocess.Popen) -> None:
+    """A run that hangs: SIGABRT to the training processes, so that each prints where it
+    waits (faulthandler) into the log, then the launcher goes."""
+    import signal
+    import time
+
+    for pid in children(launcher.pid):
+        try:
+            os.kill(pid, signal.SIGABRT)
+        except ProcessLookupError:
+            pass
+    time.sleep(3)
+    launcher.kill()
+    launcher.wait()
+
+
 def run(procs: int, args: argparse.Namespace, work: Path) -> dict:
     run_dir = work / f"p{procs}"
     cmd = [sys.executable, "-m", "sampan", "train", "--run-dir", str(run_dir),
@@ -42,16 +71,18 @@ def run(procs: int, args: argparse.Namespace, work: Path) -> dict:
     env = {**os.environ}
     if procs > 1:  # the cores shared out (torchrun would give each process one)
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // procs))
+    env["PYTHONFAULTHANDLER"] = "1"  # a process stopped by SIGABRT prints its stacks
     log = work / f"p{procs}.log"
     with open(log, "w") as f:
+        launcher = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env)
         try:
-            r = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env,
-                               timeout=args.timeout)
+            rc: int | None = launcher.wait(timeout=args.timeout)
         except subprocess.TimeoutExpired:
-            r = None
-    if r is None or r.returncode:
-        tail = "".join(log.read_text().splitlines(keepends=True)[-40:])
-        why = f"timed out after {args.timeout} s" if r is None else f"exit {r.returncode}"
+            rc = None
+            stop_with_stacks(launcher)
+    if rc is None or rc:
+        tail = "".join(log.read_text().splitlines(keepends=True)[-80:])
+        why = f"timed out after {args.timeout} s" if rc is None else f"exit {rc}"
         raise RuntimeError(f"{procs} process(es): `sampan train` {why}; its output ends:\n"
                            f"{tail}")
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -35,8 +35,13 @@ def main() -> None:
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    from benchmarks.train_throughput import PRECISIONS, VOCAB, make_data, sampan_trainer, \
-        set_precision
+    from benchmarks.train_throughput import (
+        PRECISIONS,
+        VOCAB,
+        make_data,
+        sampan_trainer,
+        set_precision,
+    )
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cpu")

@@ -419,8 +419,10 @@ def device_markdown(report: dict) -> str:
     mc, a = report["machine"], report["args"]
     lines = [f"{mc.get('date', '')}, {mc.get('cuda')} (driver {mc.get('cuda_driver', '?')}, "
              f"CUDA {mc.get('cuda_runtime', '?')}), torch {mc['torch']}: dim {a['dim']}, MLP "
-             f"400-400-400, {a['steps']} measured steps after {a['warmup']} (DIN: a third); "
-             "GPU busy is NVML's utilisation over the measured steps.", "",
+             f"400-400-400; the same samples at every batch size: {a['steps']} measured "
+             f"steps at the largest batch (DIN a third), proportionally more at smaller ones, "
+             f"after {a['warmup']} warm-up steps. GPU busy is NVML's utilisation sampled over "
+             "the measured steps (a rough figure where they last under a second).", "",
              "| model | batch | precision | Sampan samples/s | Sampan, batches from the host "
              "| plain PyTorch | Sampan / plain | GPU busy (Sampan / plain) | peak GPU memory "
              "(Sampan) |", "|---|---|---|---|---|---|---|---|---|"]
