@@ -13,6 +13,7 @@ import sys
 from sampan.cli import train  # noqa: F401  # isort: skip
 from sampan.cli import stream  # noqa: F401  # isort: skip
 from sampan.cli import tune  # noqa: F401  # isort: skip
+from sampan.cli import experiment  # noqa: F401  # isort: skip
 from sampan.cli import runs  # noqa: F401  # isort: skip
 from sampan.cli import serve  # noqa: F401  # isort: skip
 from sampan.cli import data  # noqa: F401  # isort: skip
