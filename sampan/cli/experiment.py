@@ -41,7 +41,7 @@ def parse_shares(items: list[str] | None) -> dict[str, float] | None:
 
 
 def _pct(x: float) -> str:
-    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:+.2%}"
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:+.1%}"
 
 
 @experiment_app.command()
@@ -75,19 +75,23 @@ def report(
 
     out = out or log_dir / "report"
     r = make_report(log_dir, out, parse_shares(weight), control, pre)
-    t = Table(title=f"{log_dir}: control {r['control']}")
-    for col in ("arm", "units", "requests", "impressions", "clicks", "CTR [95 % CI]", "lift "
-                "[95 % CI]", "p", "GAUC", "MRR"):
-        t.add_column(col, justify="left" if col == "arm" else "right")
+    traffic = Table(title=f"{log_dir}: traffic and ranking per arm")
+    for col in ("arm", "units", "requests", "impressions", "clicks", "GAUC", "MRR"):
+        traffic.add_column(col, justify="left" if col == "arm" else "right")
+    ctr = Table(title=f"CTR per arm (unit: the user), lift against {r['control']}")
+    for col in ("arm", "CTR", "95 % CI", "lift", "95 % CI", "p"):
+        ctr.add_column(col, justify="left" if col == "arm" else "right")
     for a, s in r["arms"].items():
+        traffic.add_row(a, f"{s['units']:,}", f"{s['requests']:,}", f"{s['impressions']:,}",
+                        f"{s['clicks']:,}", f"{s['gauc']:.4f}", f"{s['mrr']:.4f}")
         lo, hi = s["ctr_ci95"]
         lf = s.get("lift")
-        t.add_row(a, f"{s['units']:,}", f"{s['requests']:,}", f"{s['impressions']:,}",
-                  f"{s['clicks']:,}", f"{s['ctr']:.4f} [{lo:.4f}, {hi:.4f}]",
-                  f"{_pct(lf['lift'])} [{_pct(lf['ci95'][0])}, {_pct(lf['ci95'][1])}]"
-                  if lf else "-", f"{lf['p_value']:.3g}" if lf else "-",
-                  f"{s['gauc']:.4f}", f"{s['mrr']:.4f}")
-    console.print(t)
+        ctr.add_row(a, f"{s['ctr']:.4f}", f"[{lo:.4f}, {hi:.4f}]",
+                    _pct(lf["lift"]) if lf else "-",
+                    f"[{_pct(lf['ci95'][0])}, {_pct(lf['ci95'][1])}]" if lf else "-",
+                    f"{lf['p_value']:.3g}" if lf else "-")
+    console.print(traffic)
+    console.print(ctr)
     for a, s in r["arms"].items():
         if "cuped" in s and "lift" in s["cuped"]:
             c = s["cuped"]
