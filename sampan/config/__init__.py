@@ -38,7 +38,12 @@ from sampan.config.load import (
 )
 from sampan.config.messages import format_validation_error
 from sampan.config.model import FieldWeightsConfig, MLPModelConfig, ModelConfig
-from sampan.config.serve import FeatureStoreConfig, ServeConfig, load_serve_config
+from sampan.config.serve import (
+    FeatureStoreConfig,
+    FeedbackConfig,
+    ServeConfig,
+    load_serve_config,
+)
 from sampan.config.stream import DirectoryConfig, KafkaConfig, PublishConfig, StreamConfig
 from sampan.config.train import EarlyStoppingConfig, TrainConfig
 from sampan.config.tune import ParamSpec, TuneConfig
@@ -47,7 +52,7 @@ from sampan.errors import ConfigError
 __all__ = [
     "PACKAGE_FEATURE_DEFAULTS", "PRESETS", "Auto", "CategoricalFeature", "ConfigError",
     "DataConfig", "DirectoryConfig", "EarlyStoppingConfig", "ExperimentConfig",
-    "FeatureStoreConfig", "FeaturesConfig", "FieldWeightsConfig", "JoinConfig", "KafkaConfig",
+    "FeatureStoreConfig", "FeaturesConfig", "FeedbackConfig", "FieldWeightsConfig", "JoinConfig", "KafkaConfig",
     "LabelSpec", "ListFeature", "MLPModelConfig", "ModelConfig", "NonNegFloat", "NonNegInt",
     "NumericFeature", "ParamSpec", "PosInt", "PublishConfig", "ServeConfig", "SplitConfig",
     "StreamConfig", "SyntheticConfig", "TrainConfig", "TuneConfig", "apply_override",

@@ -49,6 +49,39 @@ class FeatureStoreConfig(_Strict):
                                      "needs (SAMPAN_EVENTS_TOKEN wins); open when unset")
 
 
+class FeedbackConfig(_Strict):
+    """The feedback log: every served item, joined with the events posted for it
+    (``POST /v1/feedback``) into a labelled row when its window closes.
+
+    Each serving process appends what it served and the events it received to its own
+    journal under ``dir/_journal`` (flushed every ``flush_seconds``: a process killed
+    outright loses at most that much); one joiner turns the journals into labelled rows,
+    ``dir/YYYYMMDD/HH/part-*.parquet`` by the hour served, with ``_SUCCESS`` once every row
+    of the hour is written: the layout ``sampan stream``'s directory source reads. A served
+    item's ``label`` is 1 when an event of a ``label_events`` type arrived within
+    ``window_seconds`` of serving it, else 0; each type of ``event_types`` gets a 0/1 column
+    the same way. Repeats of an event are counted as duplicates and change nothing; events
+    after the window are counted as late and not learned from."""
+
+    dir: str | None = Field(None, description="where the log goes; unset: no feedback log")
+    window_seconds: float = Field(300.0, gt=0, description="how long a served item waits "
+                                  "for its events before it becomes a labelled row")
+    flush_seconds: float = Field(1.0, gt=0, description="how often each process writes "
+                                 "its journal to disk (what a crash can lose)")
+    label_events: list[str] = Field(["click"], min_length=1, description="event types that "
+                                    "make the label 1")
+    event_types: list[str] = Field(["impression", "click", "conversion"], description="event "
+                                   "types accepted; each becomes a 0/1 column")
+
+    @model_validator(mode="after")
+    def _labels_known(self) -> FeedbackConfig:
+        unknown = [e for e in self.label_events if e not in self.event_types]
+        if unknown:
+            raise ValueError(f"label_events {unknown} are not among event_types "
+                             f"{self.event_types}")
+        return self
+
+
 class ServeConfig(_Strict):
     """``sampan serve`` settings (CLI options override the file)."""
 
@@ -78,6 +111,7 @@ class ServeConfig(_Strict):
     admin_token: str | None = Field(None, description="bearer token of /v1/admin/reload; "
                                     "the SAMPAN_ADMIN_TOKEN environment variable wins")
     feature_store: FeatureStoreConfig = FeatureStoreConfig()
+    feedback: FeedbackConfig = FeedbackConfig()
 
     @model_validator(mode="after")
     def _has_bundle(self) -> ServeConfig:

@@ -1,0 +1,376 @@
+"""The feedback log: served items joined with their events into labelled rows.
+
+Two parts, as in ByteDance's Monolith (an online joiner of served features and user
+actions):
+
+- :class:`JournalWriter`, one per serving process: what it served (every scored item of a
+  response, with the features as the model saw them, its score, arm and model version) and
+  the events it was sent, appended as JSON lines to ``dir/_journal/<host>-<pid>-<ms>.jsonl``
+  by a background thread every ``flush_seconds`` (a process killed outright loses at most
+  the lines of one interval). Requests only hand over references; the encoding happens in
+  that thread.
+- :class:`Joiner`, one per log: reads every journal from where it stopped, keeps each
+  served item pending for ``window_seconds``, applies the events that name it, and writes
+  the items whose window has closed as ``dir/YYYYMMDD/HH/part-<seq>.parquet`` (by the UTC
+  hour served), with ``_SUCCESS`` once no row of the hour can still come. Its position is
+  checkpointed (``dir/_journal/joiner.json``) after each part: a restarted joiner reads the
+  journals again from the oldest pending item and skips what it already wrote, so a clean
+  stop or a crash of the joiner loses nothing and writes nothing twice.
+
+Events name ``(request_id, item)`` (``item``: the item's key in ``/v1/rank`` and
+``/v1/recommend``; for ``/v1/predict`` the record's position as a string). The rule: a
+served item's column for an event type is 1 when at least one event of that type arrived
+within the window, and ``label`` is 1 when any of the ``label_events`` did. A repeat is
+counted as a duplicate; an event after the window as late (not learned from); an event
+naming nothing served within the window as unknown.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import threading
+import time
+from collections import Counter
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+JOURNAL = "_journal"
+STATE = "joiner.json"
+
+
+def _plain(v: Any) -> Any:
+    """A JSON-ready value (NumPy scalars and arrays, as the feature tables give them)."""
+    if isinstance(v, np.generic):
+        return v.item()
+    if isinstance(v, np.ndarray):
+        return v.tolist()
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+class JournalWriter:
+    """Appends served items and events to this process's journal (see the module doc)."""
+
+    def __init__(self, root: str | Path, flush_seconds: float = 1.0):
+        self.dir = Path(root) / JOURNAL
+        self.dir.mkdir(parents=True, exist_ok=True)
+        name = f"{socket.gethostname()}-{os.getpid()}-{int(time.time() * 1000)}.jsonl"
+        self.path = self.dir / name
+        self.flush_seconds = flush_seconds
+        self._buf: list[tuple[str, Any]] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - held open
+        self.written = Counter()  # what reached the disk: served items, events
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name="sampan-feedback-journal")
+        self._thread.start()
+
+    def served(self, meta: dict[str, Any], items: list[dict[str, Any]],
+               features: pa.Table | list[dict[str, Any]] | None) -> None:
+        """One response: ``meta`` (request_id, unit, variant, model_version, forced,
+        served_at), ``items`` (item, position, score, propensity) and the features of
+        each item in the same order (a table or records)."""
+        with self._lock:
+            self._buf.append(("s", (meta, items, features)))
+
+    def events(self, events: list[dict[str, Any]]) -> None:
+        with self._lock:
+            self._buf.append(("e", events))
+
+    def _lines(self, batch: list[tuple[str, Any]]) -> tuple[list[str], Counter]:
+        out, n = [], Counter()
+        for kind, payload in batch:
+            if kind == "s":
+                meta, items, features = payload
+                rows = features.to_pylist() if isinstance(features, pa.Table) else \
+                    (features or [{} for _ in items])
+                for it, f in zip(items, rows, strict=True):
+                    out.append(json.dumps({"k": "s", **meta, **it,
+                                           "f": {c: _plain(v) for c, v in f.items()}},
+                                          default=_plain))
+                n["served"] += len(items)
+            else:
+                for e in payload:
+                    out.append(json.dumps({"k": "e", **e}, default=_plain))
+                n["events"] += len(payload)
+        return out, n
+
+    def flush(self) -> None:
+        with self._lock:
+            batch, self._buf = self._buf, []
+        if not batch:
+            return
+        lines, n = self._lines(batch)
+        self._file.write("\n".join(lines) + "\n")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self.written.update(n)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.flush_seconds):
+            self.flush()
+
+    def close(self) -> None:
+        """Write what is left (a clean stop loses nothing)."""
+        self._stop.set()
+        self._thread.join()
+        self.flush()
+        self._file.close()
+
+
+def _hour(t: float) -> str:
+    return datetime.fromtimestamp(t, tz=timezone.utc).strftime("%Y%m%d/%H")
+
+
+class Joiner:
+    """Turns the journals under ``root`` into labelled Parquet rows (see the module doc).
+    :meth:`step` does one pass; :meth:`start` runs it every ``poll_seconds`` in a thread."""
+
+    def __init__(self, root: str | Path, window_seconds: float = 300.0,
+                 label_events: list[str] | tuple[str, ...] = ("click",),
+                 event_types: list[str] | tuple[str, ...] = ("impression", "click",
+                                                              "conversion"),
+                 flush_seconds: float = 1.0, poll_seconds: float = 1.0):
+        self.root = Path(root)
+        self.dir = self.root / JOURNAL
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.window = window_seconds
+        self.label_events = list(label_events)
+        self.event_types = list(event_types)
+        self.flush_seconds = flush_seconds
+        self.poll_seconds = poll_seconds
+        self.pending: dict[tuple[str, str], dict[str, Any]] = {}
+        self.orphans: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        self.recent: dict[tuple[str, str], float] = {}  # written items, for late events
+        self.counts: Counter = Counter()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        st = self._load_state()
+        self.read = st.get("read", {})  # journal -> byte offset read and counted up to
+        self.written_until = st.get("written_until", -math.inf)  # served_at cut-off written
+        self.seq = st.get("seq", 0)
+        self.done_hours = set(st.get("done_hours", []))
+        self.counts.update(st.get("counts", {}))
+        self._finish(st.get("renames", []))
+        self._replay(st.get("replay", {}))
+
+    # ------------------------------------------------------------------- state
+    def _load_state(self) -> dict[str, Any]:
+        p = self.dir / STATE
+        return json.loads(p.read_text()) if p.exists() else {}
+
+    def _save_state(self, replay: dict[str, int], renames: list[list[str]]) -> None:
+        p = self.dir / STATE
+        tmp = p.with_name(STATE + ".tmp")
+        tmp.write_text(json.dumps({"read": self.read, "replay": replay, "renames": renames,
+                                   "written_until": self.written_until, "seq": self.seq,
+                                   "done_hours": sorted(self.done_hours),
+                                   "counts": dict(self.counts)}))
+        os.replace(tmp, p)
+
+    def _replay(self, replay: dict[str, int]) -> None:
+        """After a restart: the items served after the last written cut-off, and the
+        events for them, read again from the oldest pending item's line (counters are not
+        counted twice: they were checkpointed with ``read``)."""
+        for name, start in replay.items():
+            path = self.dir / name
+            if not path.exists():
+                continue
+            stop = self.read.get(name, 0)
+            for off, _, rec in self._records(path, start, stop):
+                self._apply(name, off, rec, count=False)
+
+    # ------------------------------------------------------------------- reading
+    @staticmethod
+    def _records(path: Path, start: int, stop: int | None = None):  # type: ignore
+        """``(offset, next offset, record)`` of each whole line from byte ``start`` (to
+        ``stop``); a line still being written (no newline yet) waits for the next pass."""
+        with open(path, "rb") as f:
+            f.seek(start)
+            off = start
+            for line in f:
+                if not line.endswith(b"\n") or (stop is not None and off >= stop):
+                    return
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:  # whole lines are written, so this is damage:
+                    rec = None                # skipped and counted
+                yield off, off + len(line), rec
+                off += len(line)
+
+    @staticmethod
+    def _key(rec: dict[str, Any]) -> tuple[str, str]:
+        item = rec.get("item")
+        return (str(rec.get("request_id")),
+                str(item) if item is not None else str(rec.get("position")))
+
+    def _apply(self, name: str, off: int, rec: dict[str, Any] | None, count: bool) -> None:
+        if rec is None:
+            self.counts["bad_lines"] += count
+            return
+        if rec.get("k") == "s":
+            if rec["served_at"] <= self.written_until:
+                return  # written before a restart
+            key = self._key(rec)
+            row = {**rec, "_at": (name, off), "_seen": set()}
+            self.pending[key] = row
+            self.counts["served"] += count
+            for ev in self.orphans.pop(key, []):
+                self._event(row, ev, count)
+            return
+        key = self._key(rec)
+        row = self.pending.get(key)
+        if row is not None:
+            self._event(row, rec, count)
+        elif key in self.recent:
+            self.counts["late"] += count
+        else:  # its item may still be in another process's unflushed journal
+            self.orphans.setdefault(key, []).append({**rec, "_got": time.time(),
+                                                     "_count": count})
+
+    def _event(self, row: dict[str, Any], ev: dict[str, Any], count: bool) -> None:
+        kind = ev.get("type")
+        if kind not in self.event_types:
+            self.counts["unknown_type"] += count
+            return
+        t = ev.get("ts", ev.get("received_at", row["served_at"]))
+        if t > row["served_at"] + self.window:
+            self.counts["late"] += count
+        elif kind in row["_seen"]:
+            self.counts["duplicate"] += count
+        else:
+            row["_seen"].add(kind)
+            self.counts[f"events_{kind}"] += count
+
+    def _read_new(self) -> None:
+        for path in sorted(self.dir.glob("*.jsonl")):
+            start = self.read.get(path.name, 0)
+            for off, nxt, rec in self._records(path, start):
+                self._apply(path.name, off, rec, count=True)
+                self.read[path.name] = nxt
+            self.read.setdefault(path.name, start)
+
+    # ------------------------------------------------------------------- writing
+    def _row(self, r: dict[str, Any]) -> dict[str, Any]:
+        seen = r["_seen"]
+        out = {"request_id": str(r["request_id"]), "position": int(r["position"]),
+               "item": None if r.get("item") is None else str(r["item"]),
+               "unit": None if r.get("unit") is None else str(r["unit"]),
+               "variant": r.get("variant"), "model_version": r.get("model_version"),
+               "forced": bool(r.get("forced", False)), "served_at": float(r["served_at"]),
+               "score": float(r["score"]), "propensity": r.get("propensity"),
+               "label": int(any(e in seen for e in self.label_events))}
+        for e in self.event_types:
+            out[e] = int(e in seen)
+        return {**r.get("f", {}), **out}
+
+    def step(self, now: float | None = None) -> int:
+        """Read the journals, write the items whose window has closed; returns how many."""
+        now = time.time() if now is None else now
+        self._read_new()
+        cut = now - self.window
+        ready = [k for k, r in self.pending.items() if r["served_at"] <= cut]
+        by_hour: dict[str, list[dict[str, Any]]] = {}
+        for k in ready:
+            r = self.pending.pop(k)
+            by_hour.setdefault(_hour(r["served_at"]), []).append(self._row(r))
+            self.recent[k] = r["served_at"]
+        tmp_parts = []
+        for hour, rows in by_hour.items():
+            d = self.root / hour
+            d.mkdir(parents=True, exist_ok=True)
+            final = d / f"part-{self.seq:06d}.parquet"
+            tmp = d / f".part-{self.seq:06d}.parquet.tmp"
+            pq.write_table(pa.Table.from_pylist(rows), tmp)
+            tmp_parts.append((tmp, final))
+            self.seq += 1
+            self.counts["written"] += len(rows)
+        # the oldest line any pending item (or an orphan) came from: where a restart reads
+        replay: dict[str, int] = {}
+        for r in self.pending.values():
+            name, off = r["_at"]
+            replay[name] = min(replay.get(name, off), off)
+        for name in self.read:
+            replay.setdefault(name, self.read[name])
+        if ready:
+            self.written_until = max(self.written_until, cut)
+        self._expire(now)
+        self._mark_done(now)
+        # the state that says these rows are written is saved first, naming the parts; then
+        # they become visible (a restart in between finishes the renames)
+        self._save_state(replay, [[str(t), str(f)] for t, f in tmp_parts])
+        self._finish(tmp_parts)
+        self._drop_read_journals(replay, now)
+        return len(ready)
+
+    def _finish(self, parts: list[tuple[Path, Path]] | list[list[str]]) -> None:
+        for tmp, final in parts:
+            if Path(tmp).exists():
+                os.replace(tmp, final)
+
+    def _expire(self, now: float) -> None:
+        horizon = now - self.window - 4 * self.flush_seconds - self.poll_seconds
+        for k, evs in list(self.orphans.items()):
+            if all(e.get("ts", e["_got"]) < horizon for e in evs):
+                self.counts["unknown"] += sum(e["_count"] for e in evs)
+                del self.orphans[k]
+        old = now - 10 * self.window
+        self.recent = {k: t for k, t in self.recent.items() if t >= old}
+
+    def _mark_done(self, now: float) -> None:
+        """``_SUCCESS`` in each hour that no item can still join: its end is past the window
+        and the journals' flush, and nothing of it is pending."""
+        open_hours = {_hour(r["served_at"]) for r in self.pending.values()}
+        for d in self.root.glob("[0-9]" * 8 + "/[0-9][0-9]"):
+            hour = f"{d.parent.name}/{d.name}"
+            if hour in self.done_hours or hour in open_hours:
+                continue
+            end = datetime.strptime(hour, "%Y%m%d/%H").replace(
+                tzinfo=timezone.utc).timestamp() + 3600
+            if end + self.window + 4 * self.flush_seconds + self.poll_seconds < now:
+                (d / "_SUCCESS").touch()
+                self.done_hours.add(hour)
+
+    def _drop_read_journals(self, replay: dict[str, int], now: float) -> None:
+        """A journal read to its end, with nothing pending in it, and untouched for longer
+        than a window is removed (its writer has moved on or stopped)."""
+        for name, off in list(self.read.items()):
+            path = self.dir / name
+            if not path.exists():
+                del self.read[name]
+                continue
+            if replay.get(name, off) >= path.stat().st_size == off and \
+                    path.stat().st_mtime < now - self.window - 60:
+                path.unlink()
+                del self.read[name]
+
+    # ------------------------------------------------------------------- running
+    def start(self) -> Joiner:
+        def run() -> None:
+            while not self._stop.wait(self.poll_seconds):
+                self.step()
+
+        self._thread = threading.Thread(target=run, daemon=True, name="sampan-joiner")
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop after the pass under way; everything pending stays in the journals and the
+        next joiner takes it up."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def stats(self) -> dict[str, Any]:
+        return {**dict(self.counts), "pending": len(self.pending),
+                "orphan_events": sum(len(v) for v in self.orphans.values())}
