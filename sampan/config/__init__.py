@@ -52,7 +52,8 @@ from sampan.errors import ConfigError
 __all__ = [
     "PACKAGE_FEATURE_DEFAULTS", "PRESETS", "Auto", "CategoricalFeature", "ConfigError",
     "DataConfig", "DirectoryConfig", "EarlyStoppingConfig", "ExperimentConfig",
-    "FeatureStoreConfig", "FeaturesConfig", "FeedbackConfig", "FieldWeightsConfig", "JoinConfig", "KafkaConfig",
+    "FeatureStoreConfig", "FeaturesConfig", "FeedbackConfig", "FieldWeightsConfig",
+    "JoinConfig", "KafkaConfig",
     "LabelSpec", "ListFeature", "MLPModelConfig", "ModelConfig", "NonNegFloat", "NonNegInt",
     "NumericFeature", "ParamSpec", "PosInt", "PublishConfig", "ServeConfig", "SplitConfig",
     "StreamConfig", "SyntheticConfig", "TrainConfig", "TuneConfig", "apply_override",

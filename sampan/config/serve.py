@@ -103,6 +103,9 @@ class ServeConfig(_Strict):
     max_body_bytes: int = Field(8 << 20, gt=0)
     item_key: str = Field("item_id", description="the raw column /v1/rank fills with the "
                           "candidate ids")
+    unit_key: str = Field("user_id", description="the request field (context or record) "
+                          "that names the unit: the user, for the feedback log and A/B "
+                          "assignment")
     retrieval_bundle: str | None = Field(None, description="a two_tower bundle: enables "
                                          "/v1/recommend (ANN candidates, then ranking)")
     threads: int | None = Field(None, gt=0, description="ONNX Runtime intra-op threads of "

@@ -80,7 +80,7 @@ def start_grpc(state: Any, host: str, port: int, threads: int = 16):  # type: ig
     def predict(data: bytes, _: Any) -> Any:
         request = parse(pb.PredictRequest, data)
         records = [struct(r) for r in request.records]
-        predictor, fut = state.predict_future(records)
+        predictor, _, fut = state.predict_future(records)
         scores = fut.result()
         return pb.PredictResponse(
             probabilities=[pb.Scores(values=row) for row in scores.tolist()],
@@ -108,7 +108,7 @@ def start_grpc(state: Any, host: str, port: int, threads: int = 16):  # type: ig
         counts(request, "k", "task")
         candidates = list(request.candidates)
         context = struct(request.context)
-        predictor, fut = state.rank_future(context, candidates)
+        predictor, _, fut = state.rank_future(context, candidates)
         return ranking(state.ranked(predictor, fut.result(), candidates, request.k or 10,
                                     request.task), predictor, context, False)
 
@@ -116,7 +116,7 @@ def start_grpc(state: Any, host: str, port: int, threads: int = 16):  # type: ig
         request = parse(pb.RecommendRequest, data)
         counts(request, "n", "k", "task")
         context = struct(request.context)
-        found, predictor, fut = state.recommend_future(context, request.n or 100)
+        found, predictor, _, fut = state.recommend_future(context, request.n or 100)
         if fut is None:
             return ranking([], predictor, context, True)
         return ranking(state.ranked(predictor, fut.result(), [i for i, _ in found],

@@ -12,7 +12,7 @@ import time
 import traceback
 from typing import Any
 
-from fastapi import Request
+from fastapi import Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from sampan.serving.predictor import RequestError
@@ -20,6 +20,8 @@ from sampan.serving.schemas import (
     ErrorBody,
     EventsRequest,
     EventsResponse,
+    FeedbackRequest,
+    FeedbackResponse,
     PredictRequest,
     PredictResponse,
     RankRequest,
@@ -28,7 +30,13 @@ from sampan.serving.schemas import (
     RecommendResponse,
     ReloadRequest,
 )
-from sampan.serving.service import ROUTES, ConflictError, ServerState, ServingBundleError
+from sampan.serving.service import (
+    ROUTES,
+    VARIANT,
+    ConflictError,
+    ServerState,
+    ServingBundleError,
+)
 
 
 class ErrorResponse(JSONResponse):
@@ -208,39 +216,67 @@ def create_app(state: ServerState):  # type: ignore[no-untyped-def]
         return PlainTextResponse(generate_latest(registry),
                                  media_type=CONTENT_TYPE_LATEST)
 
+    def served(response: Response, request_id: str) -> dict[str, str]:
+        """The fields (and header) every scoring response carries."""
+        response.headers["X-Sampan-Variant"] = VARIANT
+        return {"request_id": request_id, "variant": VARIANT}
+
     @app.post("/v1/predict", **doc(PredictResponse))
-    async def predict(req: PredictRequest) -> dict[str, Any]:
+    async def predict(req: PredictRequest, response: Response) -> dict[str, Any]:
         """Raw feature records -> one row of probabilities per record (one per label)."""
-        predictor, fut = await run_in_threadpool(state.predict_future, req.records)
+        predictor, table, fut = await run_in_threadpool(state.predict_future, req.records)
         scores = await asyncio.wrap_future(fut)
+        rid = state.request_id()
+        state.log_records(rid, predictor, table, scores, req.records)
         return {"probabilities": scores.tolist(), "labels": predictor.labels,
-                "model_version": predictor.version}
+                "model_version": predictor.version, **served(response, rid)}
 
     @app.post("/v1/rank", **doc(RankResponse))
-    async def rank(req: RankRequest) -> dict[str, Any]:
+    async def rank(req: RankRequest, response: Response) -> dict[str, Any]:
         """A context and candidate item ids -> the k best candidates, best first."""
-        predictor, fut = await run_in_threadpool(state.rank_future, req.context,
-                                                 req.candidates)
+        predictor, table, fut = await run_in_threadpool(state.rank_future, req.context,
+                                                        req.candidates)
         scores = await asyncio.wrap_future(fut)
-        return {"items": state.ranked(predictor, scores, req.candidates, req.k, req.task),
-                "model_version": predictor.version,
-                "warnings": state.context_warnings(req.context)}
+        items = state.ranked(predictor, scores, req.candidates, req.k, req.task)
+        rid = state.request_id()
+        state.log_ranked(rid, predictor, table, req.candidates, items, req.context)
+        return {"items": items, "model_version": predictor.version,
+                "warnings": state.context_warnings(req.context), **served(response, rid)}
 
     @app.post("/v1/recommend", **doc(RecommendResponse))
-    async def recommend(req: RecommendRequest) -> dict[str, Any]:
+    async def recommend(req: RecommendRequest, response: Response) -> dict[str, Any]:
         """A context (the user) -> n candidates from the retrieval model's index, ranked
         by the ranking model; the k best, best first."""
         warnings = state.context_warnings(req.context, recommend=True)
-        found, predictor, fut = await run_in_threadpool(state.recommend_future, req.context,
-                                                         req.n)
+        found, predictor, table, fut = await run_in_threadpool(state.recommend_future,
+                                                                req.context, req.n)
+        rid = state.request_id()
         if fut is None:
             return {"items": [], "retrieved": 0, "model_version": predictor.version,
-                    "warnings": warnings}
+                    "warnings": warnings, **served(response, rid)}
         scores = await asyncio.wrap_future(fut)
-        return {"items": state.ranked(predictor, scores, [i for i, _ in found], req.k,
-                                      req.task, dict(found)),
-                "retrieved": len(found), "model_version": predictor.version,
-                "warnings": warnings}
+        candidates = [i for i, _ in found]
+        items = state.ranked(predictor, scores, candidates, req.k, req.task, dict(found))
+        state.log_ranked(rid, predictor, table, candidates, items, req.context)
+        return {"items": items, "retrieved": len(found), "model_version": predictor.version,
+                "warnings": warnings, **served(response, rid)}
+
+    @app.post("/v1/feedback", **doc(FeedbackResponse, {
+        401: {"model": ErrorBody, "description": "events_token is set and not given"},
+        409: {"model": ErrorBody, "description": "no feedback log is configured"}}))
+    async def feedback(req: FeedbackRequest, request: Request):  # type: ignore
+        """What users did with served items (impression, click, conversion, ...), named by
+        the response's request_id and the item: joined into the feedback log's labelled
+        rows when each item's window closes (serve config ``feedback``)."""
+        if state.events_token and not state.check_token(
+                request.headers.get("authorization"), state.events_token):
+            return error(401, "missing or wrong token: send the header "
+                              "'Authorization: Bearer <events token>'", "authorization")
+        try:
+            n = state.record_feedback([e.model_dump() for e in req.events])
+        except ConflictError as e:
+            return error(409, str(e), e.field)
+        return {"accepted": n}
 
     @app.post("/v1/events", **doc(EventsResponse, {
         401: {"model": ErrorBody, "description": "events_token is set and not given"},

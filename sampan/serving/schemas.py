@@ -68,12 +68,21 @@ class ErrorBody(BaseModel):
     record: int | None = None
 
 
+SERVED = {"request_id": Field(description="this response's id: feedback events name it "
+                                            "(POST /v1/feedback)"),
+          "variant": Field(description="the arm that served it (default: no experiment)")}
+
+
 class PredictResponse(BaseModel):
     model_config = _examples({"probabilities": [[0.0713]], "labels": ["label"],
-                              "model_version": "din@2026-12-01T22:28:29+0000"})
+                              "model_version": "din@2026-12-01T22:28:29+0000",
+                              "request_id": "5f0c8e9a2b7d4c1e9f3a6b2d8c4e7f10",
+                              "variant": "default"})
     probabilities: list[list[float]]
     labels: list[str]
     model_version: str
+    request_id: str = SERVED["request_id"]
+    variant: str = SERVED["variant"]
 
 
 class ScoredItem(BaseModel):
@@ -87,9 +96,12 @@ class RankResponse(BaseModel):
     model_config = _examples({"items": [{"item": "3993081", "score": 0.41},
                                         {"item": "5023031", "score": 0.12}],
                               "model_version": "din@2026-12-01T22:28:29+0000",
-                              "warnings": []})
+                              "warnings": [], "request_id": "5f0c8e9a2b7d4c1e9f3a6b2d8c4e7f10",
+                              "variant": "default"})
     items: list[ScoredItem]
     model_version: str
+    request_id: str = SERVED["request_id"]
+    variant: str = SERVED["variant"]
     warnings: list[str] = Field(default_factory=list, description="context keys no "
                                 "served model reads (ignored)")
 
@@ -100,6 +112,30 @@ class RecommendResponse(RankResponse):
                               "retrieved": 100, "model_version": "din@2026-12-01T22:28:29+0000",
                               "warnings": []})
     retrieved: int
+
+
+class FeedbackEvent(BaseModel):
+    """What a user did with a served item: ``type`` (one of the serve config's
+    ``feedback.event_types``: impression, click, conversion by default) on ``item`` of the
+    response ``request_id`` (for ``/v1/predict``, the record's position), at ``ts`` (unix
+    seconds; default: when the server receives it)."""
+
+    model_config = ConfigDict(extra="forbid")
+    request_id: str = Field(min_length=1, max_length=128)
+    item: str | int
+    type: str = Field(min_length=1, max_length=64)
+    ts: float | None = None
+
+
+class FeedbackRequest(BaseModel):
+    model_config = _examples({"events": [{"request_id": "5f0c8e9a2b7d4c1e9f3a6b2d8c4e7f10",
+                                          "item": "3993081", "type": "click"}]})
+    events: list[FeedbackEvent] = Field(min_length=1)
+
+
+class FeedbackResponse(BaseModel):
+    model_config = _examples({"accepted": 1})
+    accepted: int
 
 
 class EventsResponse(BaseModel):

@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import secrets
 import threading
+import time
+import uuid
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -36,8 +38,9 @@ class ServingBundleError(BundleError):
 
 
 
-ROUTES = ("/v1/predict", "/v1/rank", "/v1/recommend", "/v1/events", "/v1/admin/reload",
-          "/v1/admin/rollback", "/healthz", "/readyz", "/metrics")
+ROUTES = ("/v1/predict", "/v1/rank", "/v1/recommend", "/v1/events", "/v1/feedback",
+          "/v1/admin/reload", "/v1/admin/rollback", "/healthz", "/readyz", "/metrics")
+VARIANT = "default"  # the one arm of a server that runs no experiment
 
 
 class ServerState:
@@ -101,6 +104,16 @@ class ServerState:
         self.load(bundle, cfg.retrieval_bundle)
         if self.watcher is not None:
             self.watcher.start()
+        self.journal: Any = None  # the feedback journal of this process
+        self.joiner: Any = None  # one per server: here unless this is one of N workers
+        fb = cfg.feedback
+        if fb.dir is not None:
+            from sampan.serving.feedback import Joiner, JournalWriter
+
+            self.journal = JournalWriter(fb.dir, fb.flush_seconds)
+            if not os.environ.get("SAMPAN_SERVE_SYNC"):  # `--workers N`: the parent joins
+                self.joiner = Joiner(fb.dir, fb.window_seconds, fb.label_events,
+                                     fb.event_types, fb.flush_seconds).start()
 
     def observe(self, route: str, status: str, seconds: float) -> None:
         """Count and time one request (every route, HTTP and gRPC, whatever happened)."""
@@ -234,13 +247,67 @@ class ServerState:
 
     # the two request kinds, shared by HTTP and gRPC -----------------------------------
     def predict_future(self, records: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
+        """``(predictor, features table, future scores)`` of raw records."""
         predictor, store = self.current()
-        return predictor, self.batcher.submit(predictor, predictor.table(records, store))
+        table = predictor.table(records, store)
+        return predictor, table, self.batcher.submit(predictor, table)
 
     def rank_future(self, context: dict[str, Any], candidates: list[Any]):  # type: ignore
+        """``(predictor, features table, future scores)`` of a context's candidates."""
         predictor, store = self.current()
         table = predictor.candidates_table(context, candidates, self.cfg.item_key, store)
-        return predictor, self.batcher.submit(predictor, table)
+        return predictor, table, self.batcher.submit(predictor, table)
+
+    # the feedback log ------------------------------------------------------------------
+    @staticmethod
+    def request_id() -> str:
+        return uuid.uuid4().hex
+
+    def _meta(self, request_id: str, predictor: Predictor, unit: Any) -> dict[str, Any]:
+        return {"request_id": request_id, "unit": None if unit is None else str(unit),
+                "variant": VARIANT, "model_version": predictor.version, "forced": False,
+                "served_at": time.time()}
+
+    def log_records(self, request_id: str, predictor: Predictor, table: Any,
+                    scores: np.ndarray, records: list[dict[str, Any]]) -> None:
+        """``/v1/predict``'s records as served items (the item: its position)."""
+        if self.journal is None:
+            return
+        key = self.cfg.unit_key
+        items = [{"item": None, "position": i, "score": float(scores[i, 0]),
+                  "propensity": None, **({"unit": str(r[key])} if r.get(key) is not None
+                                         else {})} for i, r in enumerate(records)]
+        self.journal.served(self._meta(request_id, predictor, None), items, table)
+
+    def log_ranked(self, request_id: str, predictor: Predictor, table: Any,
+                   candidates: list[Any], ranked: list[dict[str, Any]],
+                   context: dict[str, Any]) -> None:
+        """The items a ranking response returned, in its order, with their features."""
+        if self.journal is None or not ranked:
+            return
+        first: dict[Any, int] = {}
+        for i, c in enumerate(candidates):
+            first.setdefault(c, i)
+        rows = [first[r["item"]] for r in ranked]
+        items = [{"item": str(r["item"]), "position": p, "score": r["score"],
+                  "propensity": None} for p, r in enumerate(ranked)]
+        self.journal.served(self._meta(request_id, predictor, context.get(self.cfg.unit_key)),
+                            items, table.take(rows))
+
+    def record_feedback(self, events: list[dict[str, Any]]) -> int:
+        """Events on served items, for the joiner; returns how many were taken."""
+        if self.journal is None:
+            raise ConflictError("no feedback log is configured (serve with --set "
+                                "feedback.dir=PATH)", "feedback")
+        types = self.cfg.feedback.event_types
+        for i, e in enumerate(events):
+            if e["type"] not in types:
+                raise RequestError(f"event {i}: type {e['type']!r} is not one of "
+                                   f"feedback.event_types {types}", "type", i)
+        now = time.time()
+        self.journal.events([{**e, "item": str(e["item"]), "received_at": now,
+                              "ts": now if e.get("ts") is None else e["ts"]} for e in events])
+        return len(events)
 
     @staticmethod
     def ranked(predictor: Predictor, scores: np.ndarray, candidates: list[Any], k: int,
@@ -293,11 +360,11 @@ class ServerState:
 
     def recommend_future(self, context: dict[str, Any], n: int):  # type: ignore
         """Retrieve ``n`` candidates, then submit them for ranking: ``(found, predictor,
-        future)`` (``future`` is None when nothing was retrieved)."""
+        table, future)`` (``table`` and ``future`` None when nothing was retrieved)."""
         found = self.retrieve(context, n)
         if not found:
-            return found, self.current()[0], None
-        return (found, *self.rank_future(context, [item for item, _ in found]))
+            return found, self.current()[0], None, None
+        return (found, *self.rank_future(context, [item for item, _ in found]))  # 4-tuple
 
     def check_token(self, header: str | None, token: str | None = None) -> bool:
         """Whether an ``Authorization`` header carries ``token`` (default: the admin
@@ -311,6 +378,10 @@ class ServerState:
         return secrets.compare_digest(given.strip().encode(), token.encode())
 
     def close(self) -> None:
+        if self.journal is not None:  # a clean stop: every served item reaches the journal
+            self.journal.close()
+        if self.joiner is not None:
+            self.joiner.stop()
         if self.watcher is not None:
             self.watcher.stop()
         if self.sync is not None:

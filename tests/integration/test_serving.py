@@ -245,8 +245,8 @@ def test_redis_feature_store_matches_memory(bundles, redis_url):
         assert red.store.tables.size("item_id") == 60
         cands = ["i1", "i2", "i3", "i4", "i59", "never"]
         for user in ("u0", "u3", "unknown-user"):
-            a = mem.rank_future({"user_id": user}, cands)[1].result()
-            b = red.rank_future({"user_id": user}, cands)[1].result()
+            a = mem.rank_future({"user_id": user}, cands)[2].result()
+            b = red.rank_future({"user_id": user}, cands)[2].result()
             np.testing.assert_allclose(a, b, atol=1e-6)
     finally:
         mem.close()
@@ -606,3 +606,63 @@ def test_openapi_documents_every_route_with_examples(server):
             assert examples(body), route
             assert "400" in op["responses"] or route.startswith("/v1/admin"), route
     assert httpx.get(f"{url}/docs").status_code == 200
+
+
+def test_feedback_log_joins_served_items_with_their_events(bundles, tmp_path):
+    """Every response carries request_id and variant; the items it returned are logged with
+    the features the model saw; POST /v1/feedback's clicks label them when the window
+    closes; the log is what `sampan experiment report` reads."""
+    from sampan.experiment.log import read_log
+    from sampan.experiment.report import analyze
+
+    log_dir = tmp_path / "feedback"
+    srv = Served([str(bundles[0]), "--set", f"feedback.dir={log_dir}", "--set",
+                  "feedback.window_seconds=1", "--set", "feedback.flush_seconds=0.2",
+                  "--set", "max_wait_ms=1"], grpc=False)
+    try:
+        r = rank(srv.url, user="u3", k=3)
+        assert r.status_code == 200 and r.headers["x-sampan-variant"] == "default"
+        body = r.json()
+        assert body["variant"] == "default" and len(body["request_id"]) == 32
+        p = httpx.post(f"{srv.url}/v1/predict", json={"records": [
+            {"user_id": "u1", "item_id": "i2"}, {"user_id": "u5", "item_id": "i7"}]}).json()
+        assert p["request_id"] != body["request_id"]
+        top = body["items"][0]["item"]
+        ok = httpx.post(f"{srv.url}/v1/feedback", json={"events": [
+            {"request_id": body["request_id"], "item": top, "type": "click"},
+            {"request_id": body["request_id"], "item": top, "type": "click"},  # a repeat
+            {"request_id": p["request_id"], "item": 1, "type": "click"}]})
+        assert ok.status_code == 200 and ok.json() == {"accepted": 3}
+        bad = httpx.post(f"{srv.url}/v1/feedback", json={"events": [
+            {"request_id": body["request_id"], "item": top, "type": "like"}]})
+        assert bad.status_code == 400 and "'like'" in bad.json()["error"]
+        assert bad.json()["field"] == "type"
+        rows: list = []
+        for _ in range(100):  # the window (1 s), a flush and a joiner pass
+            time.sleep(0.1)
+            if any(log_dir.rglob("part-*.parquet")):
+                rows = read_log(log_dir).to_pylist()
+                if len(rows) == 5:
+                    break
+        assert len(rows) == 5, rows
+        by = {(r["request_id"], r["item"] or str(r["position"])): r for r in rows}
+        clicked = by[(body["request_id"], top)]
+        assert clicked["label"] == 1 and clicked["position"] == 0 and clicked["unit"] == "u3"
+        assert clicked["score"] == pytest.approx(body["items"][0]["score"])
+        assert clicked["age"] is not None and clicked["brand"] is not None  # joined features
+        assert by[(p["request_id"], "1")]["label"] == 1 and by[(p["request_id"], "1")][
+            "unit"] == "u5"
+        assert sum(r["label"] for r in rows) == 2
+        assert {r["model_version"] for r in rows} == {body["model_version"]}
+        report = analyze(read_log(log_dir))
+        assert report["arms"]["default"]["clicks"] == 2
+        assert report["arms"]["default"]["impressions"] == 5
+    finally:
+        srv.stop()
+
+
+def test_feedback_without_a_log_is_refused(server):
+    url, _ = server
+    r = httpx.post(f"{url}/v1/feedback", json={"events": [
+        {"request_id": "x", "item": "i1", "type": "click"}]})
+    assert r.status_code == 409 and "feedback.dir" in r.json()["error"]

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from sampan.experiment.log import read_log
-from sampan.serving.feedback import JOURNAL, JournalWriter, Joiner
+from sampan.serving.feedback import JOURNAL, Joiner, JournalWriter
 
 WINDOW = 60.0
 
