@@ -67,10 +67,19 @@ def serve(
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = f"{shared}/metrics"
         os.environ["SAMPAN_GRPC_IN_WORKER"] = "1"
         console.print(f"serving {cfg.bundle} on {where} with {cfg.workers} workers")
+        joiner = None
+        if cfg.feedback.dir is not None:  # the workers journal; this process joins
+            from sampan.serving.feedback import Joiner
+
+            fb = cfg.feedback
+            joiner = Joiner(fb.dir, fb.window_seconds, fb.label_events, fb.event_types,
+                            fb.flush_seconds).start()
         try:
             uvicorn.run("sampan.serving.workers:app_from_env", factory=True, host=cfg.host,
                         port=cfg.port, workers=cfg.workers, log_level="warning")
         finally:
+            if joiner is not None:
+                joiner.stop()
             shutil.rmtree(shared, ignore_errors=True)
         return
     from sampan.serving.http import create_app

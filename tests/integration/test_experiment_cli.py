@@ -96,3 +96,44 @@ def test_report_on_the_command_line_and_its_errors(tmp_path):
     r = CliRunner().invoke(app, ["experiment", "ope", str(tmp_path / "noprop"),
                                  "--candidate", str(tmp_path)])
     assert r.exit_code == 2 and "explore" in r.output
+
+
+def test_the_feedback_log_trains_a_model_with_sampan_stream(tmp_path):
+    """Served items journaled with their features, clicks posted for some, joined into the
+    hourly Parquet log: `sampan stream`'s directory source trains on it as it is."""
+    import time
+
+    from sampan.serving.feedback import JournalWriter, Joiner
+    from sampan.train.online import run_stream
+
+    base = tiny_config(tmp_path, rows=3000, epochs=1)
+    run_experiment(load_config(raw=base), run_dir=tmp_path / "base")
+    rng = np.random.default_rng(0)
+    log = tmp_path / "feedback"
+    w = JournalWriter(log, flush_seconds=60)
+    # the training run's world (its seed), rows after those it was trained on
+    t = pa.concat_tables(iter_synthetic(SyntheticConfig(rows=9000))).slice(3000)
+    p = t.column("oracle_p").to_numpy()
+    feats = t.drop_columns(["label", "oracle_p"])
+    start = time.time() - 4 * 3600  # served hours ago: the hours are closed
+    clicks = []
+    for r in range(0, 6000, K):
+        rid = f"r{r}"
+        w.served({"request_id": rid, "unit": f"u{r % 97}", "variant": "default",
+                  "model_version": "m", "forced": False, "served_at": start + r * 1.2},
+                 [{"item": f"i{r + j}", "position": j, "score": 0.5, "propensity": None}
+                  for j in range(K)], feats.slice(r, K))
+        clicks += [{"request_id": rid, "item": f"i{r + j}", "type": "click",
+                    "ts": start + r * 1.2 + 3} for j in range(K) if rng.random() < p[r + j]]
+    w.events(clicks)
+    w.close()
+    Joiner(log, window_seconds=60).step()
+    assert sum(1 for _ in log.rglob("_SUCCESS")) >= 2  # 2 hours of traffic, both closed
+    cfg = load_config(raw={**base, "stream": {
+        "source": "directory", "format": "parquet", "window_rows": 2000,
+        "idle_stop_seconds": 2.0, "directory": {"root": str(log), "poll_seconds": 0.1}}})
+    out = run_stream(cfg, run_dir=tmp_path / "online", from_run=tmp_path / "base")
+    assert out["rows"] == 6000 and out["windows"] == 3
+    windows = [json.loads(x) for x in (tmp_path / "online" / "metrics.jsonl").read_text()
+               .splitlines() if '"stream"' in x]
+    assert windows and all(w["auc"] > 0.6 for w in windows)  # the clicks carry the signal
