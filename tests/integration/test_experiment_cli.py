@@ -103,7 +103,7 @@ def test_the_feedback_log_trains_a_model_with_sampan_stream(tmp_path):
     hourly Parquet log: `sampan stream`'s directory source trains on it as it is."""
     import time
 
-    from sampan.serving.feedback import JournalWriter, Joiner
+    from sampan.serving.feedback import Joiner, JournalWriter
     from sampan.train.online import run_stream
 
     base = tiny_config(tmp_path, rows=3000, epochs=1)
