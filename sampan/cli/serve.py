@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 import typer.core
 
-from sampan.cli.base import SetOpt, app, console
+from sampan.cli.base import SetOpt, app, console, fail
 
 
 @app.command()
@@ -26,6 +27,15 @@ def serve(
         "publishes to: each new version is checked (checksums, export parity, a scored "
         "record) and swapped in without a dropped request; POST /v1/admin/rollback goes "
         "back one version.")] = None,
+    variant: Annotated[list[str] | None, typer.Option(
+        "--variant", metavar="NAME=BUNDLE_OR_WATCH_DIR:WEIGHT",
+        help="An arm of an A/B experiment (repeat per arm; the first is control): a bundle, "
+        "or a model directory `sampan stream` publishes to, and its relative weight. Each "
+        "user (context or record field user_id, serve config unit_key) stays in one arm "
+        "across requests, restarts and workers.")] = None,
+    experiment: Annotated[str | None, typer.Option(
+        help="The experiment's name with --variant: the salt of the users' assignment "
+        "[the arms' names joined].")] = None,
     set_: SetOpt = None,
 ) -> None:
     """Serve a bundle over HTTP (FastAPI under uvicorn) and optionally gRPC.
@@ -46,8 +56,23 @@ def serve(
                        ("grpc_port", grpc_port), ("workers", workers), ("watch", watch)):
         if value is not None:
             overrides.append(f"{key}={value}")
+    if variant:
+        from sampan.serving.variants import parse_variant
+
+        if bundle is not None or watch is not None:
+            fail("--variant names each arm's bundle or watch directory: give no BUNDLE or "
+                 "--watch with it")
+        arms = []
+        for text in variant:
+            name, source, weight = parse_variant(text)
+            kind = "bundle" if (Path(source) / "manifest.json").exists() else "watch"
+            arms.append({"name": name, kind: source, "weight": weight})
+        exp = {"name": experiment or "-".join(a["name"] for a in arms), "variants": arms}
+        overrides.append(f"experiment={json.dumps(exp)}")  # YAML reads JSON
+    elif experiment is not None:
+        fail("--experiment names the experiment of --variant arms: give the arms with it")
     cfg = load_serve_config(config, overrides)
-    if cfg.bundle is None and cfg.workers > 1:  # every worker starts on the same version
+    if cfg.bundle is None and cfg.workers > 1 and cfg.experiment is None:
         from sampan.serving.watcher import ModelWatcher
 
         cfg = cfg.model_copy(update={"bundle": ModelWatcher(None, cfg.watch, 1.0).adopt(None)})
@@ -91,9 +116,13 @@ def serve(
         from sampan.serving.grpc_server import start_grpc
 
         grpc_server = start_grpc(state, cfg.host, cfg.grpc_port)
-    p = state.predictor
-    console.print(f"serving {p.bundle.manifest.get('model')} ({p.version}) on {where}",
-                  highlight=False)
+    for name, arm in state.arms.items():
+        p = arm.predictor
+        share = f" [{state.allocation.shares()[name]:.0%} of users]" \
+            if state.allocation is not None else ""
+        label = "" if state.allocation is None else f"{name}: "
+        console.print(f"serving {label}{p.bundle.manifest.get('model')} ({p.version}){share} "
+                      f"on {where}", highlight=False)
     try:
         uvicorn.run(create_app(state), host=cfg.host, port=cfg.port, log_level="warning")
     finally:

@@ -82,6 +82,44 @@ class FeedbackConfig(_Strict):
         return self
 
 
+class VariantConfig(_Strict):
+    """One arm of an A/B experiment: a bundle, or a model directory followed like
+    ``watch``, and its share of the traffic (weights are relative)."""
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    bundle: str | None = None
+    watch: str | None = None
+    weight: float = Field(ge=0.0)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> VariantConfig:
+        if (self.bundle is None) == (self.watch is None):
+            raise ValueError(f"variant {self.name!r}: give bundle or watch (one of them)")
+        return self
+
+
+class ExperimentServeConfig(_Strict):
+    """An A/B experiment: each unit (``unit_key``, the user) hashed with ``name`` into one
+    of 10,000 buckets, each arm owning its weight's share of them (see
+    :mod:`sampan.serving.variants`). The first variant is control. Weights changed at
+    runtime (``POST /v1/admin/weights``) are saved to ``state`` (default
+    ``feedback.dir/experiment.json``), which every worker follows and a restart reads."""
+
+    name: str = Field(min_length=1, description="the experiment's name, also the salt of "
+                      "the assignment hash (a new name reshuffles the users)")
+    variants: list[VariantConfig] = Field(min_length=1)
+    state: str | None = Field(None, description="where the allocation is saved")
+
+    @model_validator(mode="after")
+    def _distinct(self) -> ExperimentServeConfig:
+        names = [v.name for v in self.variants]
+        if len(set(names)) != len(names):
+            raise ValueError(f"variant names must differ; got {names}")
+        if sum(v.weight for v in self.variants) <= 0:
+            raise ValueError("variant weights add up to 0: give at least one a weight")
+        return self
+
+
 class ServeConfig(_Strict):
     """``sampan serve`` settings (CLI options override the file)."""
 
@@ -115,9 +153,15 @@ class ServeConfig(_Strict):
                                     "the SAMPAN_ADMIN_TOKEN environment variable wins")
     feature_store: FeatureStoreConfig = FeatureStoreConfig()
     feedback: FeedbackConfig = FeedbackConfig()
+    experiment: ExperimentServeConfig | None = None
 
     @model_validator(mode="after")
     def _has_bundle(self) -> ServeConfig:
+        if self.experiment is not None:
+            if self.bundle is not None or self.watch is not None:
+                raise ValueError("with an experiment, each variant names its bundle or watch "
+                                 "directory: leave bundle and watch unset")
+            return self
         if self.bundle is None and self.watch is None:
             raise ValueError("bundle is required (a bundle directory from `sampan export`), "
                              "or watch: a model directory that `sampan stream` publishes to")

@@ -80,8 +80,8 @@ def start_grpc(state: Any, host: str, port: int, threads: int = 16):  # type: ig
     def predict(data: bytes, _: Any) -> Any:
         request = parse(pb.PredictRequest, data)
         records = [struct(r) for r in request.records]
-        predictor, _, fut = state.predict_future(records)
-        scores = fut.result()
+        sub = state.predict_future(records)
+        predictor, scores = sub.predictor, sub.future.result()
         return pb.PredictResponse(
             probabilities=[pb.Scores(values=row) for row in scores.tolist()],
             labels=predictor.labels, model_version=predictor.version)
@@ -108,20 +108,21 @@ def start_grpc(state: Any, host: str, port: int, threads: int = 16):  # type: ig
         counts(request, "k", "task")
         candidates = list(request.candidates)
         context = struct(request.context)
-        predictor, _, fut = state.rank_future(context, candidates)
-        return ranking(state.ranked(predictor, fut.result(), candidates, request.k or 10,
-                                    request.task), predictor, context, False)
+        sub = state.rank_future(context, candidates)
+        return ranking(state.ranked(sub.predictor, sub.future.result(), candidates,
+                                    request.k or 10, request.task), sub.predictor, context,
+                       False)
 
     def recommend(data: bytes, _: Any) -> Any:
         request = parse(pb.RecommendRequest, data)
         counts(request, "n", "k", "task")
         context = struct(request.context)
-        found, predictor, _, fut = state.recommend_future(context, request.n or 100)
-        if fut is None:
-            return ranking([], predictor, context, True)
-        return ranking(state.ranked(predictor, fut.result(), [i for i, _ in found],
-                                    request.k or 10, request.task, dict(found)), predictor,
-                       context, True, len(found))
+        found, sub, arm, _ = state.recommend_future(context, request.n or 100)
+        if sub is None:
+            return ranking([], state.current(arm)[0], context, True)
+        return ranking(state.ranked(sub.predictor, sub.future.result(), [i for i, _ in found],
+                                    request.k or 10, request.task, dict(found)),
+                       sub.predictor, context, True, len(found))
 
     def events(data: bytes, context: Any) -> Any:
         if state.events_token and not state.check_token(

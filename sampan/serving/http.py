@@ -29,10 +29,10 @@ from sampan.serving.schemas import (
     RecommendRequest,
     RecommendResponse,
     ReloadRequest,
+    WeightsRequest,
 )
 from sampan.serving.service import (
     ROUTES,
-    VARIANT,
     ConflictError,
     ServerState,
     ServingBundleError,
@@ -191,6 +191,13 @@ def create_app(state: ServerState):  # type: ignore[no-untyped-def]
         p = state.predictor
         out = {"status": "ready", "model": p.bundle.manifest.get("model"),
                "version": p.version, "labels": p.labels, "worker": os.getpid()}
+        if state.allocation is not None and state.cfg.experiment is not None:
+            out["experiment"] = {
+                "name": state.cfg.experiment.name, "control": state.control,
+                "variants": {a.name: {"model": a.predictor.bundle.manifest.get("model"),
+                                      "version": a.predictor.version}
+                             for a in state.arms.values() if a.predictor is not None},
+                "buckets": state.allocation.counts()}
         if state.watcher is not None and state.watcher.serving is not None:
             w = state.watcher
             out["published"] = {"version": w.serving["version"],
@@ -216,50 +223,59 @@ def create_app(state: ServerState):  # type: ignore[no-untyped-def]
         return PlainTextResponse(generate_latest(registry),
                                  media_type=CONTENT_TYPE_LATEST)
 
-    def served(response: Response, request_id: str) -> dict[str, str]:
+    def served(response: Response, request_id: str, arm: str) -> dict[str, str]:
         """The fields (and header) every scoring response carries."""
-        response.headers["X-Sampan-Variant"] = VARIANT
-        return {"request_id": request_id, "variant": VARIANT}
+        response.headers["X-Sampan-Variant"] = arm
+        return {"request_id": request_id, "variant": arm}
+
+    def forced(request: Request, body_variant: str | None) -> str | None:
+        """The arm a request forces (QA): the body's ``variant`` or the header."""
+        return body_variant or request.headers.get("x-sampan-variant") or None
 
     @app.post("/v1/predict", **doc(PredictResponse))
-    async def predict(req: PredictRequest, response: Response) -> dict[str, Any]:
+    async def predict(req: PredictRequest, request: Request,
+                      response: Response) -> dict[str, Any]:
         """Raw feature records -> one row of probabilities per record (one per label)."""
-        predictor, table, fut = await run_in_threadpool(state.predict_future, req.records)
-        scores = await asyncio.wrap_future(fut)
+        sub = await run_in_threadpool(state.predict_future, req.records,
+                                      forced(request, req.variant))
+        scores = await asyncio.wrap_future(sub.future)
         rid = state.request_id()
-        state.log_records(rid, predictor, table, scores, req.records)
-        return {"probabilities": scores.tolist(), "labels": predictor.labels,
-                "model_version": predictor.version, **served(response, rid)}
+        state.log_records(rid, sub, scores, req.records)
+        return {"probabilities": scores.tolist(), "labels": sub.predictor.labels,
+                "model_version": sub.predictor.version, **served(response, rid, sub.arm)}
 
     @app.post("/v1/rank", **doc(RankResponse))
-    async def rank(req: RankRequest, response: Response) -> dict[str, Any]:
+    async def rank(req: RankRequest, request: Request, response: Response) -> dict[str, Any]:
         """A context and candidate item ids -> the k best candidates, best first."""
-        predictor, table, fut = await run_in_threadpool(state.rank_future, req.context,
-                                                        req.candidates)
-        scores = await asyncio.wrap_future(fut)
-        items = state.ranked(predictor, scores, req.candidates, req.k, req.task)
+        sub = await run_in_threadpool(state.rank_future, req.context, req.candidates,
+                                      forced(request, req.variant))
+        scores = await asyncio.wrap_future(sub.future)
+        items = state.ranked(sub.predictor, scores, req.candidates, req.k, req.task)
         rid = state.request_id()
-        state.log_ranked(rid, predictor, table, req.candidates, items, req.context)
-        return {"items": items, "model_version": predictor.version,
-                "warnings": state.context_warnings(req.context), **served(response, rid)}
+        state.log_ranked(rid, sub, req.candidates, items, req.context)
+        return {"items": items, "model_version": sub.predictor.version,
+                "warnings": state.context_warnings(req.context),
+                **served(response, rid, sub.arm)}
 
     @app.post("/v1/recommend", **doc(RecommendResponse))
-    async def recommend(req: RecommendRequest, response: Response) -> dict[str, Any]:
+    async def recommend(req: RecommendRequest, request: Request,
+                        response: Response) -> dict[str, Any]:
         """A context (the user) -> n candidates from the retrieval model's index, ranked
         by the ranking model; the k best, best first."""
         warnings = state.context_warnings(req.context, recommend=True)
-        found, predictor, table, fut = await run_in_threadpool(state.recommend_future,
-                                                                req.context, req.n)
+        found, sub, arm, _ = await run_in_threadpool(state.recommend_future, req.context,
+                                                     req.n, forced(request, req.variant))
         rid = state.request_id()
-        if fut is None:
-            return {"items": [], "retrieved": 0, "model_version": predictor.version,
-                    "warnings": warnings, **served(response, rid)}
-        scores = await asyncio.wrap_future(fut)
+        if sub is None:
+            return {"items": [], "retrieved": 0, "model_version": state.current(arm)[0].version,
+                    "warnings": warnings, **served(response, rid, arm)}
+        scores = await asyncio.wrap_future(sub.future)
         candidates = [i for i, _ in found]
-        items = state.ranked(predictor, scores, candidates, req.k, req.task, dict(found))
-        state.log_ranked(rid, predictor, table, candidates, items, req.context)
-        return {"items": items, "retrieved": len(found), "model_version": predictor.version,
-                "warnings": warnings, **served(response, rid)}
+        items = state.ranked(sub.predictor, scores, candidates, req.k, req.task, dict(found))
+        state.log_ranked(rid, sub, candidates, items, req.context)
+        return {"items": items, "retrieved": len(found),
+                "model_version": sub.predictor.version, "warnings": warnings,
+                **served(response, rid, arm)}
 
     @app.post("/v1/feedback", **doc(FeedbackResponse, {
         401: {"model": ErrorBody, "description": "events_token is set and not given"},
@@ -307,20 +323,39 @@ def create_app(state: ServerState):  # type: ignore[no-untyped-def]
 
     @app.post("/v1/admin/rollback", **example({"status": "rolled back", "version": 6,
                                                "model_version": "din@2026-12-01T22:28:29"}))
-    async def rollback(request: Request):  # type: ignore[no-untyped-def]
-        """Back to the version served before (with --watch); it is held until a newer
-        version than the one rolled back from is published."""
+    async def rollback(request: Request, variant: str | None = None):  # type: ignore
+        """Back to the version served before (with --watch; ``?variant=`` for an arm of an
+        experiment, default control); it is held until a newer version than the one
+        rolled back from is published."""
         if (denied := admin_denied(request, "rollback")) is not None:
             return denied
-        if state.watcher is None:
+        arm = state.arms.get(variant or state.control)
+        if arm is None:
+            return error(400, f"variant {variant!r} is not an arm of this server; its arms: "
+                              f"{list(state.arms)}", "variant")
+        if arm.watcher is None:
             return error(409, "rollback needs a watched model directory (serve --watch DIR)",
                          "watch")
         try:
-            back = await run_in_threadpool(state.watcher.rollback)
+            back = await run_in_threadpool(arm.watcher.rollback)
         except ServingBundleError as e:
             return error(409, str(e), e.field)
         return {"status": "rolled back", "version": back["version"],
-                "model_version": state.predictor.version if state.predictor else None}
+                "model_version": arm.predictor.version if arm.predictor else None}
+
+    @app.post("/v1/admin/weights", **example({"weights": {"control": 80.0, "candidate": 20.0},
+                                              "buckets": {"control": 8000, "candidate": 2000},
+                                              "moved_buckets": 1000}))
+    async def weights(req: WeightsRequest, request: Request):  # type: ignore
+        """New weights for the experiment's arms (bearer token): only the users of the
+        buckets that must move change arm, from the arms that shrink to those that grow;
+        every worker follows within a second, and a restart keeps them."""
+        if (denied := admin_denied(request, "weights")) is not None:
+            return denied
+        try:
+            return await run_in_threadpool(state.set_weights, req.weights)
+        except ConflictError as e:
+            return error(409, str(e), e.field)
 
     @app.post("/v1/admin/reload", **example({"status": "reloaded", "model": "din",
                                              "version": "din@2026-12-01T22:28:29+0000"}))
@@ -331,11 +366,18 @@ def create_app(state: ServerState):  # type: ignore[no-untyped-def]
         if req.bundle is None and req.retrieval_bundle is None:
             return error(422, "give bundle (the ranking model) and/or retrieval_bundle",
                          "bundle")
+        if req.variant is not None and req.variant not in state.arms:
+            return error(400, f"variant {req.variant!r} is not an arm of this server; its "
+                              f"arms: {list(state.arms)}", "variant")
+        other_arm = req.variant not in (None, state.control)
+        if other_arm and state.sync is not None:
+            return error(409, "with --workers N only control's bundle is reloaded for every "
+                              "worker: give the arm a watched directory instead", "variant")
         out: dict[str, Any] = {"status": "reloaded"}
         try:
-            if state.sync is None:
+            if state.sync is None or other_arm:
                 predictor, retriever = await run_in_threadpool(
-                    state.load, req.bundle, req.retrieval_bundle)
+                    state.load, req.bundle, req.retrieval_bundle, None, req.variant)
             else:  # the other workers follow within sync.interval
                 predictor, retriever, out["generation"] = await run_in_threadpool(
                     state.sync.reload, req.bundle, req.retrieval_bundle)

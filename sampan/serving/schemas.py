@@ -18,6 +18,9 @@ class PredictRequest(BaseModel):
 
     model_config = _examples({"records": [{"user_id": "1000011", "item_id": "3993081"}]})
     records: list[dict[str, Any]] = Field(min_length=1)
+    variant: str | None = Field(None, description="QA: serve with this arm (the request is "
+                                "marked forced and left out of the analysis; the header "
+                                "X-Sampan-Variant does the same)")
 
 
 class RankRequest(BaseModel):
@@ -32,6 +35,9 @@ class RankRequest(BaseModel):
     candidates: list[str | int] = Field(min_length=1)
     k: int = Field(10, ge=1)
     task: int = Field(0, ge=0, description="which label's probability ranks (multi-task)")
+    variant: str | None = Field(None, description="QA: serve with this arm (the request is "
+                                "marked forced and left out of the analysis; the header "
+                                "X-Sampan-Variant does the same)")
 
 
 class RecommendRequest(BaseModel):
@@ -44,6 +50,9 @@ class RecommendRequest(BaseModel):
     n: int = Field(100, ge=1, description="candidates retrieved by the ANN index")
     k: int = Field(10, ge=1, description="items returned after ranking")
     task: int = Field(0, ge=0)
+    variant: str | None = Field(None, description="QA: serve with this arm (the request is "
+                                "marked forced and left out of the analysis; the header "
+                                "X-Sampan-Variant does the same)")
 
 
 class EventsRequest(BaseModel):
@@ -138,6 +147,21 @@ class FeedbackResponse(BaseModel):
     accepted: int
 
 
+class WeightsRequest(BaseModel):
+    """New relative weights of the experiment's arms, every arm named."""
+
+    model_config = _examples({"weights": {"control": 80, "candidate": 20}})
+    weights: dict[str, float] = Field(min_length=1)
+
+    @field_validator("weights")
+    @classmethod
+    def _non_negative(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = {k: w for k, w in v.items() if not w >= 0}
+        if bad:
+            raise ValueError(f"weights must be 0 or more; got {bad}")
+        return v
+
+
 class EventsResponse(BaseModel):
     model_config = _examples({"accepted": 2, "users": 1})
     accepted: int
@@ -150,6 +174,8 @@ class ReloadRequest(BaseModel):
     model_config = _examples({"bundle": "bundles/din-2026-12-01"})
     bundle: str | None = None
     retrieval_bundle: str | None = None
+    variant: str | None = Field(None, description="the arm whose bundle this is (default: "
+                                "control, the only one without an experiment)")
 
     @field_validator("bundle", "retrieval_bundle")
     @classmethod

@@ -4,20 +4,24 @@ atomically (:mod:`~sampan.serving.watcher` follows a published model directory).
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import threading
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from sampan.config import ServeConfig
-from sampan.errors import BundleError
+from sampan.errors import BundleError, ConfigError
 from sampan.serving.feature_store import bundle_tables
 from sampan.serving.live import live_spec
 from sampan.serving.predictor import Predictor, RequestError, top_k
+from sampan.serving.variants import BUCKETS, Allocation
 
 if TYPE_CHECKING:
     from sampan.serving.watcher import ModelWatcher
@@ -39,13 +43,38 @@ class ServingBundleError(BundleError):
 
 
 ROUTES = ("/v1/predict", "/v1/rank", "/v1/recommend", "/v1/events", "/v1/feedback",
-          "/v1/admin/reload", "/v1/admin/rollback", "/healthz", "/readyz", "/metrics")
+          "/v1/admin/reload", "/v1/admin/rollback", "/v1/admin/weights", "/healthz",
+          "/readyz", "/metrics")
 VARIANT = "default"  # the one arm of a server that runs no experiment
 
 
+@dataclass
+class Arm:
+    """One arm of the server: a name, the predictor it serves with its feature store, and
+    the watcher of its model directory, if it follows one. A server without an experiment
+    has one arm (``default``) that every request goes to."""
+
+    name: str
+    predictor: Predictor | None = None
+    store: Any = None
+    watcher: ModelWatcher | None = None
+
+
+class Submitted(NamedTuple):
+    """A request handed to the batcher: who scores it, its features, the scores to come."""
+
+    predictor: Predictor
+    table: Any
+    future: Any
+    arm: str
+    forced: bool
+
+
 class ServerState:
-    """The serving process: predictor, feature store, batcher and metrics, shared by the
-    HTTP and gRPC front ends. :meth:`reload` swaps the predictor atomically."""
+    """The serving process: its arms (each a predictor and feature store, reloadable and
+    watched), the experiment's assignment of users to arms, batcher, metrics and feedback
+    journal, shared by the HTTP and gRPC front ends. :meth:`load` swaps an arm's predictor
+    atomically."""
 
     def __init__(self, cfg: ServeConfig):
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -89,21 +118,36 @@ class ServerState:
         self.batcher = MicroBatcher(cfg.max_batch_rows, cfg.max_wait_ms, self._on_batch)
         self._lock = threading.Lock()
         self.sync: ReloadSync | None = None  # set in each worker of `--workers N`
-        self.predictor: Predictor | None = None
-        self.store: Any = None
         self.retriever: Any = None
         self.retrieval_store: Any = None
         self.live: Any = None  # users' behaviour histories, shared by both bundles
-        self.watcher: ModelWatcher | None = None
-        bundle = cfg.bundle
-        if cfg.watch is not None:
-            from sampan.serving.watcher import ModelWatcher
+        self.variant_requests = Counter("sampan_variant_requests", "Scoring requests by arm "
+                                        "and whether the request forced it",
+                                        ["variant", "forced"], registry=self.registry)
+        exp = cfg.experiment
+        specs = [(v.name, v.bundle, v.watch) for v in exp.variants] if exp is not None \
+            else [(VARIANT, cfg.bundle, cfg.watch)]
+        self.arms: dict[str, Arm] = {name: Arm(name) for name, _, _ in specs}
+        self.control = specs[0][0]
+        for i, (name, bundle, watch) in enumerate(specs):
+            arm = self.arms[name]
+            if watch is not None:
+                from sampan.serving.watcher import ModelWatcher
 
-            self.watcher = ModelWatcher(self, cfg.watch, cfg.watch_seconds)
-            bundle = self.watcher.adopt(bundle)
-        self.load(bundle, cfg.retrieval_bundle)
-        if self.watcher is not None:
-            self.watcher.start()
+                arm.watcher = ModelWatcher(self, watch, cfg.watch_seconds, arm=name)
+                bundle = arm.watcher.adopt(bundle)
+            self.load(bundle, cfg.retrieval_bundle if i == 0 else None, arm=name)
+        for arm in self.arms.values():
+            if arm.watcher is not None:
+                arm.watcher.start()
+        self.allocation: Allocation | None = None
+        self.allocation_path = None if exp is None else (
+            Path(exp.state) if exp.state else Path(cfg.feedback.dir) / "experiment.json"
+            if cfg.feedback.dir else None)
+        self._follow: threading.Thread | None = None
+        self._stop_follow = threading.Event()
+        if exp is not None:
+            self._start_experiment(exp)
         self.journal: Any = None  # the feedback journal of this process
         self.joiner: Any = None  # one per server: here unless this is one of N workers
         fb = cfg.feedback
@@ -114,6 +158,91 @@ class ServerState:
             if not os.environ.get("SAMPAN_SERVE_SYNC"):  # `--workers N`: the parent joins
                 self.joiner = Joiner(fb.dir, fb.window_seconds, fb.label_events,
                                      fb.event_types, fb.flush_seconds).start()
+
+    # the experiment ------------------------------------------------------------------
+    @property
+    def predictor(self) -> Predictor | None:
+        """Control's predictor (the only one without an experiment)."""
+        return self.arms[self.control].predictor
+
+    @property
+    def store(self) -> Any:
+        return self.arms[self.control].store
+
+    @property
+    def watcher(self) -> ModelWatcher | None:
+        return self.arms[self.control].watcher
+
+    def _start_experiment(self, exp: Any) -> None:
+        """The allocation: the saved one (weights changed at runtime survive a restart and
+        reach every worker) when it is for these arms, else one from the weights."""
+        arms = [(v.name, v.weight) for v in exp.variants]
+        self.allocation = Allocation.load_or_start(self.allocation_path, arms)
+        path = self.allocation_path
+        if path is None:
+            return
+        if not path.exists():
+            self._save_allocation(self.allocation)
+        self._seen = path.stat().st_mtime_ns
+
+        def follow() -> None:  # another worker's (or process's) weight change
+            while not self._stop_follow.wait(0.5):
+                try:
+                    m = path.stat().st_mtime_ns
+                    if m != self._seen:
+                        self._seen = m
+                        self.allocation = Allocation.load_or_start(path, arms)
+                except (OSError, ValueError):
+                    continue  # replaced under us: the next look reads it whole
+
+        self._follow = threading.Thread(target=follow, daemon=True, name="sampan-allocation")
+        self._follow.start()
+
+    def _save_allocation(self, alloc: Allocation) -> None:
+        assert self.allocation_path is not None and self.cfg.experiment is not None
+        alloc.save(self.allocation_path)
+        data = json.loads(self.allocation_path.read_text())  # with the experiment's name
+        data["experiment"] = self.cfg.experiment.name
+        data["unit_key"] = self.cfg.unit_key
+        tmp = self.allocation_path.with_name(self.allocation_path.name + ".name")
+        tmp.write_text(json.dumps(data, indent=1))
+        os.replace(tmp, self.allocation_path)
+
+    def set_weights(self, weights: dict[str, float]) -> dict[str, Any]:
+        """New weights for the arms (admin): only the buckets that must move, from the
+        arms that shrink to those that grow; saved for the other workers and restarts."""
+        if self.allocation is None:
+            raise ConflictError("this server runs no experiment (serve with --variant)",
+                                "weights")
+        try:
+            new = self.allocation.reweighted(weights)
+        except ConfigError as e:
+            raise RequestError(str(e), "weights") from None
+        moved = int((new.owner != self.allocation.owner).sum())
+        if self.allocation_path is not None:
+            self._save_allocation(new)
+            self._seen = self.allocation_path.stat().st_mtime_ns
+        elif self.cfg.workers > 1:
+            raise ConflictError("with --workers N a weight change needs a place all workers "
+                                "read: set feedback.dir or experiment.state", "weights")
+        self.allocation = new
+        return {"weights": dict(zip(new.names, new.weights, strict=True)),
+                "buckets": new.counts(), "moved_buckets": moved}
+
+    def assign(self, unit: Any, forced: str | None = None) -> tuple[str, bool]:
+        """``(arm, forced)`` of a request: the one it forces (QA: marked, and left out of
+        the analysis), else the unit's sticky arm; a request without a unit gets a bucket of
+        its own (counted in ``sampan_variant_requests`` like any other)."""
+        if forced is not None:
+            if forced not in self.arms:
+                raise RequestError(f"variant {forced!r} is not an arm of this server; its "
+                                   f"arms: {list(self.arms)}", "variant")
+            return forced, True
+        if self.allocation is None or self.cfg.experiment is None:
+            return self.control, False
+        if unit is None or unit == "":
+            return self.allocation.arm_of_bucket(secrets.randbelow(BUCKETS)), False
+        return self.allocation.arm_of(self.cfg.experiment.name, str(unit)), False
 
     def observe(self, route: str, status: str, seconds: float) -> None:
         """Count and time one request (every route, HTTP and gRPC, whatever happened)."""
@@ -187,11 +316,12 @@ class ServerState:
         return 1 if both else None
 
     def load(self, bundle: str | None, retrieval_bundle: str | None = None,
-             check: Any = None) -> tuple[Predictor | None, Any]:
-        """Open the given bundles (a ranking bundle, a two-tower bundle for
-        ``/v1/recommend``, each with its feature store), then serve them together. If one
-        fails to open (or ``check(predictor)`` raises for the ranking one), nothing changes
-        and :class:`ServingBundleError` names it."""
+             check: Any = None, arm: str | None = None) -> tuple[Predictor | None, Any]:
+        """Open the given bundles (a ranking bundle for ``arm``, default control; a
+        two-tower bundle for ``/v1/recommend``; each with its feature store), then serve
+        them together. If one fails to open (or ``check(predictor)`` raises for the
+        ranking one), nothing changes and :class:`ServingBundleError` names it."""
+        target = self.arms[arm or self.control]
         from sampan.serving.feature_store import FeatureStore
         from sampan.serving.retrieval import Retriever
 
@@ -219,11 +349,12 @@ class ServerState:
         rstore = FeatureStore(rtables, live)
         with self._lock:
             self.live = live
-            if self.predictor is not None and predictor is None:  # kept: give it the live state
-                self.store = FeatureStore(self.store.tables if self.store else None, live)
+            for a in self.arms.values():  # kept: give them the live state
+                if a.predictor is not None and (a is not target or predictor is None):
+                    a.store = FeatureStore(a.store.tables if a.store else None, live)
             if predictor is not None:
-                old = self.predictor
-                self.predictor, self.store = predictor, store
+                old = target.predictor
+                target.predictor, target.store = predictor, store
                 if old is not None and self.multiprocess:
                     self.model_info.labels(*self._info(old)).set(0)
                 elif old is not None:
@@ -239,37 +370,50 @@ class ServerState:
     def _info(p: Predictor) -> tuple[str, str, str]:
         return (p.bundle.manifest.get("model", "?"), p.version, str(p.bundle.path))
 
-    def current(self) -> tuple[Predictor, Any]:
+    def current(self, arm: str | None = None) -> tuple[Predictor, Any]:
         with self._lock:
-            if self.predictor is None:
+            a = self.arms[arm or self.control]
+            if a.predictor is None:
                 raise RuntimeError("no model loaded")
-            return self.predictor, self.store
+            return a.predictor, a.store
 
     # the two request kinds, shared by HTTP and gRPC -----------------------------------
-    def predict_future(self, records: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
-        """``(predictor, features table, future scores)`` of raw records."""
-        predictor, store = self.current()
+    def predict_future(self, records: list[dict[str, Any]],
+                       variant: str | None = None) -> Submitted:
+        """Raw records to the arm of their first record's unit (or the forced
+        ``variant``)."""
+        key = self.cfg.unit_key
+        arm, forced = self.assign(records[0].get(key) if records and isinstance(
+            records[0], dict) else None, variant)
+        predictor, store = self.current(arm)
         table = predictor.table(records, store)
-        return predictor, table, self.batcher.submit(predictor, table)
+        self.variant_requests.labels(arm, str(forced).lower()).inc()
+        return Submitted(predictor, table, self.batcher.submit(predictor, table), arm, forced)
 
-    def rank_future(self, context: dict[str, Any], candidates: list[Any]):  # type: ignore
-        """``(predictor, features table, future scores)`` of a context's candidates."""
-        predictor, store = self.current()
+    def rank_future(self, context: dict[str, Any], candidates: list[Any],
+                    variant: str | None = None, assigned: tuple[str, bool] | None = None
+                    ) -> Submitted:
+        """A context's candidates to the arm of its unit (or the forced ``variant``)."""
+        arm, forced = assigned or self.assign(context.get(self.cfg.unit_key)
+                                              if isinstance(context, dict) else None, variant)
+        predictor, store = self.current(arm)
         table = predictor.candidates_table(context, candidates, self.cfg.item_key, store)
-        return predictor, table, self.batcher.submit(predictor, table)
+        self.variant_requests.labels(arm, str(forced).lower()).inc()
+        return Submitted(predictor, table, self.batcher.submit(predictor, table), arm, forced)
 
     # the feedback log ------------------------------------------------------------------
     @staticmethod
     def request_id() -> str:
         return uuid.uuid4().hex
 
-    def _meta(self, request_id: str, predictor: Predictor, unit: Any) -> dict[str, Any]:
+    @staticmethod
+    def _meta(request_id: str, sub: Submitted, unit: Any) -> dict[str, Any]:
         return {"request_id": request_id, "unit": None if unit is None else str(unit),
-                "variant": VARIANT, "model_version": predictor.version, "forced": False,
-                "served_at": time.time()}
+                "variant": sub.arm, "model_version": sub.predictor.version,
+                "forced": sub.forced, "served_at": time.time()}
 
-    def log_records(self, request_id: str, predictor: Predictor, table: Any,
-                    scores: np.ndarray, records: list[dict[str, Any]]) -> None:
+    def log_records(self, request_id: str, sub: Submitted, scores: np.ndarray,
+                    records: list[dict[str, Any]]) -> None:
         """``/v1/predict``'s records as served items (the item: its position)."""
         if self.journal is None:
             return
@@ -277,11 +421,10 @@ class ServerState:
         items = [{"item": None, "position": i, "score": float(scores[i, 0]),
                   "propensity": None, **({"unit": str(r[key])} if r.get(key) is not None
                                          else {})} for i, r in enumerate(records)]
-        self.journal.served(self._meta(request_id, predictor, None), items, table)
+        self.journal.served(self._meta(request_id, sub, None), items, sub.table)
 
-    def log_ranked(self, request_id: str, predictor: Predictor, table: Any,
-                   candidates: list[Any], ranked: list[dict[str, Any]],
-                   context: dict[str, Any]) -> None:
+    def log_ranked(self, request_id: str, sub: Submitted, candidates: list[Any],
+                   ranked: list[dict[str, Any]], context: dict[str, Any]) -> None:
         """The items a ranking response returned, in its order, with their features."""
         if self.journal is None or not ranked:
             return
@@ -291,8 +434,8 @@ class ServerState:
         rows = [first[r["item"]] for r in ranked]
         items = [{"item": str(r["item"]), "position": p, "score": r["score"],
                   "propensity": None} for p, r in enumerate(ranked)]
-        self.journal.served(self._meta(request_id, predictor, context.get(self.cfg.unit_key)),
-                            items, table.take(rows))
+        self.journal.served(self._meta(request_id, sub, context.get(self.cfg.unit_key)),
+                            items, sub.table.take(rows))
 
     def record_feedback(self, events: list[dict[str, Any]]) -> int:
         """Events on served items, for the joiner; returns how many were taken."""
@@ -358,13 +501,17 @@ class ServerState:
                                "reload one)", "retrieval_bundle")
         return retriever.search(context, n, store)
 
-    def recommend_future(self, context: dict[str, Any], n: int):  # type: ignore
-        """Retrieve ``n`` candidates, then submit them for ranking: ``(found, predictor,
-        table, future)`` (``table`` and ``future`` None when nothing was retrieved)."""
+    def recommend_future(self, context: dict[str, Any], n: int, variant: str | None = None
+                         ) -> tuple[list[tuple[str, float]], Submitted | None, str, bool]:
+        """Retrieve ``n`` candidates, then submit them for ranking to the unit's arm:
+        ``(found, submitted or None when nothing was retrieved, arm, forced)``."""
+        arm, forced = self.assign(context.get(self.cfg.unit_key)
+                                  if isinstance(context, dict) else None, variant)
         found = self.retrieve(context, n)
         if not found:
-            return found, self.current()[0], None, None
-        return (found, *self.rank_future(context, [item for item, _ in found]))  # 4-tuple
+            return found, None, arm, forced
+        return (found, self.rank_future(context, [item for item, _ in found],
+                                        assigned=(arm, forced)), arm, forced)
 
     def check_token(self, header: str | None, token: str | None = None) -> bool:
         """Whether an ``Authorization`` header carries ``token`` (default: the admin
@@ -382,8 +529,10 @@ class ServerState:
             self.journal.close()
         if self.joiner is not None:
             self.joiner.stop()
-        if self.watcher is not None:
-            self.watcher.stop()
+        self._stop_follow.set()
+        for arm in self.arms.values():
+            if arm.watcher is not None:
+                arm.watcher.stop()
         if self.sync is not None:
             self.sync.close()
         self.batcher.close()

@@ -28,8 +28,10 @@ class ModelWatcher:
 
     MAX_PARITY = 1e-4
 
-    def __init__(self, state: ServerState, directory: str, interval: float):
+    def __init__(self, state: ServerState | None, directory: str, interval: float,
+                 arm: str | None = None):
         self.state, self.dir, self.interval = state, Path(directory), interval
+        self.arm = arm  # the server's arm this directory feeds (None: control)
         self.serving: dict[str, Any] | None = None  # the versions.json entry being served
         self.previous: list[dict[str, Any]] = []  # served before, most recent last
         self.refused: set[int] = set()
@@ -108,7 +110,7 @@ class ModelWatcher:
     def _apply(self, entry: dict[str, Any]) -> dict[str, Any] | None:
         path = str(self.dir / entry["path"])
         try:
-            self.state.load(path, check=self._check(entry))
+            self.state.load(path, check=self._check(entry), arm=self.arm)
         except ServingBundleError as e:
             self.refused.add(int(entry["version"]))
             self.state.reloads.labels("refused").inc()
@@ -128,7 +130,7 @@ class ModelWatcher:
             raise ServingBundleError("watch", "no earlier version was served to roll back to")
         back = self.previous[-1]
         rolled_from = self.serving["version"] if self.serving else 0
-        self.state.load(str(self.dir / back["path"]), check=self._check(back))
+        self.state.load(str(self.dir / back["path"]), check=self._check(back), arm=self.arm)
         self.previous.pop()
         self.serving = back
         self.hold_until = max(self.hold_until, rolled_from)

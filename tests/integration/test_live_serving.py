@@ -77,7 +77,7 @@ CANDS = [f"i{i}" for i in range(0, 120, 7)]
 
 
 def served(state, user):
-    return state.rank_future({"user_id": user}, CANDS)[2].result()[:, 0]
+    return state.rank_future({"user_id": user}, CANDS).future.result()[:, 0]
 
 
 def test_events_append_like_training(bundle):
@@ -100,8 +100,8 @@ def test_events_append_like_training(bundle):
         assert np.abs(served(state, "new-user") -
                       explicit(bundle, "new-user", CANDS, ["7"])).max() < 1e-6
         # an explicit history in the request wins over the live one
-        p, _, f = state.rank_future({"user_id": user, "hist_item_id": [],
-                                     "hist_category_id": []}, CANDS)
+        f = state.rank_future({"user_id": user, "hist_item_id": [],
+                               "hist_category_id": []}, CANDS).future
         assert np.abs(f.result()[:, 0] - explicit(bundle, user, CANDS, [])).max() < 1e-6
         # an item no table knows: its category is unknown (OOV), the histories stay aligned
         state.record_events([{"user_id": "new-user", "item_id": "never-seen"}])

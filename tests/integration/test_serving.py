@@ -245,8 +245,8 @@ def test_redis_feature_store_matches_memory(bundles, redis_url):
         assert red.store.tables.size("item_id") == 60
         cands = ["i1", "i2", "i3", "i4", "i59", "never"]
         for user in ("u0", "u3", "unknown-user"):
-            a = mem.rank_future({"user_id": user}, cands)[2].result()
-            b = red.rank_future({"user_id": user}, cands)[2].result()
+            a = mem.rank_future({"user_id": user}, cands).future.result()
+            b = red.rank_future({"user_id": user}, cands).future.result()
             np.testing.assert_allclose(a, b, atol=1e-6)
     finally:
         mem.close()
@@ -527,7 +527,7 @@ def test_unexpected_error_is_a_counted_json_500(bundles, capfd):
 
     state = ServerState(load_serve_config(raw={"bundle": str(bundles[0])}))
 
-    def broken(records):
+    def broken(records, variant=None):
         raise KeyError("injected fault")
 
     state.predict_future = broken
@@ -666,3 +666,79 @@ def test_feedback_without_a_log_is_refused(server):
     r = httpx.post(f"{url}/v1/feedback", json={"events": [
         {"request_id": "x", "item": "i1", "type": "click"}]})
     assert r.status_code == 409 and "feedback.dir" in r.json()["error"]
+
+
+def test_an_experiment_keeps_each_user_in_one_arm(bundles, tmp_path):
+    """--variant arms: each user's arm is the salted hash's, the same on every request,
+    after a restart and in every one of 2 workers; a forced request is marked; a weight
+    change moves users one way only; the feedback log and report see the arms."""
+    from sampan.experiment.log import read_log
+    from sampan.experiment.report import report
+    from sampan.serving.variants import Allocation
+
+    log_dir = tmp_path / "feedback"
+    args = ["--variant", f"control={bundles[0]}:50", "--variant", f"candidate={bundles[1]}:50",
+            "--experiment", "exp1", "--set", f"feedback.dir={log_dir}", "--set",
+            "feedback.window_seconds=1", "--set", "feedback.flush_seconds=0.2"]
+    users = [f"u{i}" for i in range(40)] + [f"new{i}" for i in range(60)]
+    want = Allocation.from_weights([("control", 50), ("candidate", 50)])
+
+    def arms(url, who=users):
+        out = {}
+        for u in who:
+            r = rank(url, user=u, k=2)
+            assert r.status_code == 200, r.text
+            assert r.headers["x-sampan-variant"] == r.json()["variant"]
+            out[u] = r.json()["variant"]
+        return out
+
+    srv = Served(args, env={"SAMPAN_ADMIN_TOKEN": TOKEN}, grpc=False)
+    try:
+        first = arms(srv.url)
+        assert first == {u: want.arm_of("exp1", u) for u in users}
+        assert arms(srv.url) == first  # sticky
+        versions = {rank(srv.url, user=u).json()["model_version"] for u in users[:20]}
+        assert len(versions) == 2  # two bundles, two versions
+        ready = httpx.get(f"{srv.url}/readyz").json()["experiment"]
+        assert ready["buckets"] == {"control": 5000, "candidate": 5000}
+        # QA: a forced arm, by header or body; marked, counted
+        u = next(x for x in users if first[x] == "control")
+        r = httpx.post(f"{srv.url}/v1/rank", json={"context": {"user_id": u},
+                                                   "candidates": ["i1", "i2"]},
+                       headers={"X-Sampan-Variant": "candidate"})
+        assert r.json()["variant"] == "candidate"
+        bad = httpx.post(f"{srv.url}/v1/rank", json={"context": {"user_id": u},
+                                                     "candidates": ["i1"], "variant": "nope"})
+        assert bad.status_code == 400 and bad.json()["field"] == "variant"
+        metrics = httpx.get(f"{srv.url}/metrics").text
+        assert 'sampan_variant_requests_total{forced="true",variant="candidate"} 1.0' in metrics
+        # 50/50 -> 20/80: 3,000 buckets move from control to candidate, none back
+        h = {"Authorization": f"Bearer {TOKEN}"}
+        assert httpx.post(f"{srv.url}/v1/admin/weights", json={"weights": {
+            "control": 20}}, headers=h).status_code == 400  # every arm must be named
+        w = httpx.post(f"{srv.url}/v1/admin/weights", json={"weights": {
+            "control": 20, "candidate": 80}}, headers=h)
+        assert w.status_code == 200 and w.json()["moved_buckets"] == 3000
+        after = arms(srv.url)
+        assert all(after[x] == "candidate" for x in users if first[x] == "candidate")
+        assert sum(after[x] != first[x] for x in users) > 0
+        rows: list = []
+        for _ in range(100):
+            time.sleep(0.1)
+            if any(log_dir.rglob("part-*.parquet")):
+                rows = read_log(log_dir).to_pylist()
+                if len({r["request_id"] for r in rows}) >= 3 * len(users):
+                    break
+        forced = [r for r in rows if r["forced"]]
+        assert len(forced) == 2 and {r["variant"] for r in forced} == {"candidate"}
+        assert {r["variant"] for r in rows} == {"control", "candidate"}
+    finally:
+        srv.stop()
+    # a restart with 2 workers: the changed weights are read back, every worker agrees
+    srv = Served([*args, "--workers", "2"], grpc=False)
+    try:
+        assert arms(srv.url) == after
+    finally:
+        srv.stop()
+    rep = report(log_dir, tmp_path / "rep")  # shares from the saved experiment.json
+    assert rep["srm"]["shares_given"] and rep["srm"]["shares"]["candidate"] == 0.8
