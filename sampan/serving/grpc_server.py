@@ -80,11 +80,14 @@ def start_grpc(state: Any, host: str, port: int, threads: int = 16):  # type: ig
     def predict(data: bytes, _: Any) -> Any:
         request = parse(pb.PredictRequest, data)
         records = [struct(r) for r in request.records]
-        sub = state.predict_future(records)
+        sub = state.predict_future(records, request.variant or None)
         predictor, scores = sub.predictor, sub.future.result()
+        rid = state.request_id()
+        state.log_records(rid, sub, scores, records)
         return pb.PredictResponse(
             probabilities=[pb.Scores(values=row) for row in scores.tolist()],
-            labels=predictor.labels, model_version=predictor.version)
+            labels=predictor.labels, model_version=predictor.version, request_id=rid,
+            variant=sub.arm)
 
     defaults = {"n": 100, "k": 10}
 
@@ -96,33 +99,40 @@ def start_grpc(state: Any, host: str, port: int, threads: int = 16):  # type: ig
                                    f"{name} must be 0 or more, got {v}", name)
 
     def ranking(items: list[dict[str, Any]], predictor: Any, context: dict[str, Any],
-                recommend: bool, retrieved: int = 0) -> Any:
+                recommend: bool, arm: str, sub: Any = None, candidates: Any = None,
+                retrieved: int = 0) -> Any:
+        rid = state.request_id()
+        if sub is not None:
+            state.log_ranked(rid, sub, candidates, items, context)
         return pb.RankResponse(
             items=[pb.RankedItem(item=str(i["item"]), score=i["score"],
                                  retrieval_score=i.get("retrieval_score", 0.0))
                    for i in items], model_version=predictor.version,
-            warnings=state.context_warnings(context, recommend), retrieved=retrieved)
+            warnings=state.context_warnings(context, recommend), retrieved=retrieved,
+            request_id=rid, variant=arm)
 
     def rank(data: bytes, _: Any) -> Any:
         request = parse(pb.RankRequest, data)
         counts(request, "k", "task")
         candidates = list(request.candidates)
         context = struct(request.context)
-        sub = state.rank_future(context, candidates)
+        sub = state.rank_future(context, candidates, request.variant or None)
         return ranking(state.ranked(sub.predictor, sub.future.result(), candidates,
                                     request.k or 10, request.task), sub.predictor, context,
-                       False)
+                       False, sub.arm, sub, candidates)
 
     def recommend(data: bytes, _: Any) -> Any:
         request = parse(pb.RecommendRequest, data)
         counts(request, "n", "k", "task")
         context = struct(request.context)
-        found, sub, arm, _ = state.recommend_future(context, request.n or 100)
+        found, sub, arm, _ = state.recommend_future(context, request.n or 100,
+                                                    request.variant or None)
         if sub is None:
-            return ranking([], state.current(arm)[0], context, True)
-        return ranking(state.ranked(sub.predictor, sub.future.result(), [i for i, _ in found],
+            return ranking([], state.current(arm)[0], context, True, arm)
+        candidates = [i for i, _ in found]
+        return ranking(state.ranked(sub.predictor, sub.future.result(), candidates,
                                     request.k or 10, request.task, dict(found)),
-                       sub.predictor, context, True, len(found))
+                       sub.predictor, context, True, arm, sub, candidates, len(found))
 
     def events(data: bytes, context: Any) -> Any:
         if state.events_token and not state.check_token(
@@ -133,6 +143,20 @@ def start_grpc(state: Any, host: str, port: int, threads: int = 16):  # type: ig
         out = state.record_events([struct(e) for e in request.events])
         state.events.inc(out["accepted"])
         return pb.EventsResponse(**out)
+
+    def feedback(data: bytes, context: Any) -> Any:
+        if state.events_token and not state.check_token(
+                dict(context.invocation_metadata()).get("authorization"), state.events_token):
+            raise _Unauthenticated("missing or wrong token: send the metadata "
+                                   "'authorization: Bearer <events token>'", "authorization")
+        request = parse(pb.FeedbackRequest, data)
+        for i, e in enumerate(request.events):
+            if not e.request_id:
+                raise RequestError(f"event {i}: request_id is empty", "request_id", i)
+        n = state.record_feedback([{"request_id": e.request_id, "item": e.item,
+                                    "type": e.type, "ts": e.ts or None}
+                                   for e in request.events])
+        return pb.FeedbackResponse(accepted=n)
 
     def handler(name: str, fn: Any, response_class: Any) -> Any:
         route = f"grpc/{name}"
@@ -165,7 +189,8 @@ def start_grpc(state: Any, host: str, port: int, threads: int = 16):  # type: ig
         "Predict": handler("Predict", predict, pb.PredictResponse),
         "Rank": handler("Rank", rank, pb.RankResponse),
         "Recommend": handler("Recommend", recommend, pb.RankResponse),
-        "Events": handler("Events", events, pb.EventsResponse)}),))
+        "Events": handler("Events", events, pb.EventsResponse),
+        "Feedback": handler("Feedback", feedback, pb.FeedbackResponse)}),))
     bound = server.add_insecure_port(f"{host}:{port}")
     server.start()
     server.port = bound

@@ -167,6 +167,13 @@ def test_grpc(server, bundles):
         assert [(i.item, i.score) for i in r2.items] == [(i.item, i.score) for i in r.items]
         assert list(r2.warnings) == ["context feature 'colour' is read by no served model "
                                      "(model 'deepfm'); it was ignored"]
+        assert len(p.request_id) == 32 and p.variant == r.variant == "default"
+        assert r.request_id != r2.request_id
+        with pytest.raises(grpc.RpcError) as e:  # no feedback log on this server
+            stub.Feedback(pb.FeedbackRequest(events=[pb.FeedbackEvent(
+                request_id=r.request_id, item="i1", type="click")]))
+        assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "feedback.dir" in e.value.details()
 
 
 
@@ -618,7 +625,7 @@ def test_feedback_log_joins_served_items_with_their_events(bundles, tmp_path):
     log_dir = tmp_path / "feedback"
     srv = Served([str(bundles[0]), "--set", f"feedback.dir={log_dir}", "--set",
                   "feedback.window_seconds=1", "--set", "feedback.flush_seconds=0.2",
-                  "--set", "max_wait_ms=1"], grpc=False)
+                  "--set", "max_wait_ms=1"])
     try:
         r = rank(srv.url, user="u3", k=3)
         assert r.status_code == 200 and r.headers["x-sampan-variant"] == "default"
@@ -633,6 +640,15 @@ def test_feedback_log_joins_served_items_with_their_events(bundles, tmp_path):
             {"request_id": body["request_id"], "item": top, "type": "click"},  # a repeat
             {"request_id": p["request_id"], "item": 1, "type": "click"}]})
         assert ok.status_code == 200 and ok.json() == {"accepted": 3}
+        import grpc
+
+        from sampan.serving.grpc_server import stubs
+
+        pb, svc = stubs()
+        with grpc.insecure_channel(srv.grpc) as ch:  # the same over gRPC: a conversion
+            got = svc.ScoringStub(ch).Feedback(pb.FeedbackRequest(events=[pb.FeedbackEvent(
+                request_id=body["request_id"], item=top, type="conversion")]))
+            assert got.accepted == 1
         bad = httpx.post(f"{srv.url}/v1/feedback", json={"events": [
             {"request_id": body["request_id"], "item": top, "type": "like"}]})
         assert bad.status_code == 400 and "'like'" in bad.json()["error"]
@@ -648,6 +664,7 @@ def test_feedback_log_joins_served_items_with_their_events(bundles, tmp_path):
         by = {(r["request_id"], r["item"] or str(r["position"])): r for r in rows}
         clicked = by[(body["request_id"], top)]
         assert clicked["label"] == 1 and clicked["position"] == 0 and clicked["unit"] == "u3"
+        assert clicked["conversion"] == 1 and clicked["click"] == 1
         assert clicked["score"] == pytest.approx(body["items"][0]["score"])
         assert clicked["age"] is not None and clicked["brand"] is not None  # joined features
         assert by[(p["request_id"], "1")]["label"] == 1 and by[(p["request_id"], "1")][
