@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Annotated
 
@@ -27,13 +28,10 @@ def parse_shares(items: list[str] | None) -> dict[str, float] | None:
     out: dict[str, float] = {}
     for item in items:
         name, eq, w = item.partition("=")
-        try:
-            weight = float(w)
-        except ValueError:
-            weight = -1.0
-        if not eq or not name or weight < 0:
-            raise ConfigError(f"--weight {item!r}: expected ARM=WEIGHT, e.g. control=90")
-        out[name] = weight
+        if not eq or not name or not re.fullmatch(r"[0-9]+(\.[0-9]*)?|\.[0-9]+", w.strip()):
+            raise ConfigError(f"--weight {item!r}: expected ARM=WEIGHT, e.g. control=90 (a "
+                              "weight of 0 or more)")
+        out[name] = float(w)
     total = sum(out.values())
     if total <= 0:
         raise ConfigError(f"--weight: the weights {out} add up to 0")
@@ -137,12 +135,13 @@ def ope(
     """
     import numpy as np
     import pyarrow as pa
+    import pyarrow.compute  # noqa: F401  (pa.compute)
 
     from sampan.experiment import ope as ope_mod
     from sampan.experiment.log import column, feature_columns, read_log
     from sampan.serving import Predictor
 
-    table = read_log(log_dir)
+    table = read_log(log_dir, unshown=True)
     keep = ~column(table, "forced").astype(bool)
     if variant is not None:
         keep &= column(table, "variant").astype(str) == variant
@@ -150,8 +149,17 @@ def ope(
     if "propensity" not in table.column_names:
         raise ConfigError(f"{log_dir} has no propensity column: serve with explore: on to "
                           "evaluate other policies on its traffic")
-    records = table.select(feature_columns(table)).to_pylist()
-    scores = Predictor(candidate).predict(records)[:, 0]
+    # only explored rankings have propensities (not /v1/predict, not traffic before explore)
+    explored = pa.compute.is_valid(table.column("propensity")).to_numpy(zero_copy_only=False)
+    left_out = table.num_rows - int(explored.sum())
+    table = table.filter(pa.array(explored))
+    if table.num_rows == 0:
+        raise ConfigError(f"{log_dir} holds no explored traffic (every propensity is null): "
+                          "serve with explore: on to evaluate other policies on it")
+    predictor = Predictor(candidate)
+    known = set(predictor.columns)  # the candidate's raw inputs among the logged features
+    records = table.select([c for c in feature_columns(table) if c in known]).to_pylist()
+    scores = predictor.predict(records)[:, 0]
     log = ope_mod.Logged.of(column(table, "request_id").astype(str),
                             column(table, "position"),
                             np.asarray(column(table, "propensity"), dtype=np.float64),
@@ -165,7 +173,9 @@ def ope(
         t.add_row(k.upper(), f"{v['estimate']:.4f}", f"[{v['low']:.4f}, {v['high']:.4f}]")
     console.print(t)
     console.print(f"effective sample size {r['effective_sample_size']:,.0f} of "
-                  f"{r['requests']:,} requests; largest weight {r['max_weight']:.1f}")
+                  f"{r['requests']:,} requests; largest weight {r['max_weight']:.1f}"
+                  + (f"; {left_out:,} logged rows without a propensity left out"
+                     if left_out else ""))
     if out:
         out.write_text(json.dumps(r, indent=1))
         console.print(f"wrote {out}")

@@ -82,6 +82,20 @@ class FeedbackConfig(_Strict):
         return self
 
 
+class ExploreConfig(_Strict):
+    """Exploration of ``/v1/rank`` and ``/v1/recommend``'s first item, so that other
+    policies can be evaluated on the logged traffic (``sampan experiment ope``): with
+    ``epsilon``, a uniformly random candidate goes first with that probability, else the
+    best; with ``softmax``, the first is drawn from the softmax of the scores' logits at
+    ``temperature``. The rest follow by score. Every scored candidate is logged with the
+    probability that it would have gone first (its propensity); those not shown go to
+    ``feedback.dir/_unshown``, which the report and ``sampan stream`` leave out."""
+
+    method: Literal["epsilon", "softmax"] = "epsilon"
+    epsilon: float = Field(0.1, gt=0.0, le=1.0)
+    temperature: float = Field(1.0, gt=0.0)
+
+
 class VariantConfig(_Strict):
     """One arm of an A/B experiment: a bundle, or a model directory followed like
     ``watch``, and its share of the traffic (weights are relative)."""
@@ -154,6 +168,7 @@ class ServeConfig(_Strict):
     feature_store: FeatureStoreConfig = FeatureStoreConfig()
     feedback: FeedbackConfig = FeedbackConfig()
     experiment: ExperimentServeConfig | None = None
+    explore: ExploreConfig | None = None
 
     @model_validator(mode="after")
     def _has_bundle(self) -> ServeConfig:

@@ -34,14 +34,22 @@ REQUIRED = ("request_id", "position", "unit", "variant", "forced", "served_at", 
             "label")
 
 
-def read_log(path: str | Path, columns: list[str] | None = None) -> pa.Table:
+def read_log(path: str | Path, columns: list[str] | None = None,
+             unshown: bool = False) -> pa.Table:
     """Every Parquet file under ``path`` (a folder, read recursively, or one file) as one
-    table; the required columns are checked."""
+    table; the required columns are checked. Folders whose name starts with ``_`` or ``.``
+    are skipped (as ``sampan stream`` does), except, with ``unshown``, ``_unshown``: the
+    candidates scored but not shown when exploration was on (position -1)."""
     p = Path(path)
     if not p.exists():
         raise MissingPathError(f"feedback log {p} does not exist")
-    files = [p] if p.is_file() else sorted(f for f in p.rglob("*.parquet")
-                                           if not f.name.startswith("."))
+
+    def wanted(f: Path) -> bool:
+        parts = f.relative_to(p).parts
+        return not f.name.startswith(".") and all(
+            not x.startswith((".", "_")) or (unshown and x == "_unshown") for x in parts[:-1])
+
+    files = [p] if p.is_file() else sorted(f for f in p.rglob("*.parquet") if wanted(f))
     if not files:
         raise DataError(f"feedback log {p}: no .parquet files under it")
     tables = [pq.read_table(f, columns=columns) for f in files]

@@ -43,6 +43,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 JOURNAL = "_journal"
+UNSHOWN = "_unshown"
 STATE = "joiner.json"
 
 
@@ -92,6 +93,9 @@ class JournalWriter:
         for kind, payload in batch:
             if kind == "s":
                 meta, items, features = payload
+                if isinstance(features, pa.Table):  # "_" columns are bookkeeping
+                    features = features.select([c for c in features.column_names
+                                                if not c.startswith("_")])
                 rows = features.to_pylist() if isinstance(features, pa.Table) else \
                     (features or [{} for _ in items])
                 for it, f in zip(items, rows, strict=True):
@@ -283,7 +287,11 @@ class Joiner:
         by_hour: dict[str, list[dict[str, Any]]] = {}
         for k in ready:
             r = self.pending.pop(k)
-            by_hour.setdefault(_hour(r["served_at"]), []).append(self._row(r))
+            # candidates scored but not shown (exploration on): beside the log, for
+            # off-policy evaluation; the report and the stream source skip "_" folders
+            where = _hour(r["served_at"]) if r["position"] >= 0 else \
+                f"{UNSHOWN}/{_hour(r['served_at'])}"
+            by_hour.setdefault(where, []).append(self._row(r))
             self.recent[k] = r["served_at"]
         tmp_parts = []
         for hour, rows in by_hour.items():

@@ -100,10 +100,10 @@ def start_grpc(state: Any, host: str, port: int, threads: int = 16):  # type: ig
 
     def ranking(items: list[dict[str, Any]], predictor: Any, context: dict[str, Any],
                 recommend: bool, arm: str, sub: Any = None, candidates: Any = None,
-                retrieved: int = 0) -> Any:
+                retrieved: int = 0, scores: Any = None, task: int = 0) -> Any:
         rid = state.request_id()
         if sub is not None:
-            state.log_ranked(rid, sub, candidates, items, context)
+            state.log_ranked(rid, sub, candidates, items, context, scores, task)
         return pb.RankResponse(
             items=[pb.RankedItem(item=str(i["item"]), score=i["score"],
                                  retrieval_score=i.get("retrieval_score", 0.0))
@@ -117,9 +117,10 @@ def start_grpc(state: Any, host: str, port: int, threads: int = 16):  # type: ig
         candidates = list(request.candidates)
         context = struct(request.context)
         sub = state.rank_future(context, candidates, request.variant or None)
-        return ranking(state.ranked(sub.predictor, sub.future.result(), candidates,
-                                    request.k or 10, request.task), sub.predictor, context,
-                       False, sub.arm, sub, candidates)
+        scores = sub.future.result()
+        return ranking(state.ranked(sub.predictor, scores, candidates, request.k or 10,
+                                    request.task), sub.predictor, context, False, sub.arm,
+                       sub, candidates, 0, scores, request.task)
 
     def recommend(data: bytes, _: Any) -> Any:
         request = parse(pb.RecommendRequest, data)
@@ -130,9 +131,11 @@ def start_grpc(state: Any, host: str, port: int, threads: int = 16):  # type: ig
         if sub is None:
             return ranking([], state.current(arm)[0], context, True, arm)
         candidates = [i for i, _ in found]
-        return ranking(state.ranked(sub.predictor, sub.future.result(), candidates,
-                                    request.k or 10, request.task, dict(found)),
-                       sub.predictor, context, True, arm, sub, candidates, len(found))
+        scores = sub.future.result()
+        return ranking(state.ranked(sub.predictor, scores, candidates, request.k or 10,
+                                    request.task, dict(found)),
+                       sub.predictor, context, True, arm, sub, candidates, len(found), scores,
+                       request.task)
 
     def events(data: bytes, context: Any) -> Any:
         if state.events_token and not state.check_token(

@@ -252,7 +252,7 @@ def create_app(state: ServerState):  # type: ignore[no-untyped-def]
         scores = await asyncio.wrap_future(sub.future)
         items = state.ranked(sub.predictor, scores, req.candidates, req.k, req.task)
         rid = state.request_id()
-        state.log_ranked(rid, sub, req.candidates, items, req.context)
+        state.log_ranked(rid, sub, req.candidates, items, req.context, scores, req.task)
         return {"items": items, "model_version": sub.predictor.version,
                 "warnings": state.context_warnings(req.context),
                 **served(response, rid, sub.arm)}
@@ -272,7 +272,7 @@ def create_app(state: ServerState):  # type: ignore[no-untyped-def]
         scores = await asyncio.wrap_future(sub.future)
         candidates = [i for i, _ in found]
         items = state.ranked(sub.predictor, scores, candidates, req.k, req.task, dict(found))
-        state.log_ranked(rid, sub, candidates, items, req.context)
+        state.log_ranked(rid, sub, candidates, items, req.context, scores, req.task)
         return {"items": items, "retrieved": len(found),
                 "model_version": sub.predictor.version, "warnings": warnings,
                 **served(response, rid, arm)}

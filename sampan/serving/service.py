@@ -424,8 +424,11 @@ class ServerState:
         self.journal.served(self._meta(request_id, sub, None), items, sub.table)
 
     def log_ranked(self, request_id: str, sub: Submitted, candidates: list[Any],
-                   ranked: list[dict[str, Any]], context: dict[str, Any]) -> None:
-        """The items a ranking response returned, in its order, with their features."""
+                   ranked: list[dict[str, Any]], context: dict[str, Any],
+                   scores: np.ndarray | None = None, task: int = 0) -> None:
+        """The items a ranking response returned, in its order, with their features; with
+        ``explore`` (and the ``scores`` of every candidate), every scored candidate with
+        its propensity, those not returned at position -1."""
         if self.journal is None or not ranked:
             return
         first: dict[Any, int] = {}
@@ -434,6 +437,16 @@ class ServerState:
         rows = [first[r["item"]] for r in ranked]
         items = [{"item": str(r["item"]), "position": p, "score": r["score"],
                   "propensity": None} for p, r in enumerate(ranked)]
+        if self.cfg.explore is not None and scores is not None:
+            s = scores[:, task]
+            prop = self.first_probabilities(s)
+            for it, row in zip(items, rows, strict=True):
+                it["propensity"] = float(prop[row])
+            shown = set(rows)
+            unshown = [i for i in first.values() if i not in shown]
+            items += [{"item": str(candidates[i]), "position": -1, "score": float(s[i]),
+                       "propensity": float(prop[i])} for i in unshown]
+            rows += unshown
         self.journal.served(self._meta(request_id, sub, context.get(self.cfg.unit_key)),
                             items, sub.table.take(rows))
 
@@ -452,16 +465,37 @@ class ServerState:
                               "ts": now if e.get("ts") is None else e["ts"]} for e in events])
         return len(events)
 
-    @staticmethod
-    def ranked(predictor: Predictor, scores: np.ndarray, candidates: list[Any], k: int,
+    def ranked(self, predictor: Predictor, scores: np.ndarray, candidates: list[Any], k: int,
                task: int, retrieval: dict[Any, float] | None = None) -> list[dict[str, Any]]:
-        """The ``k`` best candidates by label ``task``'s probability, best first."""
+        """The ``k`` best candidates by label ``task``'s probability, best first; with
+        ``explore``, the first one drawn by its policy (see :meth:`first_probabilities`)."""
         if task >= scores.shape[1]:
             raise RequestError(f"task {task} does not exist; the model has "
                                f"{scores.shape[1]} label(s) {predictor.labels}", "task")
-        return [{"item": i, "score": s, **({"retrieval_score": retrieval[i]} if retrieval
-                                           is not None else {})}
-                for i, s in top_k(candidates, scores[:, task], k)]
+        s = scores[:, task]
+        if self.cfg.explore is None or len(candidates) < 2:
+            picked = top_k(candidates, s, k)
+        else:
+            p = self.first_probabilities(s)
+            first = int(np.searchsorted(np.cumsum(p), secrets.randbelow(2**53) / 2**53,
+                                        side="right"))
+            first = min(first, len(s) - 1)
+            rest = [i for i in np.argsort(-s, kind="stable") if i != first][:max(k - 1, 0)]
+            picked = [(candidates[i], float(s[i])) for i in [first, *rest]][:k]
+        return [{"item": i, "score": v, **({"retrieval_score": retrieval[i]} if retrieval
+                                           is not None else {})} for i, v in picked]
+
+    def first_probabilities(self, s: np.ndarray) -> np.ndarray:
+        """Each candidate's probability of going first under ``explore``."""
+        ex = self.cfg.explore
+        assert ex is not None
+        n = len(s)
+        if ex.method == "softmax":
+            z = np.log(np.clip(s, 1e-7, 1 - 1e-7) / (1 - np.clip(s, 1e-7, 1 - 1e-7)))
+            e = np.exp((z - z.max()) / ex.temperature)
+            return e / e.sum()
+        top = s == s.max()
+        return (1 - ex.epsilon) * top / top.sum() + ex.epsilon / n
 
     def context_warnings(self, context: dict[str, Any], recommend: bool = False) -> list[str]:
         """One warning per context key that no model of the request reads (it is ignored,

@@ -759,3 +759,62 @@ def test_an_experiment_keeps_each_user_in_one_arm(bundles, tmp_path):
         srv.stop()
     rep = report(log_dir, tmp_path / "rep")  # shares from the saved experiment.json
     assert rep["srm"]["shares_given"] and rep["srm"]["shares"]["candidate"] == 0.8
+
+
+def test_exploration_logs_propensities_that_ope_reads(bundles, tmp_path):
+    """explore: epsilon puts a random candidate first with probability epsilon; every scored
+    candidate is logged with its probability of going first (the unshown ones beside the
+    log), and `sampan experiment ope` evaluates another bundle on that traffic."""
+    from typer.testing import CliRunner
+
+    from sampan.cli import app
+    from sampan.experiment.log import read_log
+
+    log_dir = tmp_path / "feedback"
+    srv = Served([str(bundles[0]), "--set", f"feedback.dir={log_dir}", "--set",
+                  "feedback.window_seconds=1", "--set", "feedback.flush_seconds=0.2",
+                  "--set", "explore={method: epsilon, epsilon: 0.5}"], grpc=False)
+    cands = ["i1", "i2", "i3", "i4", "i5", "i6"]
+    rng = np.random.default_rng(0)
+    try:
+        greedy = 0
+        for n in range(240):
+            user = f"u{n % 40}"
+            body = rank(srv.url, user=user, candidates=cands, k=3).json()
+            scores = np.array(httpx.post(f"{srv.url}/v1/predict", json={"records": [
+                {"user_id": user, "item_id": c} for c in cands]}).json()["probabilities"])[:, 0]
+            greedy += body["items"][0]["item"] == cands[int(scores.argmax())]
+            if rng.random() < 0.3:
+                httpx.post(f"{srv.url}/v1/feedback", json={"events": [{
+                    "request_id": body["request_id"], "item": body["items"][0]["item"],
+                    "type": "click"}]})
+        # first = the best with probability 1 - 0.5 + 0.5 / 6 = 0.583 (240 draws: +-0.1)
+        assert 0.48 < greedy / 240 < 0.69
+        rows: list = []
+        for _ in range(100):
+            time.sleep(0.1)
+            if any((log_dir / "_unshown").rglob("part-*.parquet")):
+                rows = read_log(log_dir, unshown=True).to_pylist()
+                if sum(r["item"] is not None for r in rows) >= 240 * 6:  # rank's rows
+                    break
+    finally:
+        srv.stop()
+    ranked = [r for r in rows if r["item"] is not None]
+    by_req: dict = {}
+    for r in ranked:
+        by_req.setdefault(r["request_id"], []).append(r)
+    assert len(by_req) == 240 and all(len(v) == 6 for v in by_req.values())
+    for v in by_req.values():
+        assert sum(r["propensity"] for r in v) == pytest.approx(1.0)
+        assert sorted(r["position"] for r in v) == [-1, -1, -1, 0, 1, 2]
+        best = max(v, key=lambda r: r["score"])
+        assert best["propensity"] == pytest.approx(0.5 + 0.5 / 6)
+    shown = read_log(log_dir)  # the report's view: shown items only
+    assert {r["position"] for r in shown.to_pylist() if r["item"] is not None} == {0, 1, 2}
+    out = tmp_path / "ope.json"
+    r = CliRunner().invoke(app, ["experiment", "ope", str(log_dir), "--candidate",
+                                 str(bundles[1]), "--resamples", "200", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    est = json.loads(out.read_text())
+    assert est["requests"] == 240 and est["max_weight"] <= 1 / (0.5 / 6) + 1e-9
+    assert 0.15 < est["logged_ctr"] < 0.45  # the clicks posted: 30 % of first items
