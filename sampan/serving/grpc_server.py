@@ -137,21 +137,22 @@ def start_grpc(state: Any, host: str, port: int, threads: int = 16):  # type: ig
                        sub.predictor, context, True, arm, sub, candidates, len(found), scores,
                        request.task)
 
-    def events(data: bytes, context: Any) -> Any:
+    def events_allowed(context: Any) -> None:
+        """Events and feedback need the events token when one is set."""
         if state.events_token and not state.check_token(
                 dict(context.invocation_metadata()).get("authorization"), state.events_token):
             raise _Unauthenticated("missing or wrong token: send the metadata "
                                    "'authorization: Bearer <events token>'", "authorization")
+
+    def events(data: bytes, context: Any) -> Any:
+        events_allowed(context)
         request = parse(pb.EventsRequest, data)
         out = state.record_events([struct(e) for e in request.events])
         state.events.inc(out["accepted"])
         return pb.EventsResponse(**out)
 
     def feedback(data: bytes, context: Any) -> Any:
-        if state.events_token and not state.check_token(
-                dict(context.invocation_metadata()).get("authorization"), state.events_token):
-            raise _Unauthenticated("missing or wrong token: send the metadata "
-                                   "'authorization: Bearer <events token>'", "authorization")
+        events_allowed(context)
         request = parse(pb.FeedbackRequest, data)
         for i, e in enumerate(request.events):
             if not e.request_id:
