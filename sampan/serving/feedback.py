@@ -223,8 +223,8 @@ class Joiner:
             self.counts["bad_lines"] += count
             return
         if rec.get("k") == "s":
-            if rec["served_at"] <= self.written_until:
-                return  # written before a restart
+            if not count and rec["served_at"] <= self.written_until:
+                return  # replayed after a restart: written before it
             key = self._key(rec)
             row = {**rec, "_at": (name, off), "_seen": set()}
             self.pending[key] = row

@@ -32,7 +32,8 @@ class RankRequest(BaseModel):
     model_config = _examples({"context": {"user_id": "1000011"},
                               "candidates": ["3993081", "1686875", "5023031"], "k": 2})
     context: dict[str, Any] = Field(default_factory=dict)
-    candidates: list[str | int] = Field(min_length=1)
+    candidates: list[str | int] = Field(min_length=1, description="item ids; one named "
+                                         "twice is ranked once")
     k: int = Field(10, ge=1)
     task: int = Field(0, ge=0, description="which label's probability ranks (multi-task)")
     variant: str | None = Field(None, description="QA: serve with this arm (the request is "

@@ -28,6 +28,13 @@ if TYPE_CHECKING:
     from sampan.serving.workers import ReloadSync
 
 
+def _first_of_each(candidates: list[Any]) -> np.ndarray:
+    """Positions of each distinct candidate's first occurrence, in order."""
+    seen: set[Any] = set()
+    return np.array([i for i, c in enumerate(candidates) if not (c in seen or seen.add(c))],
+                    dtype=np.int64)
+
+
 class ConflictError(RequestError):
     """A request the server's set-up cannot take (HTTP 409), e.g. events for per-worker
     memory."""
@@ -431,19 +438,19 @@ class ServerState:
         its propensity, those not returned at position -1."""
         if self.journal is None or not ranked:
             return
-        first: dict[Any, int] = {}
-        for i, c in enumerate(candidates):
-            first.setdefault(c, i)
-        rows = [first[r["item"]] for r in ranked]
+        first = _first_of_each(candidates)
+        at = {candidates[i]: i for i in first}
+        rows = [int(at[r["item"]]) for r in ranked]
         items = [{"item": str(r["item"]), "position": p, "score": r["score"],
                   "propensity": None} for p, r in enumerate(ranked)]
         if self.cfg.explore is not None and scores is not None:
             s = scores[:, task]
-            prop = self.first_probabilities(s)
+            prop = np.zeros(len(s))
+            prop[first] = self.first_probabilities(s[first])
             for it, row in zip(items, rows, strict=True):
                 it["propensity"] = float(prop[row])
             shown = set(rows)
-            unshown = [i for i in first.values() if i not in shown]
+            unshown = [int(i) for i in first if i not in shown]
             items += [{"item": str(candidates[i]), "position": -1, "score": float(s[i]),
                        "propensity": float(prop[i])} for i in unshown]
             rows += unshown
@@ -468,11 +475,15 @@ class ServerState:
     def ranked(self, predictor: Predictor, scores: np.ndarray, candidates: list[Any], k: int,
                task: int, retrieval: dict[Any, float] | None = None) -> list[dict[str, Any]]:
         """The ``k`` best candidates by label ``task``'s probability, best first; with
-        ``explore``, the first one drawn by its policy (see :meth:`first_probabilities`)."""
+        ``explore``, the first one drawn by its policy (see :meth:`first_probabilities`).
+        A candidate named twice is ranked once (its first occurrence)."""
         if task >= scores.shape[1]:
             raise RequestError(f"task {task} does not exist; the model has "
                                f"{scores.shape[1]} label(s) {predictor.labels}", "task")
         s = scores[:, task]
+        first = _first_of_each(candidates)
+        if len(first) < len(candidates):
+            candidates, s = [candidates[i] for i in first], s[first]
         if self.cfg.explore is None or len(candidates) < 2:
             picked = top_k(candidates, s, k)
         else:

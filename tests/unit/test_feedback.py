@@ -83,6 +83,27 @@ def test_a_restart_loses_nothing_and_writes_nothing_twice(tmp_path):
     assert j2.stats()["served"] == 33  # counted once, not again on the replay
 
 
+def test_an_item_that_reaches_the_journal_late_is_still_written(tmp_path):
+    """A line flushed after the joiner has written past its served_at (another worker's
+    slow journal, a loaded machine) is written on the next pass, not skipped."""
+    now = time.time()
+    w1 = JournalWriter(tmp_path, flush_seconds=60)
+    serve(w1, "r1", now - WINDOW - 20)
+    w1.flush()
+    j = Joiner(tmp_path, window_seconds=WINDOW)
+    assert j.step(now=now) == 3
+    w2 = JournalWriter(tmp_path, flush_seconds=60)  # served before the cut, flushed after it
+    serve(w2, "r2", now - WINDOW - 10)
+    w2.events([{"request_id": "r2", "item": "b", "type": "click", "ts": now - WINDOW - 5}])
+    w2.close()
+    assert j.step(now=now + 1) == 3
+    log = read_log(tmp_path).to_pylist()
+    assert len(log) == 6 and sum(r["label"] for r in log if r["request_id"] == "r2") == 1
+    w1.close()
+    # a restart replays nothing of it a second time
+    assert Joiner(tmp_path, window_seconds=WINDOW).step(now=now + 2) == 0
+
+
 def test_a_killed_writer_loses_at_most_one_flush_interval(tmp_path):
     flush = 0.2
     child = textwrap.dedent(f"""
