@@ -110,3 +110,18 @@ def redis_url():
     yield f"redis://127.0.0.1:{port}/0"
     proc.terminate()
     proc.wait(timeout=10)
+
+
+@pytest.fixture
+def kafka_broker():
+    """A Kafka-protocol broker on localhost (librdkafka's mock cluster), alive while the
+    returned producer is. It keeps about the last 5 MB of each partition: a test topic
+    stays below that."""
+    ck = pytest.importorskip("confluent_kafka", reason="confluent-kafka is not installed "
+                             "(pip install 'sampan[stream]')")
+    owner = ck.Producer({"test.mock.num.brokers": 1, "bootstrap.servers": "",
+                         "log_level": 0})
+    meta = owner.list_topics(timeout=10)
+    brokers = ",".join(f"{b.host}:{b.port}" for b in meta.brokers.values())
+    yield ck, brokers
+    owner.flush(1)

@@ -96,9 +96,7 @@ def serve(
         if cfg.feedback.dir is not None:  # the workers journal; this process joins
             from sampan.serving.feedback import Joiner
 
-            fb = cfg.feedback
-            joiner = Joiner(fb.dir, fb.window_seconds, fb.label_events, fb.event_types,
-                            fb.flush_seconds).start()
+            joiner = Joiner.from_config(cfg.feedback).start()
         try:
             uvicorn.run("sampan.serving.workers:app_from_env", factory=True, host=cfg.host,
                         port=cfg.port, workers=cfg.workers, log_level="warning")

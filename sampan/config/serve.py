@@ -49,6 +49,19 @@ class FeatureStoreConfig(_Strict):
                                      "needs (SAMPAN_EVENTS_TOKEN wins); open when unset")
 
 
+class FeedbackKafkaConfig(_Strict):
+    """A Kafka topic the joiner also sends each shown item's labelled row to (one JSON
+    object per message, keyed ``request_id:item``), for ``sampan stream``'s Kafka source:
+    rows reach training as their window closes, not when their hour does. Delivery is at
+    least once (a joiner that crashes between sending and its checkpoint sends those rows
+    again); the Parquet log stays the exact record."""
+
+    brokers: str = Field(description="bootstrap servers, host:port[,host:port...]")
+    topic: str
+    options: dict[str, str] = Field(default_factory=dict, description="more librdkafka "
+                                    "producer settings (security.protocol, sasl.*, ...)")
+
+
 class FeedbackConfig(_Strict):
     """The feedback log: every served item, joined with the events posted for it
     (``POST /v1/feedback``) into a labelled row when its window closes.
@@ -72,6 +85,9 @@ class FeedbackConfig(_Strict):
                                     "make the label 1")
     event_types: list[str] = Field(["impression", "click", "conversion"], description="event "
                                    "types accepted; each becomes a 0/1 column")
+    kafka: FeedbackKafkaConfig | None = Field(None, description="also send the shown "
+                                              "items' rows to this topic (needs the stream "
+                                              "extra)")
 
     @model_validator(mode="after")
     def _labels_known(self) -> FeedbackConfig:

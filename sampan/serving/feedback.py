@@ -33,6 +33,7 @@ import os
 import socket
 import threading
 import time
+import traceback
 from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
@@ -144,8 +145,10 @@ class Joiner:
                  label_events: list[str] | tuple[str, ...] = ("click",),
                  event_types: list[str] | tuple[str, ...] = ("impression", "click",
                                                               "conversion"),
-                 flush_seconds: float = 1.0, poll_seconds: float = 1.0):
+                 flush_seconds: float = 1.0, poll_seconds: float = 1.0,
+                 sink: KafkaSink | None = None):
         self.root = Path(root)
+        self.sink = sink
         self.dir = self.root / JOURNAL
         self.dir.mkdir(parents=True, exist_ok=True)
         self.window = window_seconds
@@ -167,6 +170,13 @@ class Joiner:
         self.counts.update(st.get("counts", {}))
         self._finish(st.get("renames", []))
         self._replay(st.get("replay", {}))
+
+    @classmethod
+    def from_config(cls, fb: Any) -> Joiner:
+        """The joiner of a serve config's ``feedback`` section."""
+        sink = KafkaSink(fb.kafka) if fb.kafka is not None else None
+        return cls(fb.dir, fb.window_seconds, fb.label_events, fb.event_types,
+                   fb.flush_seconds, sink=sink)
 
     # ------------------------------------------------------------------- state
     def _load_state(self) -> dict[str, Any]:
@@ -286,13 +296,17 @@ class Joiner:
         ready = [k for k, r in self.pending.items() if r["served_at"] <= cut]
         by_hour: dict[str, list[dict[str, Any]]] = {}
         for k in ready:
-            r = self.pending.pop(k)
+            r = self.pending[k]
             # candidates scored but not shown (exploration on): beside the log, for
             # off-policy evaluation; the report and the stream source skip "_" folders
             where = _hour(r["served_at"]) if r["position"] >= 0 else \
                 f"{UNSHOWN}/{_hour(r['served_at'])}"
             by_hour.setdefault(where, []).append(self._row(r))
-            self.recent[k] = r["served_at"]
+        if self.sink is not None and ready:  # delivered first: a failure changes nothing
+            self.counts.update(self.sink.send([row for h, rows in by_hour.items()
+                                               if not h.startswith(UNSHOWN) for row in rows]))
+        for k in ready:
+            self.recent[k] = self.pending.pop(k)["served_at"]
         tmp_parts = []
         for hour, rows in by_hour.items():
             d = self.root / hour
@@ -366,7 +380,11 @@ class Joiner:
     def start(self) -> Joiner:
         def run() -> None:
             while not self._stop.wait(self.poll_seconds):
-                self.step()
+                try:
+                    self.step()
+                except Exception:  # noqa: BLE001 - kept running; the next pass retries
+                    self.counts["errors"] += 1
+                    traceback.print_exc()
 
         self._thread = threading.Thread(target=run, daemon=True, name="sampan-joiner")
         self._thread.start()
@@ -378,7 +396,55 @@ class Joiner:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+        if self.sink is not None:
+            self.sink.close()
 
     def stats(self) -> dict[str, Any]:
         return {**dict(self.counts), "pending": len(self.pending),
                 "orphan_events": sum(len(v) for v in self.orphans.values())}
+
+
+class KafkaSink:
+    """Sends labelled rows to a Kafka topic (serve config ``feedback.kafka``): one JSON
+    object per row, keyed ``request_id:item``, waiting for the broker's acknowledgement so
+    that the joiner checkpoints only what was delivered (at least once)."""
+
+    def __init__(self, cfg: Any, timeout: float = 30.0):
+        try:
+            import confluent_kafka as ck
+        except ImportError:
+            from sampan.errors import ConfigError
+
+            raise ConfigError("feedback.kafka needs confluent-kafka: pip install "
+                              "'sampan[stream]'") from None
+        self.topic, self.timeout = cfg.topic, timeout
+        self.producer = ck.Producer({"bootstrap.servers": cfg.brokers, "acks": "all",
+                                     "linger.ms": 5, "log_level": 0, **cfg.options})
+        self._failed = 0
+
+    def _delivered(self, err: Any, _msg: Any) -> None:
+        if err is not None:
+            self._failed += 1
+
+    def send(self, rows: list[dict[str, Any]]) -> Counter:
+        """Send ``rows`` and wait for them: ``{"kafka_sent": n}``; raises when some were
+        not delivered within the timeout (the joiner's pass fails before its checkpoint,
+        and the next pass sends them again)."""
+        self._failed = 0
+        for r in rows:
+            key = f"{r['request_id']}:{r['item'] if r['item'] is not None else r['position']}"
+            while True:
+                try:
+                    self.producer.produce(self.topic, json.dumps(r, default=_plain).encode(),
+                                          key.encode(), on_delivery=self._delivered)
+                    break
+                except BufferError:  # the local queue is full: let it drain
+                    self.producer.poll(0.1)
+        left = self.producer.flush(self.timeout)
+        if left or self._failed:
+            raise RuntimeError(f"feedback.kafka: {left + self._failed} of {len(rows)} rows "
+                               f"were not delivered to topic {self.topic!r}")
+        return Counter({"kafka_sent": len(rows)})
+
+    def close(self) -> None:
+        self.producer.flush(self.timeout)

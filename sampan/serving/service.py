@@ -163,8 +163,7 @@ class ServerState:
 
             self.journal = JournalWriter(fb.dir, fb.flush_seconds)
             if not os.environ.get("SAMPAN_SERVE_SYNC"):  # `--workers N`: the parent joins
-                self.joiner = Joiner(fb.dir, fb.window_seconds, fb.label_events,
-                                     fb.event_types, fb.flush_seconds).start()
+                self.joiner = Joiner.from_config(fb).start()
 
     # the experiment ------------------------------------------------------------------
     @property

@@ -4,6 +4,7 @@ restart, and a killed writer loses at most one flush interval."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -148,3 +149,49 @@ def test_feedback_config_refuses_a_label_event_it_does_not_accept():
         FeedbackConfig(label_events=["purchase"])
     # written parts are ordinary Parquet the stream's directory source reads
     assert pq is not None
+
+
+def test_shown_rows_also_go_to_kafka_and_a_failed_send_changes_nothing(tmp_path,
+                                                                       kafka_broker):
+    """feedback.kafka: each shown item's row is sent, keyed request_id:item, before the
+    joiner's checkpoint; unshown candidates are not; a send that fails leaves every row
+    pending and nothing written, and the next pass delivers."""
+    from sampan.config import FeedbackConfig
+    from sampan.serving.feedback import KafkaSink
+
+    ck, brokers = kafka_broker
+    now = time.time()
+    w = JournalWriter(tmp_path, flush_seconds=60)
+    serve(w, "r1", now - WINDOW - 10)
+    serve(w, "r2", now - WINDOW - 5)
+    w.served({"request_id": "r2", "unit": "u1", "variant": "control", "model_version": "m@1",
+              "forced": False, "served_at": now - WINDOW - 5},
+             [{"item": "d", "position": -1, "score": 0.05, "propensity": 0.1}],
+             [{"user_id": "u1", "item_id": "d", "price": 0.0}])  # scored, not shown
+    w.events([{"request_id": "r1", "item": "b", "type": "click", "ts": now - WINDOW - 8}])
+    w.close()
+    cfg = FeedbackConfig(dir=str(tmp_path), window_seconds=WINDOW,
+                         kafka={"brokers": "127.0.0.1:9", "topic": "feedback"})
+    j = Joiner.from_config(cfg)
+    j.sink = KafkaSink(cfg.kafka, timeout=1.0)  # nothing listens there
+    with pytest.raises(RuntimeError, match="not delivered"):
+        j.step(now=now)
+    assert len(j.pending) == 7 and not any(tmp_path.rglob("*.parquet"))
+    j.sink = KafkaSink(cfg.kafka.model_copy(update={"brokers": brokers}))
+    assert j.step(now=now) == 7
+    j.stop()
+    c = ck.Consumer({"bootstrap.servers": brokers, "group.id": "t", "log_level": 0,
+                     "auto.offset.reset": "earliest"})
+    c.subscribe(["feedback"])
+    got: dict = {}
+    deadline = time.time() + 20
+    while len(got) < 6 and time.time() < deadline:
+        m = c.poll(0.5)
+        if m is not None and m.error() is None:
+            got[m.key().decode()] = json.loads(m.value())
+    c.close()
+    log = {f"{r['request_id']}:{r['item']}": r for r in read_log(tmp_path).to_pylist()}
+    assert set(got) == set(log) and len(got) == 6  # the unshown "r2:d" is not sent
+    assert got["r1:b"]["label"] == 1 and got["r1:b"]["price"] == log["r1:b"]["price"]
+    assert sum(r["label"] for r in got.values()) == 1
+    assert j.stats()["kafka_sent"] == 6
