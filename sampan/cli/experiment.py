@@ -158,13 +158,30 @@ def ope(
                           "serve with explore: on to evaluate other policies on it")
     predictor = Predictor(candidate)
     known = set(predictor.columns)  # the candidate's raw inputs among the logged features
-    records = table.select([c for c in feature_columns(table) if c in known]).to_pylist()
+    inputs = [c for c in feature_columns(table) if c in known]
+    # each arm logged the features its own model read: an arm whose rows lack some of the
+    # candidate's inputs (all null) cannot be scored by it, and is left out
+    arms = column(table, "variant").astype(str)
+    lacking = {}
+    for arm in sorted(set(arms)):
+        rows = table.filter(pa.array(arms == arm))
+        gone = [c for c in inputs if rows.column(c).null_count == rows.num_rows]
+        if gone:
+            lacking[arm] = gone
+    if lacking:
+        table = table.filter(pa.array(~np.isin(arms, list(lacking))))
+        if table.num_rows == 0:
+            raise ConfigError(f"the logged rows lack inputs of {candidate}: " + "; ".join(
+                f"arm {a}: {g}" for a, g in lacking.items()))
+    records = table.select(inputs).to_pylist()
     scores = predictor.predict(records)[:, 0]
     log = ope_mod.Logged.of(column(table, "request_id").astype(str),
                             column(table, "position"),
                             np.asarray(column(table, "propensity"), dtype=np.float64),
                             column(table, "label"))
     r = ope_mod.evaluate(log, scores, policy, temperature, reward_model, resamples)
+    r["variants"] = sorted(set(column(table, "variant").astype(str)))
+    r["left_out"] = {a: {"missing_inputs": g} for a, g in lacking.items()}
     t = Table(title=f"candidate {candidate} on {r['requests']:,} logged requests")
     for col in ("estimator", "click rate", "95 % interval"):
         t.add_column(col)
@@ -176,6 +193,9 @@ def ope(
                   f"{r['requests']:,} requests; largest weight {r['max_weight']:.1f}"
                   + (f"; {left_out:,} logged rows without a propensity left out"
                      if left_out else ""))
+    for a, g in lacking.items():
+        console.print(f"arm {a} left out: its rows lack the candidate's inputs {g} (its "
+                      "model did not read them)")
     if out:
         out.write_text(json.dumps(r, indent=1))
         console.print(f"wrote {out}")

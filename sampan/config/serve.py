@@ -114,7 +114,8 @@ class ExploreConfig(_Strict):
 
 class VariantConfig(_Strict):
     """One arm of an A/B experiment: a bundle, or a model directory followed like
-    ``watch``, and its share of the traffic (weights are relative)."""
+    ``watch`` (with both: the bundle until the directory publishes a newer version), and
+    its share of the traffic (weights are relative)."""
 
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
     bundle: str | None = None
@@ -122,9 +123,9 @@ class VariantConfig(_Strict):
     weight: float = Field(ge=0.0)
 
     @model_validator(mode="after")
-    def _one_source(self) -> VariantConfig:
-        if (self.bundle is None) == (self.watch is None):
-            raise ValueError(f"variant {self.name!r}: give bundle or watch (one of them)")
+    def _a_source(self) -> VariantConfig:
+        if self.bundle is None and self.watch is None:
+            raise ValueError(f"variant {self.name!r}: give bundle or watch")
         return self
 
 

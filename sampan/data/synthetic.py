@@ -427,3 +427,83 @@ def iter_world(w: World, chunk_rows: int = CHUNK_ROWS, draw: int = 0,
             cols[f"c{f + 1}"] = pc.if_else(pa.array(present[:, f]), tokens,
                                            pa.scalar(None, pa.string()))
         yield pa.table(cols)
+
+
+@dataclass(frozen=True)
+class Marketplace:
+    """Users and items with a known click model, for simulating traffic against a server
+    (``benchmarks/closed_loop.py``): every (user, item) pair has its true click probability,
+    so what a ranking policy earns is known exactly.
+
+    Users carry ``segment`` and ``age``, items ``category`` and ``price``. The true logit is
+    an intercept + the item's quality + the segment x category affinity + a rank-``latent``
+    user x item taste term - a price effect; the intercept gives ``base_rate`` under
+    uniformly random exposure. Learnable from logs: item ids (quality), the segment x
+    category cross, and per-user taste where a user has enough impressions.
+
+    >>> m = MarketplaceTruth(Marketplace(users=5, items=4))
+    >>> m.p.shape, m.users_table().column_names, m.items_table().column_names
+    ((5, 4), ['user_id', 'segment', 'age'], ['item_id', 'category', 'price'])
+    """
+
+    users: int = 2000
+    items: int = 300
+    segments: int = 8
+    categories: int = 12
+    latent: int = 4
+    quality: float = 0.6
+    affinity: float = 0.8
+    taste: float = 0.5
+    base_rate: float = 0.08
+    seed: int = 0
+
+
+class MarketplaceTruth:
+    """The drawn users, items and the ``[users, items]`` matrix ``p`` of true click
+    probabilities of a :class:`Marketplace`."""
+
+    def __init__(self, m: Marketplace):
+        rng = np.random.default_rng([m.seed, 11])
+        self.m = m
+        self.segment = rng.integers(0, m.segments, m.users)
+        self.age = rng.integers(18, 70, m.users)
+        self.category = rng.integers(0, m.categories, m.items)
+        self.price = np.round(np.exp(rng.normal(3.0, 0.7, m.items)), 2)
+        quality = rng.normal(0, m.quality, m.items)
+        affinity = rng.normal(0, m.affinity, (m.segments, m.categories))
+        u = rng.normal(0, np.sqrt(m.taste), (m.users, m.latent))
+        v = rng.normal(0, np.sqrt(m.taste), (m.items, m.latent))
+        price = (np.log(self.price) - 3.0) / 0.7
+        z = quality[None, :] + affinity[self.segment][:, self.category] + u @ v.T \
+            - 0.3 * price[None, :]
+        lo, hi = -12.0, 6.0
+        for _ in range(50):  # the intercept of the base rate under uniform exposure
+            bias = (lo + hi) / 2
+            mean = (1.0 / (1.0 + np.exp(-(z + bias)))).mean()
+            lo, hi = (bias, hi) if mean < m.base_rate else (lo, bias)
+        self.p = 1.0 / (1.0 + np.exp(-(z + bias)))
+
+    def user_ids(self) -> list[str]:
+        return [f"u{k}" for k in range(self.m.users)]
+
+    def item_ids(self) -> list[str]:
+        return [f"i{k}" for k in range(self.m.items)]
+
+    def users_table(self) -> pa.Table:
+        return pa.table({"user_id": self.user_ids(),
+                         "segment": [f"s{s}" for s in self.segment], "age": self.age})
+
+    def items_table(self) -> pa.Table:
+        return pa.table({"item_id": self.item_ids(),
+                         "category": [f"c{c}" for c in self.category], "price": self.price})
+
+    def impressions(self, rows: int, seed: int = 0) -> pa.Table:
+        """``rows`` impressions of uniformly random (user, item) pairs with clicks drawn
+        from the truth: ``label``, ``user_id``, ``item_id``, ``oracle_p``."""
+        rng = np.random.default_rng([self.m.seed, 12, seed])
+        u = rng.integers(0, self.m.users, rows)
+        i = rng.integers(0, self.m.items, rows)
+        p = self.p[u, i]
+        return pa.table({"label": (rng.random(rows) < p).astype(np.int64),
+                         "user_id": [f"u{k}" for k in u], "item_id": [f"i{k}" for k in i],
+                         "oracle_p": p})

@@ -142,8 +142,13 @@ class Predictor:
                                    for s in self.bundle.schema.sequences]))
 
     def predict(self, records: list[dict[str, Any]], store: Any = None) -> np.ndarray:
-        """Probabilities ``[N, T]`` (T = number of labels), in record order."""
-        return self.score_table(self.table(records, store))
+        """Probabilities ``[N, T]`` (T = number of labels), in record order; any number
+        of records, scored ``max_records`` at a time (the limit is a request's)."""
+        n = self.max_records
+        if len(records) <= n:
+            return self.score_table(self.table(records, store))
+        return np.concatenate([self.score_table(self.table(records[i:i + n], store))
+                               for i in range(0, len(records), n)])
 
     # ------------------------------------------------------------------- ranking
     def candidates_table(self, context: dict[str, Any], candidates: list[Any],

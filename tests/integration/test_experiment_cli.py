@@ -75,6 +75,20 @@ def test_ope_on_a_bundle_equals_the_estimate_worked_by_hand(tmp_path, bundle):
     assert got["snips"]["estimate"] == pytest.approx((r_shown * hit).sum() / hit.sum())
     for e in got.values():
         assert e["low"] <= e["estimate"] <= e["high"]
+    # an arm whose model read fewer features logged only those: it cannot be scored by
+    # the candidate and is left out, said so
+    arms = log.column("variant").to_numpy(zero_copy_only=False)
+    c1 = pa.array(np.where(arms == "candidate", None, log.column("C1").to_numpy(
+        zero_copy_only=False)), pa.string())
+    write_log(log.set_column(log.column_names.index("C1"), "C1", c1), tmp_path / "log2",
+              "20261204/10")
+    r = CliRunner().invoke(app, ["experiment", "ope", str(tmp_path / "log2"), "--candidate",
+                                 str(bundle), "--resamples", "200", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "arm candidate left out" in " ".join(r.output.split())
+    two = json.loads(out.read_text())
+    assert two["variants"] == ["control"] and two["requests"] == 200
+    assert two["left_out"] == {"candidate": {"missing_inputs": ["C1"]}}
 
 
 def test_report_on_the_command_line_and_its_errors(tmp_path):

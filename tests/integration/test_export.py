@@ -93,6 +93,8 @@ def test_onnx_parity(tmp_path, raw, name, dynamic):
     assert manifest["parity"]["max_abs_diff"] <= 1e-5
     recs = records(raw)
     got = Predictor(bundle).predict(recs)
+    chunked = Predictor(bundle, max_records=7).predict(recs)  # scored 7 records at a time
+    np.testing.assert_allclose(chunked, got, rtol=0, atol=1e-6)
     # PyTorch eager on the same rows, read the way `sampan predict` reads files
     edited = tmp_path / "edited.csv"
     with open(edited, "w", newline="") as f:

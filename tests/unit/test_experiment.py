@@ -87,6 +87,17 @@ def test_bad_variants_and_weights_are_refused():
     assert 0 <= bucket_of("s", "u") < BUCKETS
 
 
+def test_an_arm_names_a_bundle_a_watched_directory_or_both():
+    from pydantic import ValidationError
+
+    from sampan.config.serve import VariantConfig
+
+    both = VariantConfig(name="control", bundle="b/v1", watch="published", weight=1)
+    assert (both.bundle, both.watch) == ("b/v1", "published")  # v1 until a newer one
+    with pytest.raises(ValidationError, match="variant 'x': give bundle or watch"):
+        VariantConfig(name="x", weight=1)
+
+
 # --------------------------------------------------------------------- report stats
 def simulated_log(rng, users=2000, lift=0.0, shares=(0.5, 0.5), salt="aa",
                   drop_candidate=0.0, base=None, per_user=0.1, activity=None) -> pa.Table:
