@@ -59,6 +59,13 @@ def _plain(v: Any) -> Any:
     return v
 
 
+def _table(rows: list[dict[str, Any]]) -> pa.Table:
+    """Rows as a table with every column any of them has (arms whose models read
+    different features share a part; a row without a column has null there)."""
+    names = list(dict.fromkeys(c for r in rows for c in r))
+    return pa.table({c: [r.get(c) for r in rows] for c in names})
+
+
 class JournalWriter:
     """Appends served items and events to this process's journal (see the module doc)."""
 
@@ -313,7 +320,7 @@ class Joiner:
             d.mkdir(parents=True, exist_ok=True)
             final = d / f"part-{self.seq:06d}.parquet"
             tmp = d / f".part-{self.seq:06d}.parquet.tmp"
-            pq.write_table(pa.Table.from_pylist(rows), tmp)
+            pq.write_table(_table(rows), tmp)
             tmp_parts.append((tmp, final))
             self.seq += 1
             self.counts["written"] += len(rows)

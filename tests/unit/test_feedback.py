@@ -59,6 +59,26 @@ def test_rows_are_labelled_by_the_rule_and_odd_events_counted(tmp_path):
     assert all((h / "_SUCCESS").exists() for h in hours)
 
 
+def test_arms_with_different_features_keep_all_their_columns_in_one_part(tmp_path):
+    t0 = time.time() - 3 * 3600
+    w = JournalWriter(tmp_path, flush_seconds=60)
+    meta = {"unit": "u1", "forced": False, "served_at": t0}
+    item = [{"item": "a", "position": 0, "score": 0.5, "propensity": None}]
+    # the candidate's model reads one feature, control's three; the candidate row comes first
+    w.served({**meta, "request_id": "r1", "variant": "candidate", "model_version": "lr@1"},
+             item, [{"segment": "s1"}])
+    w.served({**meta, "request_id": "r2", "variant": "control", "model_version": "fm@1",
+              "served_at": t0 + 1}, item, [{"segment": "s1", "user_id": "u1", "age": 30}])
+    w.close()
+    j = Joiner(tmp_path, window_seconds=WINDOW)
+    assert j.step() == 2
+    parts = list(tmp_path.rglob("part-*.parquet"))
+    assert len(parts) == 1  # one part holds both arms
+    rows = {r["variant"]: r for r in read_log(tmp_path).to_pylist()}
+    assert (rows["control"]["user_id"], rows["control"]["age"]) == ("u1", 30)
+    assert (rows["candidate"]["user_id"], rows["candidate"]["age"]) == (None, None)
+
+
 def test_a_restart_loses_nothing_and_writes_nothing_twice(tmp_path):
     now = time.time()
     w = JournalWriter(tmp_path, flush_seconds=60)
