@@ -12,11 +12,18 @@ scenarios: ``/v1/rank`` where the client sends the user's history itself (the ba
 (retrieval top-``--candidates``, then DIN), each client posting one event for its user
 every ``--events-every`` requests (not timed).
 
+``--feedback`` measures what the feedback log costs: two servers on the same bundle, one
+logging every returned item (``feedback.dir``) and one not, loaded in turn in
+``--chunk``-second slices until each has had ``--seconds``; the logging server's clients
+post a click on one returned item every ``--click-every`` responses (not timed). Printed:
+each server's latency and failures, the p99 ratio, and what the joiner wrote.
+
 Usage::
 
     python benchmarks/serve_load.py                       # 1 and 8 clients, 10 s each
     python benchmarks/serve_load.py --bundle B --clients 1 4 16 --seconds 20 --readme README.md
     python benchmarks/serve_load.py --taobao --clients 1 4 --readme README.md
+    python benchmarks/serve_load.py --feedback --clients 4 --seconds 60 --readme README.md
 """
 
 from __future__ import annotations
@@ -122,7 +129,10 @@ def drive(call, clients: int, seconds: float) -> dict:
         while time.perf_counter() < stop:
             t0 = time.perf_counter()
             ok = call(rng, state)
-            lat[k].append(time.perf_counter() - t0)
+            took = time.perf_counter() - t0
+            if isinstance(ok, tuple):  # the call timed its own request
+                ok, took = ok
+            lat[k].append(took)
             errors[k] += 0 if ok else 1
 
     threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
@@ -137,7 +147,8 @@ def drive(call, clients: int, seconds: float) -> dict:
             "requests_per_s": all_lat.size / wall,
             "p50_ms": float(np.percentile(all_lat, 50)),
             "p95_ms": float(np.percentile(all_lat, 95)),
-            "p99_ms": float(np.percentile(all_lat, 99)), "max_ms": float(all_lat.max())}
+            "p99_ms": float(np.percentile(all_lat, 99)), "max_ms": float(all_lat.max()),
+            "_lat": all_lat}
 
 
 class HttpRank:
@@ -155,6 +166,93 @@ class HttpRank:
                                                                     self.n)], "k": 10}
         r = client.post(f"{self.url}/v1/rank", json=body)
         return r.status_code == 200
+
+
+class HttpRankClicks(HttpRank):
+    """:class:`HttpRank` whose user clicks one returned item every ``click_every``
+    responses (posted to ``/v1/feedback`` after the timed request; a failed post counts as
+    a failure); none when ``click_every`` is None."""
+
+    def __init__(self, url: str, users: list[str], items: list[str], n: int,
+                 click_every: int | None):
+        super().__init__(url, users, items, n)
+        self.click_every = click_every
+
+    def setup(self):
+        return [super().setup(), 0]
+
+    def __call__(self, rng, state):
+        client, count = state
+        state[1] += 1
+        body = {"context": {"user_id": self.users[rng.integers(len(self.users))]},
+                "candidates": [self.items[i] for i in rng.integers(0, len(self.items),
+                                                                    self.n)], "k": 10}
+        t0 = time.perf_counter()
+        r = client.post(f"{self.url}/v1/rank", json=body)
+        took = time.perf_counter() - t0
+        if r.status_code != 200:
+            return False, took
+        if self.click_every and count % self.click_every == 0:
+            out = r.json()
+            item = out["items"][rng.integers(len(out["items"]))]["item"]
+            f = client.post(f"{self.url}/v1/feedback", json={"events": [
+                {"request_id": out["request_id"], "item": item, "type": "click"}]})
+            return f.status_code == 200, took
+        return True, took
+
+
+def feedback_cost(args, bundle: Path, work: Path) -> dict:
+    """Two servers of ``bundle``, with and without the feedback log, loaded in turn."""
+    import httpx
+
+    log = work / "feedback"
+    on, on_url = start_server(bundle, "--set", f"feedback.dir={log}", "--set",
+                              f"feedback.window_seconds={args.window}")
+    off, off_url = start_server(bundle)
+    try:
+        users, items = ids(bundle, "user_id"), ids(bundle, "item_id")
+        calls = {"off": HttpRankClicks(off_url, users, items, args.candidates, None),
+                 "on": HttpRankClicks(on_url, users, items, args.candidates,
+                                      args.click_every)}
+        for call in calls.values():
+            drive(call, 1, 1.0)  # warm-up
+        results = []
+        for c in args.clients:
+            parts: dict[str, list[dict]] = {"off": [], "on": []}
+            slices = max(1, round(args.seconds / args.chunk))
+            for i in range(slices):  # alternate, the first one swapped each time
+                for name in (("off", "on") if i % 2 == 0 else ("on", "off")):
+                    parts[name].append(drive(calls[name], c, args.seconds / slices))
+            for name, ps in parts.items():
+                lat = np.concatenate([p.pop("_lat") for p in ps])
+                r = {"logging": name, "clients": c, "seconds": args.seconds,
+                     "requests": int(lat.size), "errors": sum(p["errors"] for p in ps),
+                     "requests_per_s": lat.size / args.seconds,
+                     **{f"p{q}_ms": float(np.percentile(lat, q)) for q in (50, 95, 99)},
+                     "max_ms": float(lat.max())}
+                print(f"feedback log {name:3} clients {c:3}: {r['requests_per_s']:8,.0f} "
+                      f"req/s  p50 {r['p50_ms']:6.2f} ms  p95 {r['p95_ms']:6.2f} ms  "
+                      f"p99 {r['p99_ms']:6.2f} ms  errors {r['errors']}", flush=True)
+                results.append(r)
+        time.sleep(args.window + 3)  # the last windows close
+        ready = httpx.get(f"{on_url}/readyz").json()
+    finally:
+        for s in (on, off):
+            s.terminate()
+            s.wait(timeout=30)
+    from sampan.experiment.log import read_log
+
+    written = read_log(log)
+    clicked = int(np.sum(written.column("label").to_numpy()))
+    by = {(r["logging"], r["clients"]): r for r in results}
+    ratios = {c: by[("on", c)]["p99_ms"] / by[("off", c)]["p99_ms"] for c in args.clients}
+    for c, q in ratios.items():
+        print(f"clients {c}: p99 with the log / without = {q:.3f}")
+    print(f"the log holds {written.num_rows:,} rows, {clicked:,} clicked; "
+          f"the server's feedback counts: {json.dumps(ready.get('feedback', {}))}")
+    return {"results": results, "p99_ratio": ratios, "log_rows": written.num_rows,
+            "log_clicks": clicked, "window_seconds": args.window,
+            "click_every": args.click_every}
 
 
 class LiveCall:
@@ -224,6 +322,26 @@ class GrpcRank:
             return False
 
 
+def markdown_feedback(report: dict) -> str:
+    m, f = report["machine"], report["feedback"]
+    lines = [f"The feedback log's cost (`python benchmarks/serve_load.py {report['args']}`; "
+             f"{m['cpu']} ({', '.join(m['isa'])}), {m['cores']} cores; server and clients "
+             f"on the same machine): `/v1/rank` with {report['candidates']} candidates, "
+             "top 10 returned and logged, a click posted every "
+             f"{f['click_every']} responses; two servers of the same bundle, with and "
+             "without `feedback.dir`, loaded in turn. The log then held "
+             f"{f['log_rows']:,} rows ({f['log_clicks']:,} clicked).", "",
+             "| feedback log | clients | seconds | requests/s | p50 ms | p95 ms | p99 ms | "
+             "failed |", "|---|---|---|---|---|---|---|---|"]
+    for r in f["results"]:
+        lines.append(f"| {r['logging']} | {r['clients']} | {r['seconds']:g} | "
+                     f"{r['requests_per_s']:,.0f} | {r['p50_ms']:.2f} | {r['p95_ms']:.2f} | "
+                     f"{r['p99_ms']:.2f} | {r['errors']} |")
+    lines += ["", "p99 with the log / without: " + ", ".join(
+        f"{q:.2f} ({c} clients)" for c, q in f["p99_ratio"].items())]
+    return "\n".join(lines)
+
+
 def markdown(report: dict) -> str:
     m = report["machine"]
     what = (f"DIN and two-tower on the Taobao sample, one event per "
@@ -260,6 +378,14 @@ def main() -> None:
     ap.add_argument("--events-every", type=int, default=10)
     ap.add_argument("--server-set", nargs="*", default=[], metavar="KEY=VALUE",
                     help="serve config overrides (e.g. threads=1)")
+    ap.add_argument("--feedback", action="store_true",
+                    help="the feedback log's cost: with and without it, in turn")
+    ap.add_argument("--chunk", type=float, default=10.0,
+                    help="with --feedback: seconds of each turn")
+    ap.add_argument("--click-every", type=int, default=5,
+                    help="with --feedback: a click posted every N responses")
+    ap.add_argument("--window", type=float, default=5.0,
+                    help="with --feedback: feedback.window_seconds")
     ap.add_argument("--json", default=str(ROOT / "benchmarks/results/serve_load.json"))
     ap.add_argument("--readme", type=Path)
     args = ap.parse_args()
@@ -271,6 +397,16 @@ def main() -> None:
         bundle, retrieval = make_taobao(work)
     else:
         bundle = args.bundle or make_bundle(work)
+    if args.feedback:
+        report = {"args": " ".join(sys.argv[1:]), "candidates": args.candidates,
+                  "machine": machine(), "feedback": feedback_cost(args, bundle, work)}
+        Path(args.json.replace("serve_load.json", "serve_load_feedback.json")).write_text(
+            json.dumps(report, indent=1))
+        if args.readme:
+            from benchmarks._readme import update_block
+
+            update_block(args.readme, "serve_load_feedback", markdown_feedback(report))
+        return
     gport = free_port()
     extra = ["--set", f"retrieval_bundle={retrieval}"] if retrieval else []
     extra += [x for kv in args.server_set for x in ("--set", kv)]
@@ -299,6 +435,7 @@ def main() -> None:
             drive(call, 1, 1.0)  # warm-up
             for c in args.clients:
                 r = {"protocol": proto, **drive(call, c, args.seconds)}
+                r.pop("_lat")
                 print(f"{proto:18} clients {c:3}: {r['requests_per_s']:8,.0f} req/s  "
                       f"p50 {r['p50_ms']:6.2f} ms  p95 {r['p95_ms']:6.2f} ms  "
                       f"p99 {r['p99_ms']:6.2f} ms  errors {r['errors']}", flush=True)

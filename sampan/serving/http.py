@@ -185,7 +185,7 @@ def create_app(state: ServerState):  # type: ignore[no-untyped-def]
                                    "labels": ["label"], "worker": 4242}))
     async def readyz():  # type: ignore[no-untyped-def]
         """A model is loaded and answering (503 before); with --watch, the published
-        version served."""
+        version served; with a feedback log, its counts."""
         if state.predictor is None:
             return error(503, "no model loaded")
         p = state.predictor
@@ -198,6 +198,10 @@ def create_app(state: ServerState):  # type: ignore[no-untyped-def]
                                       "version": a.predictor.version}
                              for a in state.arms.values() if a.predictor is not None},
                 "buckets": state.allocation.counts()}
+        if state.journal is not None:  # this process's journal; the joiner where it runs
+            out["feedback"] = {"journal": dict(state.journal.written),
+                               **({"joiner": state.joiner.stats()}
+                                  if state.joiner is not None else {})}
         if state.watcher is not None and state.watcher.serving is not None:
             w = state.watcher
             out["published"] = {"version": w.serving["version"],
@@ -220,6 +224,8 @@ def create_app(state: ServerState):  # type: ignore[no-untyped-def]
             registry = CollectorRegistry()
             MultiProcessCollector(registry)
             registry.register(state.window)
+            if state.journal is not None:
+                registry.register(state.feedback_counts)
         return PlainTextResponse(generate_latest(registry),
                                  media_type=CONTENT_TYPE_LATEST)
 

@@ -51,3 +51,65 @@ class LatencyWindow:
             for q, v in qs.items():
                 g.add_metric([route, str(q), *worker], v)
         yield g
+
+
+class FeedbackCounts:
+    """The feedback log as Prometheus metrics (serve config ``feedback.dir`` set):
+
+    - ``sampan_feedback_journal_total{kind}``: served items and events this process wrote
+      to its journal (with ``--workers N``, the answering worker's, labelled with its pid);
+    - ``sampan_feedback_rows_total{outcome}``: the joiner's counts since the log began:
+      ``written`` rows, ``late``, ``duplicate``, ``unknown`` and ``unknown_type`` events,
+      ``kafka_sent``, failed passes (``errors``), ``events_click`` and the like;
+    - ``sampan_feedback_pending{what}``: served items waiting for their window to close,
+      and events waiting for their item.
+
+    The joiner runs in the server's own process, or in the parent of ``--workers N``, whose
+    counts are read from the state it saves after each pass (pending ones then absent)."""
+
+    def __init__(self, service: object):
+        self.service = service
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        import json
+        from pathlib import Path
+
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        from sampan.serving.feedback import JOURNAL, STATE
+
+        s = self.service
+        journal = getattr(s, "journal", None)
+        if journal is None:
+            return
+        worker = [str(os.getpid())] if os.environ.get("PROMETHEUS_MULTIPROC_DIR") else []
+        c = CounterMetricFamily("sampan_feedback_journal", "Served items and events written "
+                                "to this process's feedback journal",
+                                labels=["kind", *(["worker"] if worker else [])])
+        for kind in ("served", "events"):
+            c.add_metric([kind, *worker], journal.written.get(kind, 0))
+        yield c
+        joiner = getattr(s, "joiner", None)
+        if joiner is not None:
+            stats = joiner.stats()
+            pending = {"items": stats.pop("pending"), "events": stats.pop("orphan_events")}
+        else:  # the parent of --workers N joins: its last saved counts
+            p = Path(s.cfg.feedback.dir) / JOURNAL / STATE
+            try:
+                stats = json.loads(p.read_text()).get("counts", {})
+            except (OSError, ValueError):
+                stats = {}
+            pending = {}
+        rows = CounterMetricFamily("sampan_feedback_rows", "The feedback joiner's counts: "
+                                   "rows written, late / duplicate / unknown events, rows "
+                                   "sent to Kafka, failed passes", labels=["outcome"])
+        for outcome, n in sorted(stats.items()):
+            rows.add_metric([outcome], n)
+        yield rows
+        if pending:
+            g = GaugeMetricFamily("sampan_feedback_pending", "Served items waiting for their "
+                                  "window to close, and events waiting for their item",
+                                  labels=["what"])
+            for what, n in pending.items():
+                g.add_metric([what], n)
+            yield g

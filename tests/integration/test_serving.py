@@ -4,6 +4,7 @@ store against a real redis-server."""
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -677,6 +678,14 @@ def test_feedback_log_joins_served_items_with_their_events(bundles, tmp_path):
         report = analyze(read_log(log_dir))
         assert report["arms"]["default"]["clicks"] == 2
         assert report["arms"]["default"]["impressions"] == 5
+        # its counts, for a dashboard and for a person
+        metrics = httpx.get(f"{srv.url}/metrics").text
+        assert 'sampan_feedback_rows_total{outcome="written"} 5.0' in metrics
+        assert 'sampan_feedback_rows_total{outcome="duplicate"} 1.0' in metrics
+        assert 'sampan_feedback_journal_total{kind="served"} 5.0' in metrics
+        assert 'sampan_feedback_pending{what="items"} 0.0' in metrics
+        fb = httpx.get(f"{srv.url}/readyz").json()["feedback"]
+        assert fb["journal"]["served"] == 5 and fb["joiner"]["written"] == 5
     finally:
         srv.stop()
 
@@ -758,6 +767,10 @@ def test_an_experiment_keeps_each_user_in_one_arm(bundles, tmp_path):
     srv = Served([*args, "--workers", "2"], grpc=False)
     try:
         assert arms(srv.url) == after
+        # the parent joins: the workers' /metrics read its saved counts (none lost)
+        metrics = httpx.get(f"{srv.url}/metrics").text
+        written = re.search(r'sampan_feedback_rows_total\{outcome="written"\} (\S+)', metrics)
+        assert written is not None and float(written.group(1)) >= len(rows), metrics
     finally:
         srv.stop()
     rep = report(log_dir, tmp_path / "rep")  # shares from the saved experiment.json
