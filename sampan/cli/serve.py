@@ -94,9 +94,9 @@ def serve(
         console.print(f"serving {cfg.bundle} on {where} with {cfg.workers} workers")
         joiner = None
         if cfg.feedback.dir is not None:  # the workers journal; this process joins
-            from sampan.serving.feedback import Joiner
+            from sampan.serving.feedback import JoinerProcess
 
-            joiner = Joiner.from_config(cfg.feedback).start()
+            joiner = JoinerProcess(cfg.feedback).start()
         try:
             uvicorn.run("sampan.serving.workers:app_from_env", factory=True, host=cfg.host,
                         port=cfg.port, workers=cfg.workers, log_level="warning")

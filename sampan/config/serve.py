@@ -68,7 +68,9 @@ class FeedbackConfig(_Strict):
 
     Each serving process appends what it served and the events it received to its own
     journal under ``dir/_journal`` (flushed every ``flush_seconds``: a process killed
-    outright loses at most that much); one joiner turns the journals into labelled rows,
+    outright loses at most that much); one joiner (a process of the server's own, one per
+    ``dir``: a second server on the same ``dir`` journals, its joiner waiting to take over)
+    turns the journals into labelled rows,
     ``dir/YYYYMMDD/HH/part-*.parquet`` by the hour served, with ``_SUCCESS`` once every row
     of the hour is written: the layout ``sampan stream``'s directory source reads. A served
     item's ``label`` is 1 when an event of a ``label_events`` type arrived within

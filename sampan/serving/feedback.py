@@ -5,8 +5,9 @@ actions):
 
 - :class:`JournalWriter`, one per serving process: what it served (every scored item of a
   response, with the features as the model saw them, its score, arm and model version) and
-  the events it was sent, appended as JSON lines to ``dir/_journal/<host>-<pid>-<ms>.jsonl``
-  by a background thread every ``flush_seconds`` (a process killed outright loses at most
+  the events it was sent, appended as JSON lines (one per response, its items and features
+  as columns; one per event) to ``dir/_journal/<host>-<pid>-<ms>.jsonl`` by a background
+  thread every ``flush_seconds`` (a process killed outright loses at most
   the lines of one interval). Requests only hand over references; the encoding happens in
   that thread.
 - :class:`Joiner`, one per log: reads every journal from where it stopped, keeps each
@@ -41,7 +42,10 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
+
+from sampan.errors import SampanError
 
 JOURNAL = "_journal"
 UNSHOWN = "_unshown"
@@ -57,6 +61,79 @@ def _plain(v: Any) -> Any:
     if isinstance(v, float) and not math.isfinite(v):
         return None
     return v
+
+
+class LogBusy(SampanError):
+    """Another joiner is writing this feedback log (one joiner per ``feedback.dir``)."""
+
+
+def _lock(path: Path, wait: float) -> Any:
+    """An exclusive lock on ``path`` (held while the returned file is open), waiting up to
+    ``wait`` seconds for another holder to let go."""
+    try:
+        import fcntl
+    except ImportError:  # not a POSIX system: one joiner per log is the user's to keep
+        return None
+    f = open(path, "a+", encoding="utf-8")  # noqa: SIM115 - held open: the lock
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                f.seek(0)
+                holder = f.read().strip() or "?"
+                f.close()
+                raise LogBusy(f"another joiner (pid {holder}) is writing the feedback log "
+                              f"{path.parent.parent}: one joiner per feedback.dir") from None
+            time.sleep(0.05)
+    f.seek(0)
+    f.truncate()
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    return f
+
+
+def saved_stats(root: str | Path) -> dict[str, Any]:
+    """A feedback log's counts as its joiner saved them after its last pass (empty before
+    the first): rows ``written``, ``late`` / ``duplicate`` / ``unknown`` events, ... and
+    the items and events ``pending``."""
+    try:
+        st = json.loads((Path(root) / JOURNAL / STATE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return {**st.get("counts", {}), **st.get("pending", {})}
+
+
+def _columns(features: pa.Table | list[dict[str, Any]] | None) -> dict[str, list[Any]]:
+    """A response's features as JSON-ready columns: a NaN is null; ``_`` columns are
+    bookkeeping, left out."""
+    if features is None:
+        return {}
+    if isinstance(features, pa.Table):
+        out = {}
+        for name, col in zip(features.column_names, features.columns, strict=True):
+            if name.startswith("_"):
+                continue
+            if pa.types.is_floating(col.type):
+                col = pc.if_else(pc.is_nan(col), pa.scalar(None, col.type), col)
+            out[name] = col.to_pylist()
+        return out
+    names = dict.fromkeys(c for r in features for c in r)
+    return {c: [_plain(r.get(c)) for r in features] for c in names}
+
+
+def _served_items(rec: dict[str, Any]):  # type: ignore[no-untyped-def]
+    """The served items of a journal line: a response's (``"k": "r"``), or one item."""
+    if rec.get("k") != "r":
+        yield rec
+        return
+    items, f = rec["items"], rec.get("f") or {}
+    meta = {k: v for k, v in rec.items() if k not in ("k", "items", "f")}
+    for i in range(len(items["item"])):
+        yield {"k": "s", **meta, **{k: v[i] for k, v in items.items()},
+               "f": {c: v[i] for c, v in f.items()}}
 
 
 def _table(rows: list[dict[str, Any]]) -> pa.Table:
@@ -97,19 +174,29 @@ class JournalWriter:
             self._buf.append(("e", events))
 
     def _lines(self, batch: list[tuple[str, Any]]) -> tuple[list[str], Counter]:
+        """One line per response (its items and their features as columns: one JSON
+        encoding per response, not per item) and one per event."""
         out, n = [], Counter()
-        for kind, payload in batch:
+        # the feature tables of one schema are made JSON-ready together, then cut apart
+        groups: dict[pa.Schema, list[int]] = {}
+        for i, (kind, payload) in enumerate(batch):
+            if kind == "s" and isinstance(payload[2], pa.Table):
+                groups.setdefault(payload[2].schema, []).append(i)
+        features_of: dict[int, dict[str, list[Any]]] = {}
+        for rows in groups.values():
+            cols, at = _columns(pa.concat_tables([batch[i][1][2] for i in rows])), 0
+            for i in rows:
+                size = batch[i][1][2].num_rows
+                features_of[i] = {c: v[at:at + size] for c, v in cols.items()}
+                at += size
+        for i, (kind, payload) in enumerate(batch):
             if kind == "s":
                 meta, items, features = payload
-                if isinstance(features, pa.Table):  # "_" columns are bookkeeping
-                    features = features.select([c for c in features.column_names
-                                                if not c.startswith("_")])
-                rows = features.to_pylist() if isinstance(features, pa.Table) else \
-                    (features or [{} for _ in items])
-                for it, f in zip(items, rows, strict=True):
-                    out.append(json.dumps({"k": "s", **meta, **it,
-                                           "f": {c: _plain(v) for c, v in f.items()}},
-                                          default=_plain))
+                cols = {k: [it.get(k) for it in items]  # an item's own keys win over meta's
+                        for k in dict.fromkeys(k for it in items for k in it)}
+                f = features_of[i] if i in features_of else _columns(features)
+                out.append(json.dumps({"k": "r", **meta, "items": cols, "f": f},
+                                      default=_plain))
                 n["served"] += len(items)
             else:
                 for e in payload:
@@ -153,11 +240,14 @@ class Joiner:
                  event_types: list[str] | tuple[str, ...] = ("impression", "click",
                                                               "conversion"),
                  flush_seconds: float = 1.0, poll_seconds: float = 1.0,
-                 sink: KafkaSink | None = None):
+                 sink: KafkaSink | None = None, lock_wait: float = 30.0):
         self.root = Path(root)
         self.sink = sink
         self.dir = self.root / JOURNAL
         self.dir.mkdir(parents=True, exist_ok=True)
+        # one joiner per log, until stop() (or this object is gone): LogBusy after
+        # lock_wait seconds
+        self._held = _lock(self.dir / "joiner.lock", lock_wait)
         self.window = window_seconds
         self.label_events = list(label_events)
         self.event_types = list(event_types)
@@ -179,11 +269,11 @@ class Joiner:
         self._replay(st.get("replay", {}))
 
     @classmethod
-    def from_config(cls, fb: Any) -> Joiner:
+    def from_config(cls, fb: Any, lock_wait: float = 30.0) -> Joiner:
         """The joiner of a serve config's ``feedback`` section."""
         sink = KafkaSink(fb.kafka) if fb.kafka is not None else None
         return cls(fb.dir, fb.window_seconds, fb.label_events, fb.event_types,
-                   fb.flush_seconds, sink=sink)
+                   fb.flush_seconds, sink=sink, lock_wait=lock_wait)
 
     # ------------------------------------------------------------------- state
     def _load_state(self) -> dict[str, Any]:
@@ -196,7 +286,9 @@ class Joiner:
         tmp.write_text(json.dumps({"read": self.read, "replay": replay, "renames": renames,
                                    "written_until": self.written_until, "seq": self.seq,
                                    "done_hours": sorted(self.done_hours),
-                                   "counts": dict(self.counts)}))
+                                   "counts": dict(self.counts),
+                                   "pending": {k: v for k, v in self.stats().items()
+                                               if k in ("pending", "orphan_events")}}))
         os.replace(tmp, p)
 
     def _replay(self, replay: dict[str, int]) -> None:
@@ -238,6 +330,10 @@ class Joiner:
     def _apply(self, name: str, off: int, rec: dict[str, Any] | None, count: bool) -> None:
         if rec is None:
             self.counts["bad_lines"] += count
+            return
+        if rec.get("k") == "r":
+            for item in _served_items(rec):
+                self._apply(name, off, item, count)
             return
         if rec.get("k") == "s":
             if not count and rec["served_at"] <= self.written_until:
@@ -384,16 +480,19 @@ class Joiner:
                 del self.read[name]
 
     # ------------------------------------------------------------------- running
-    def start(self) -> Joiner:
-        def run() -> None:
-            while not self._stop.wait(self.poll_seconds):
-                try:
-                    self.step()
-                except Exception:  # noqa: BLE001 - kept running; the next pass retries
-                    self.counts["errors"] += 1
-                    traceback.print_exc()
+    def run(self, done: Any = None) -> None:
+        """A pass every ``poll_seconds`` until :meth:`stop` (or ``done()`` is true); a
+        pass that fails is counted (``errors``) and logged, and the next one retries."""
+        while not self._stop.wait(self.poll_seconds) and not (done and done()):
+            try:
+                self.step()
+            except Exception:  # noqa: BLE001 - kept running; the next pass retries
+                self.counts["errors"] += 1
+                traceback.print_exc()
 
-        self._thread = threading.Thread(target=run, daemon=True, name="sampan-joiner")
+    def start(self) -> Joiner:
+        """:meth:`run` in a thread of this process (see :class:`JoinerProcess`)."""
+        self._thread = threading.Thread(target=self.run, daemon=True, name="sampan-joiner")
         self._thread.start()
         return self
 
@@ -405,10 +504,72 @@ class Joiner:
             self._thread.join()
         if self.sink is not None:
             self.sink.close()
+        if self._held is not None:
+            self._held.close()
+            self._held = None
 
     def stats(self) -> dict[str, Any]:
         return {**dict(self.counts), "pending": len(self.pending),
                 "orphan_events": sum(len(v) for v in self.orphans.values())}
+
+
+def _join_until_gone(fb: dict[str, Any], stop: Any, parent: int) -> None:
+    """The body of :class:`JoinerProcess`: wait for the log's lock, then join until told to
+    stop or the serving process is gone."""
+    from sampan.config.serve import FeedbackConfig
+
+    cfg = FeedbackConfig(**fb)
+
+    def done() -> bool:
+        return stop.is_set() or os.getppid() != parent
+
+    while True:
+        if done():
+            return
+        try:
+            joiner = Joiner.from_config(cfg, lock_wait=1.0)
+            break
+        except LogBusy:  # another server joins this log: this one journals only
+            continue
+    try:
+        joiner.run(done)
+    finally:
+        joiner.stop()
+
+
+class JoinerProcess:
+    """The joiner of a serve config's ``feedback`` log in a process of its own, so that its
+    passes never hold the serving process's interpreter lock (its threads share one; the
+    joiner's Python work would otherwise lengthen the slowest responses). While another
+    process's joiner holds the log (a second server on the same ``feedback.dir``), it
+    waits, and takes over when that one stops; it stops with the server, or within a
+    ``poll`` when the server is killed. Its counts: :func:`saved_stats`."""
+
+    def __init__(self, fb: Any):
+        self.fb = fb
+
+    def start(self) -> JoinerProcess:
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")  # nothing of the server's threads or sockets
+        self._stop = ctx.Event()
+        self.process = ctx.Process(target=_join_until_gone, name="sampan-joiner",
+                                   args=(self.fb.model_dump(), self._stop, os.getpid()),
+                                   daemon=True)
+        self.process.start()
+        return self
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """After the pass under way (a pass that takes longer is cut short: the next
+        joiner takes its rows up)."""
+        self._stop.set()
+        self.process.join(timeout)
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join(5)
+
+    def stats(self) -> dict[str, Any]:
+        return saved_stats(self.fb.dir)
 
 
 class KafkaSink:

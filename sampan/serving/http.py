@@ -198,10 +198,11 @@ def create_app(state: ServerState):  # type: ignore[no-untyped-def]
                                       "version": a.predictor.version}
                              for a in state.arms.values() if a.predictor is not None},
                 "buckets": state.allocation.counts()}
-        if state.journal is not None:  # this process's journal; the joiner where it runs
+        if state.journal is not None:  # this process's journal; the log's joiner's counts
+            from sampan.serving.feedback import saved_stats
+
             out["feedback"] = {"journal": dict(state.journal.written),
-                               **({"joiner": state.joiner.stats()}
-                                  if state.joiner is not None else {})}
+                               "joiner": saved_stats(state.cfg.feedback.dir)}
         if state.watcher is not None and state.watcher.serving is not None:
             w = state.watcher
             out["published"] = {"version": w.serving["version"],

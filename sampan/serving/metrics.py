@@ -58,25 +58,22 @@ class FeedbackCounts:
 
     - ``sampan_feedback_journal_total{kind}``: served items and events this process wrote
       to its journal (with ``--workers N``, the answering worker's, labelled with its pid);
-    - ``sampan_feedback_rows_total{outcome}``: the joiner's counts since the log began:
-      ``written`` rows, ``late``, ``duplicate``, ``unknown`` and ``unknown_type`` events,
-      ``kafka_sent``, failed passes (``errors``), ``events_click`` and the like;
+    - ``sampan_feedback_rows_total{outcome}``: the log's joiner's counts since the log
+      began: ``written`` rows, ``late``, ``duplicate``, ``unknown`` and ``unknown_type``
+      events, ``kafka_sent``, failed passes (``errors``), ``events_click`` and the like;
     - ``sampan_feedback_pending{what}``: served items waiting for their window to close,
       and events waiting for their item.
 
-    The joiner runs in the server's own process, or in the parent of ``--workers N``, whose
-    counts are read from the state it saves after each pass (pending ones then absent)."""
+    The joiner runs in a process of its own: these are the counts it saved after its last
+    pass (every ``poll`` second)."""
 
     def __init__(self, service: object):
         self.service = service
 
     def collect(self):  # type: ignore[no-untyped-def]
-        import json
-        from pathlib import Path
-
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        from sampan.serving.feedback import JOURNAL, STATE
+        from sampan.serving.feedback import saved_stats
 
         s = self.service
         journal = getattr(s, "journal", None)
@@ -89,27 +86,17 @@ class FeedbackCounts:
         for kind in ("served", "events"):
             c.add_metric([kind, *worker], journal.written.get(kind, 0))
         yield c
-        joiner = getattr(s, "joiner", None)
-        if joiner is not None:
-            stats = joiner.stats()
-            pending = {"items": stats.pop("pending"), "events": stats.pop("orphan_events")}
-        else:  # the parent of --workers N joins: its last saved counts
-            p = Path(s.cfg.feedback.dir) / JOURNAL / STATE
-            try:
-                stats = json.loads(p.read_text()).get("counts", {})
-            except (OSError, ValueError):
-                stats = {}
-            pending = {}
+        stats = saved_stats(s.cfg.feedback.dir)
+        pending = {"items": stats.pop("pending", 0), "events": stats.pop("orphan_events", 0)}
         rows = CounterMetricFamily("sampan_feedback_rows", "The feedback joiner's counts: "
                                    "rows written, late / duplicate / unknown events, rows "
                                    "sent to Kafka, failed passes", labels=["outcome"])
         for outcome, n in sorted(stats.items()):
             rows.add_metric([outcome], n)
         yield rows
-        if pending:
-            g = GaugeMetricFamily("sampan_feedback_pending", "Served items waiting for their "
-                                  "window to close, and events waiting for their item",
-                                  labels=["what"])
-            for what, n in pending.items():
-                g.add_metric([what], n)
-            yield g
+        g = GaugeMetricFamily("sampan_feedback_pending", "Served items waiting for their "
+                              "window to close, and events waiting for their item",
+                              labels=["what"])
+        for what, n in pending.items():
+            g.add_metric([what], n)
+        yield g

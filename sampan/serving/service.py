@@ -159,12 +159,12 @@ class ServerState:
         self.joiner: Any = None  # one per server: here unless this is one of N workers
         fb = cfg.feedback
         if fb.dir is not None:
-            from sampan.serving.feedback import Joiner, JournalWriter
+            from sampan.serving.feedback import JoinerProcess, JournalWriter
             from sampan.serving.metrics import FeedbackCounts
 
             self.journal = JournalWriter(fb.dir, fb.flush_seconds)
             if not os.environ.get("SAMPAN_SERVE_SYNC"):  # `--workers N`: the parent joins
-                self.joiner = Joiner.from_config(fb).start()
+                self.joiner = JoinerProcess(fb).start()
             self.feedback_counts = FeedbackCounts(self)
             self.registry.register(self.feedback_counts)
 

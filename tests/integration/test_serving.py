@@ -885,8 +885,8 @@ def test_a_killed_server_loses_at_most_one_flush_interval_of_served_rows(bundles
                 rec = json.loads(line)
             except ValueError:
                 continue  # the empty tail, or a line cut by the kill
-            if rec.get("k") == "s":
-                saved[rec["request_id"]] += 1
+            if rec.get("k") == "r":  # a response: its items
+                saved[rec["request_id"]] += len(rec["items"]["item"])
     lost = [(rid, n, t) for rid, n, t in answered if saved[rid] < n]
     items = sum(n for _, n, _ in answered)
     print(f"answered {len(answered)} requests ({items} items); saved {sum(saved.values())} "

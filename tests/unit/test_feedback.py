@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from sampan.experiment.log import read_log
-from sampan.serving.feedback import JOURNAL, Joiner, JournalWriter
+from sampan.serving.feedback import JOURNAL, Joiner, JoinerProcess, JournalWriter, LogBusy
 
 WINDOW = 60.0
 
@@ -79,6 +79,33 @@ def test_arms_with_different_features_keep_all_their_columns_in_one_part(tmp_pat
     assert (rows["candidate"]["user_id"], rows["candidate"]["age"]) == (None, None)
 
 
+def test_one_joiner_per_log_and_a_second_server_waits_its_turn(tmp_path):
+    from sampan.config.serve import FeedbackConfig
+
+    j = Joiner(tmp_path, window_seconds=WINDOW)
+    with pytest.raises(LogBusy, match=f"pid {os.getpid()}.*one joiner per feedback.dir"):
+        Joiner(tmp_path, window_seconds=WINDOW, lock_wait=0.2)
+    w = JournalWriter(tmp_path, flush_seconds=60)
+    serve(w, "r1", time.time() - WINDOW - 10)
+    w.close()
+    # a server's joiner, in its own process: it waits while the log is held, then joins
+    p = JoinerProcess(FeedbackConfig(dir=str(tmp_path), window_seconds=WINDOW)).start()
+    try:
+        time.sleep(2.0)
+        assert not list(tmp_path.rglob("part-*.parquet")) and p.stats() == {}
+        j.stop()
+        for _ in range(200):
+            if p.stats().get("written"):
+                break
+            time.sleep(0.1)
+        assert p.stats()["written"] == 3 and p.stats()["pending"] == 0
+        assert read_log(tmp_path).num_rows == 3
+    finally:
+        p.stop()
+    assert not p.process.is_alive()
+    Joiner(tmp_path, window_seconds=WINDOW, lock_wait=0.2).stop()  # let go of the log
+
+
 def test_a_restart_loses_nothing_and_writes_nothing_twice(tmp_path):
     now = time.time()
     w = JournalWriter(tmp_path, flush_seconds=60)
@@ -121,6 +148,7 @@ def test_an_item_that_reaches_the_journal_late_is_still_written(tmp_path):
     log = read_log(tmp_path).to_pylist()
     assert len(log) == 6 and sum(r["label"] for r in log if r["request_id"] == "r2") == 1
     w1.close()
+    j.stop()
     # a restart replays nothing of it a second time
     assert Joiner(tmp_path, window_seconds=WINDOW).step(now=now + 2) == 0
 
