@@ -266,7 +266,8 @@ class ServerState:
     def _tables_for(self, predictor: Predictor) -> Any:
         """The feature tables of a bundle: its own (written at export), with any the serve
         config names in place of those with the same key; for a bundle without any, the
-        run's ``data.joins`` side tables (read from their files)."""
+        run's ``data.joins`` side tables (read from their files); None without any (then
+        :meth:`load` keeps the arm's)."""
         from sampan.config import JoinConfig
         from sampan.data.joins import SideTable
         from sampan.serving.feature_store import MemoryTables, RedisTables
@@ -343,6 +344,10 @@ class ServerState:
                 if check is not None:
                     check(predictor)
                 tables = self._tables_for(predictor)
+                if tables is None and target.store is not None:
+                    # a bundle without feature tables or joins (a version `sampan stream`
+                    # published from a log that holds the joined features): the arm's stay
+                    tables = target.store.tables
             if retrieval_bundle is not None:
                 field = "retrieval_bundle"
                 retriever = Retriever(retrieval_bundle, self.cfg.max_records)

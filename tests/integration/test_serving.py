@@ -903,3 +903,47 @@ def test_a_killed_server_loses_at_most_one_flush_interval_of_served_rows(bundles
     rows = read_log(log_dir).to_pylist()
     keys = [(r["request_id"], r["item"]) for r in rows]
     assert len(keys) == len(set(keys)) == sum(saved.values())
+
+
+def test_a_bundle_without_feature_tables_keeps_the_arms(bundles, tmp_path):
+    """A version trained where the rows carried the side tables' features (a stream from
+    the feedback log) and exported without tables or joins, as `sampan stream` publishes:
+    swapped into an arm, requests keep their features from the arm's tables."""
+    import csv
+
+    from sampan.config import load_serve_config
+    from sampan.serving.service import ServerState
+
+    root = bundles[0].parent
+    users = {r["user_id"]: r for r in csv.DictReader(open(root / "users.csv"))}
+    items = {r["item_id"]: r for r in csv.DictReader(open(root / "items.csv"))}
+    rows = list(csv.DictReader(open(root / "events.csv")))[:1500]
+    inline = tmp_path / "logged.csv"
+    with open(inline, "w", newline="") as f:
+        w = csv.DictWriter(f, ["label", "user_id", "item_id", "age", "city", "price",
+                               "brand"])
+        w.writeheader()
+        for r in rows:
+            w.writerow({**r, **users[r["user_id"]], **items[r["item_id"]]})
+    cfg = load_config(raw={
+        "output_dir": str(tmp_path), "data": {"train": str(inline)},
+        "features": {"categorical": ["user_id", "item_id", "city", "brand"],
+                     "numeric": [{"name": "age", "standardize": True},
+                                 {"name": "price", "log1p": True}]},
+        "model": {"name": "deepfm", "embedding_dim": 8},
+        "train": {"epochs": 1, "batch_size": 256, "progress": False, "tensorboard": False}})
+    run = run_experiment(cfg, run_dir=tmp_path / "run", console=Console(quiet=True))["run_dir"]
+    version = export_run(run, tmp_path / "v000001", feature_tables=False)
+    state = ServerState(load_serve_config(raw={"bundle": str(bundles[0])}))
+    try:
+        state.load(str(version))
+        predictor, store = state.current()
+        assert predictor.bundle.path == version.resolve() and store.tables is not None
+        got = state.rank_future({"user_id": "u3"}, ["i1", "i2"]).future.result()[:, 0]
+        want = Predictor(version).predict([
+            {"user_id": "u3", "item_id": i, "age": float(users["u3"]["age"]),
+             "city": users["u3"]["city"], "price": float(items[i]["price"]),
+             "brand": items[i]["brand"]} for i in ("i1", "i2")])[:, 0]
+        np.testing.assert_allclose(got, want, atol=1e-6)
+    finally:
+        state.close()
