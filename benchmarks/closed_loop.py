@@ -27,7 +27,7 @@ Then ``sampan experiment report`` and ``sampan experiment ope`` read the log. Pr
 Usage::
 
     python benchmarks/closed_loop.py                    # 150 s of traffic, about 5 minutes
-    python benchmarks/closed_loop.py --seconds 300 --out benchmarks/results/closed_loop.json
+    python benchmarks/closed_loop.py --out benchmarks/results/closed_loop.json --readme README.md
 """
 
 from __future__ import annotations
@@ -227,6 +227,7 @@ def main() -> None:
                     "traffic for the last clicks to reach serving")
     ap.add_argument("--seed", type=int, default=0, help="the world's seed")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--readme", type=Path, help="write the figures into this README")
     args = ap.parse_args()
     import confluent_kafka as ck
 
@@ -371,8 +372,8 @@ def main() -> None:
 
     versions = sorted({r["version"] for r in users.requests.values() if r["arm"] == "control"})
     result = {
-        "machine": info, "settings": {k: str(v) if isinstance(v, Path) else v
-                                      for k, v in vars(args).items()},
+        "command": " ".join(sys.argv[1:]), "machine": info,
+        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "traffic": {"requests": len(users.requests), "clicks": len(users.clicks),
                     "errors": users.errors, "control_versions_served": len(versions),
                     "topic_rows": topic.rows},
@@ -417,6 +418,42 @@ def main() -> None:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1))
+    if args.readme:
+        from benchmarks._readme import update_block
+
+        update_block(args.readme, "closed_loop", markdown(result))
+
+
+def markdown(r: dict) -> str:
+    """The README block of a run's result."""
+    m, s, f, lift = r["machine"], r["settings"], r["freshness"], r["lift"]
+    lines = [
+        f"The closed loop (`python benchmarks/closed_loop.py {r['command']}`; {m['cpu']} "
+        f"({', '.join(m['isa'])}), {m['cores']} cores, everything on this machine): "
+        f"{s['rate']:g} requests/s for {s['seconds']:g} s, {s['candidates']} candidates "
+        f"ranked and {s['k']} shown per request, 50/50 by user, epsilon {s['epsilon']:g} "
+        f"on the first item, feedback window {s['window']:g} s; control follows what "
+        "`sampan stream` publishes from the feedback topic.", "",
+        f"- freshness, a click to a served model trained on it: p50 {f['p50_s']:.1f} s, "
+        f"p95 {f['p95_s']:.1f} s ({f['served']:,} clicks, {f['unserved']} never served; "
+        f"{r['traffic']['control_versions_served']} control versions served, "
+        f"{r['traffic']['errors']} failed requests)"]
+    for arm, a in r["ab"].items():
+        lo, hi = a["ctr_ci95"]
+        lines.append(f"- {arm}: CTR {a['ctr']:.4f} [{lo:.4f}, {hi:.4f}], the oracle's "
+                     f"{a['oracle_ctr']:.4f} ({a['impressions']:,} impressions)")
+    rep = lift["report"]
+    lines.append(f"- lift of the candidate: {rep['lift']:+.1%} [{rep['ci95'][0]:+.1%}, "
+                 f"{rep['ci95'][1]:+.1%}] (p {rep['p_value']:.2g}); the oracle's "
+                 f"{lift['oracle']:+.1%}; sample ratio p {r['srm']['p_value']:.2f}")
+    for name, o in r["ope"].items():
+        est = ", ".join(f"{k.upper()} {v['estimate']:.4f} [{v['low']:.4f}, {v['high']:.4f}]"
+                        for k, v in o["estimates"].items())
+        lines.append(f"- OPE of the {name} bundle on {o['requests']:,} explored requests "
+                     f"({'+'.join(o['arms'])}; effective sample size "
+                     f"{o['effective_sample_size']:,.0f}): {est}; the truth "
+                     f"{o['truth']:.4f}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -146,6 +146,8 @@ def _table(rows: list[dict[str, Any]]) -> pa.Table:
 class JournalWriter:
     """Appends served items and events to this process's journal (see the module doc)."""
 
+    CHUNK = 64  # responses encoded at a time
+
     def __init__(self, root: str | Path, flush_seconds: float = 1.0):
         self.dir = Path(root) / JOURNAL
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -209,7 +211,13 @@ class JournalWriter:
             batch, self._buf = self._buf, []
         if not batch:
             return
-        lines, n = self._lines(batch)
+        lines, n = [], Counter()
+        for i in range(0, len(batch), self.CHUNK):
+            if i:  # let the serving threads have the interpreter between chunks
+                time.sleep(0)
+            got, k = self._lines(batch[i:i + self.CHUNK])
+            lines += got
+            n.update(k)
         self._file.write("\n".join(lines) + "\n")
         self._file.flush()
         os.fsync(self._file.fileno())
@@ -518,6 +526,10 @@ def _join_until_gone(fb: dict[str, Any], stop: Any, parent: int) -> None:
     stop or the serving process is gone."""
     from sampan.config.serve import FeedbackConfig
 
+    try:  # background work: the serving processes come first for the cores
+        os.nice(10)
+    except (AttributeError, OSError):
+        pass
     cfg = FeedbackConfig(**fb)
 
     def done() -> bool:
