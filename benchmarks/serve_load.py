@@ -338,7 +338,7 @@ def markdown_feedback(report: dict) -> str:
                      f"{r['requests_per_s']:,.0f} | {r['p50_ms']:.2f} | {r['p95_ms']:.2f} | "
                      f"{r['p99_ms']:.2f} | {r['errors']} |")
     lines += ["", "p99 with the log / without: " + ", ".join(
-        f"{q:.2f} ({c} clients)" for c, q in f["p99_ratio"].items())]
+        f"{q:.2f} ({c} client{'' if c == 1 else 's'})" for c, q in f["p99_ratio"].items())]
     return "\n".join(lines)
 
 
