@@ -21,11 +21,17 @@ class SplitConfig(_Strict):
     ``random`` assigns each row independently with ``seed``.
     """
 
-    method: Literal["sequential", "random", "time", "group"] = "sequential"
-    train: float = Field(0.8, ge=0.0, le=1.0)
-    valid: float = Field(0.1, ge=0.0, le=1.0)
-    test: float = Field(0.1, ge=0.0, le=1.0)
-    seed: int = 0
+    method: Literal["sequential", "random", "time", "group"] = Field(
+        "sequential", description="sequential: file order; random: a seeded hash of the row "
+        "index; time: by the timestamps in column; group: by a hash of column")
+    train: float = Field(0.8, ge=0.0, le=1.0, description="the share of data.train kept for "
+                         "training (must be > 0)")
+    valid: float = Field(0.1, ge=0.0, le=1.0, description="the share of data.train carved out "
+                         "for validation (ignored when data.valid names its own files)")
+    test: float = Field(0.1, ge=0.0, le=1.0, description="the share of data.train carved out "
+                        "for testing (ignored when data.test names its own files)")
+    seed: int = Field(0, description="seed of the hash that assigns rows (random) or groups "
+                      "(group) to splits")
     column: str | None = Field(None, description="time: the timestamp column; group: the "
                                "column whose values never straddle two splits (e.g. user)")
     boundaries: tuple[float, float] | None = Field(
@@ -58,10 +64,13 @@ class SplitConfig(_Strict):
 class SyntheticConfig(_Strict):
     """The built-in Criteo-shaped generator with a known labelling model (see data/synthetic.py)."""
 
-    rows: int = Field(200_000, gt=0)
-    seed: int = 2024
-    zipf_a: float = Field(1.2, gt=1.0)
-    missing_rate: float = Field(0.1, ge=0.0, lt=1.0)
+    rows: int = Field(200_000, gt=0, description="number of rows generated")
+    seed: int = Field(2024, description="seed of the labelling model and the rows (the same "
+                      "config gives the same rows on every machine)")
+    zipf_a: float = Field(1.2, gt=1.0, description="Zipf exponent of the categorical ids' "
+                          "frequencies (larger: more rows go to the most popular ids)")
+    missing_rate: float = Field(0.1, ge=0.0, lt=1.0, description="share of numeric values "
+                                "left missing; categorical values go missing at half this rate")
     drift: float = Field(0.0, ge=0.0, le=20.0, description="0: the same distribution in every row. "
                          "d > 0: popularity moves as the rows go by: by the last row each "
                          "field's popular ids are d x its vocabulary further on, so ids "
@@ -81,36 +90,58 @@ class JoinConfig(_Strict):
     match get missing values. Parsing options mean what they mean under ``data``.
     """
 
-    path: str
+    path: str = Field(description="the side table's file, glob or directory")
     by: str = Field(description="key column of the main data (the side table key defaults to it)")
     key: str | None = Field(None, description="key column in the side table (default: by)")
-    format: Literal["auto", "csv", "tsv", "parquet"] = "auto"
-    delimiter: str | None = None
-    header: bool = True
-    columns: list[str] | None = None
-    encoding: str = "utf-8"
+    format: Literal["auto", "csv", "tsv", "parquet"] = Field(
+        "auto", description="the side table's format; auto: by file extension")
+    delimiter: str | None = Field(None, description="one character; default: tab for tsv, "
+                                  "comma for csv")
+    header: bool = Field(True, description="whether a csv / tsv side table starts with a "
+                         "header line; false: names come from columns")
+    columns: list[str] | None = Field(None, description="the side table's column names in file "
+                                      "order (required when header: false)")
+    encoding: str = Field("utf-8", description="the text encoding of a csv / tsv side table")
 
 
 class DataConfig(_Strict):
     """Where the raw rows come from and how to parse them."""
 
-    train: str | list[str] | None = None
-    valid: str | list[str] | None = None
-    test: str | list[str] | None = None
+    train: str | list[str] | None = Field(
+        None, description="the training rows: a file, a glob, a directory, or a list of them "
+        "(not needed with format: synthetic or a stream)")
+    valid: str | list[str] | None = Field(
+        None, description="the validation split's own files (as for train); null: carved "
+        "from train by split")
+    test: str | list[str] | None = Field(
+        None, description="the test split's own files (as for train); null: carved from "
+        "train by split")
     format: Literal["auto", "csv", "tsv", "parquet", "jsonl", "libsvm", "slot",
-                    "synthetic"] = "auto"
-    delimiter: str | None = None
-    header: bool = True
-    columns: list[str] | None = None
-    encoding: str = "utf-8"
+                    "synthetic"] = Field(
+        "auto", description="how the files are read; auto: by file extension; synthetic: "
+        "no files, rows from the built-in generator (see synthetic)")
+    delimiter: str | None = Field(None, description="one character; default: tab for tsv, "
+                                  "comma for csv")
+    header: bool = Field(True, description="whether csv / tsv files start with a header line; "
+                         "false: names come from columns")
+    columns: list[str] | None = Field(
+        None, description="column names in file order: required when header is false, "
+        "rename the header when it is true; libsvm: the label, then the features by position")
+    encoding: str = Field("utf-8", description="the text encoding of csv / tsv files")
     block_size: int = Field(16 << 20, gt=0, le=1 << 30,
                             description="bytes parsed per chunk; also the longest line "
                             "read (a longer one is rejected as line_too_long)")
-    split: SplitConfig = SplitConfig()
-    max_bad_fraction: float = Field(0.01, ge=0.0, le=1.0)
-    synthetic: SyntheticConfig = SyntheticConfig()
-    oracle_column: str | None = None
-    joins: list[JoinConfig] = Field(default_factory=list)
+    split: SplitConfig = Field(SplitConfig(), description="how valid and test rows are carved "
+                               "from train when they have no files of their own")
+    max_bad_fraction: float = Field(0.01, ge=0.0, le=1.0, description="the run stops when the "
+                                    "share of rejected rows is above this")
+    synthetic: SyntheticConfig = Field(SyntheticConfig(), description="the built-in "
+                                       "generator's settings, used with format: synthetic")
+    oracle_column: str | None = Field(None, description="a column of true probabilities, "
+                                      "whose AUC is reported as oracle_auc (format: "
+                                      "synthetic uses oracle_p)")
+    joins: list[JoinConfig] = Field(default_factory=list, description="side tables (user or "
+                                    "item attributes) joined to every row on a key column")
 
     @model_validator(mode="after")
     def _has_source(self) -> DataConfig:

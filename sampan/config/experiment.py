@@ -29,17 +29,25 @@ class ExperimentConfig(_Strict):
                       description="the run folder's name under output_dir: letters, digits, "
                       ". _ - (no path)")
     seed: int = Field(42, ge=0, lt=2**32, description="0 to 2**32 - 1")
-    output_dir: str = "runs"
-    preset: Literal["criteo"] | None = None
-    data: DataConfig = DataConfig(format="synthetic")
-    features: FeaturesConfig
+    output_dir: str = Field("runs", description="where runs are written: "
+                            "output_dir/name/timestamp")
+    preset: Literal["criteo"] | None = Field(None, description="criteo: fills the parsing and "
+                                             "features of the Criteo TSV layout (the config "
+                                             "file's keys win); null: none")
+    data: DataConfig = Field(DataConfig(format="synthetic"), description="where the raw rows "
+                             "come from and how to parse them (default: the built-in "
+                             "synthetic generator)")
+    features: FeaturesConfig = Field(description="the labels, the feature columns and how "
+                                     "they are encoded")
     # before `model`: fields validate in order, and the plugins register the user's models
     plugins: list[str] = Field(default_factory=list, description="Python files (my_models.py,"
                                " relative to the config file) or modules (my_pkg.rankers) "
                                "imported first: their @register_model classes can be named "
                                "in model.name")
-    model: SerializeAsAny[ModelConfig] = ModelConfig()
-    train: TrainConfig = TrainConfig()
+    model: SerializeAsAny[ModelConfig] = Field(ModelConfig(), description="the model "
+                                               "named by model.name and its own options")
+    train: TrainConfig = Field(TrainConfig(), description="the training loop: budget, "
+                               "optimizers, schedule, early stopping, devices")
     stream: StreamConfig | None = Field(None, description="online training from a Kafka "
                                         "topic or time-partitioned directories (sampan "
                                         "stream)")

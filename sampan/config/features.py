@@ -54,8 +54,10 @@ class DynamicTable(_Strict):
     to eviction when the table is full. Keys without a row share one default row."""
 
     capacity: int = Field(..., ge=1, description="rows for keys (plus one default row)")
-    admit: DynamicAdmit = Field(default_factory=DynamicAdmit)
-    evict: DynamicEvict = Field(default_factory=DynamicEvict)
+    admit: DynamicAdmit = Field(default_factory=DynamicAdmit, description="when a new key "
+                                "gets a row: {min_count, probability}")
+    evict: DynamicEvict = Field(default_factory=DynamicEvict, description="which rows give "
+                                "way when the table is full: {policy, ttl_steps, fraction}")
 
 
 class CategoricalFeature(_Strict):
@@ -68,13 +70,17 @@ class CategoricalFeature(_Strict):
     is fitted: the table admits and evicts values while it trains (see :class:`DynamicTable`).
     """
 
-    name: str
-    column: str | None = None
+    name: str = Field(description="the feature's name, unique among all features")
+    column: str | None = Field(None, description="the column it is read from (default: name)")
     min_count: int = Field(1, ge=1, description="values seen fewer times in the train split "
                            "are OOV (features.categorical_defaults sets 3)")
-    max_size: int | None = Field(None, gt=0)
-    hash_buckets: int = Field(0, ge=0)
-    vocab: bool = True
+    max_size: int | None = Field(None, gt=0, description="the most frequent values kept in "
+                                 "the vocabulary, the rest OOV; null: no limit")
+    hash_buckets: int = Field(0, ge=0, description="OOV values are spread over this many ids "
+                              "by a stable hash instead of sharing id 1 (with vocab: false or "
+                              "cross, every value); 0: one OOV id")
+    vocab: bool = Field(True, description="false: no vocabulary is fitted, every value is "
+                        "hashed into hash_buckets ids (needs hash_buckets > 0)")
     bucketize: Literal["none", "log_squared", "quantile"] = Field(
         "none", description="for a numeric column used as a category: log_squared maps x > 2 "
         "to floor(ln(x)^2) (the Criteo winners' discretisation); quantile cuts at `buckets` "
@@ -149,20 +155,32 @@ class ListFeature(_Strict):
     ``dynamic``, its own dynamic table (see :class:`DynamicTable`).
     """
 
-    name: str
-    column: str | None = None
+    name: str = Field(description="the feature's name, unique among all features")
+    column: str | None = Field(None, description="the column it is read from (default: name)")
     flags: list[str] | None = Field(
         None, description="0/1 columns read as one bag: the names of the columns set to 1 "
         "(MovieLens-100k's genre flags)")
-    kind: Literal["sequence", "bag", "text"] = "sequence"
-    delimiter: str = ","
-    max_len: int = Field(50, ge=1)
-    share: str | None = None
-    pooling: Literal["sum", "mean"] = "mean"
-    tokenizer: Literal["latin", "jieba"] = "latin"
-    min_count: int = Field(1, ge=1)
-    max_size: int | None = Field(None, gt=0)
-    hash_buckets: int = Field(0, ge=0)
+    kind: Literal["sequence", "bag", "text"] = Field(
+        "sequence", description="sequence: a behaviour history, most recent last; bag: an "
+        "unordered set pooled into one field; text: free text tokenised into a bag")
+    delimiter: str = Field(",", description="what separates the values of a string column "
+                           "(sequence, bag; a list column needs none)")
+    max_len: int = Field(50, ge=1, description="values kept per row (the last max_len), "
+                         "left-padded with 0")
+    share: str | None = Field(None, description="a categorical feature whose vocabulary and "
+                              "embedding rows the values use (e.g. item_id); null: a "
+                              "vocabulary of its own")
+    pooling: Literal["sum", "mean"] = Field("mean", description="bag, text: how the values' "
+                                            "embeddings are pooled into one field")
+    tokenizer: Literal["latin", "jieba"] = Field(
+        "latin", description="text: latin lower-cases and splits on anything but letters, "
+        "digits and _; jieba segments Chinese (pip install jieba)")
+    min_count: int = Field(1, ge=1, description="without share: values seen fewer times in "
+                           "the train split are OOV")
+    max_size: int | None = Field(None, gt=0, description="without share: the most frequent "
+                                 "values kept in the vocabulary, the rest OOV; null: no limit")
+    hash_buckets: int = Field(0, ge=0, description="without share: OOV values are spread over "
+                              "this many ids by a stable hash; 0: one OOV id")
     dynamic: DynamicTable | None = Field(
         None, description="its own dynamic table instead of a fitted vocabulary (not with "
         "share, which reads the shared feature's table)")
@@ -190,12 +208,14 @@ class ListFeature(_Strict):
 class NumericFeature(_Strict):
     """A numeric column: fill missing -> clip -> signed log1p -> standardize (in that order)."""
 
-    name: str
-    column: str | None = None
+    name: str = Field(description="the feature's name, unique among all features")
+    column: str | None = Field(None, description="the column it is read from (default: name)")
     fill: float | Literal["mean"] = Field(
         0.0, description="what a missing value becomes: a number, or mean: the value at the "
         "mean of the train values after clip and log1p (0 once standardized)")
-    clip: tuple[float | None, float | None] | None = None
+    clip: tuple[float | None, float | None] | None = Field(
+        None, description="[low, high] bounds applied after fill, a null end unbounded (e.g. "
+        "[0, null]); null: no clipping")
     log1p: bool = Field(False, description="signed log1p: tames heavy-tailed counts; "
                         "monotone, so it loses little for other numbers")
     standardize: bool = Field(False, description="(x - mean) / std of the train split")
@@ -209,9 +229,10 @@ class LabelSpec(_Strict):
     """A label read from ``column`` (default: ``name``); with ``threshold`` it becomes
     ``value >= threshold`` (so one rating column can give both "liked" and "loved")."""
 
-    name: str
-    column: str | None = None
-    threshold: float | None = None
+    name: str = Field(description="the label's name (the column read unless column is given)")
+    column: str | None = Field(None, description="the column it is read from (default: name)")
+    threshold: float | None = Field(None, description="the label is value >= threshold (1 or "
+                                    "0); null: the column's values, which must be in [0, 1]")
 
 
 # What every categorical / numeric entry gets unless it says otherwise: the package's
@@ -245,18 +266,30 @@ class FeaturesConfig(_Strict):
     ``numeric_defaults``, then their own keys (plain column names take the first two only).
     """
 
-    label: str | list[str | LabelSpec] = "label"
+    label: str | list[str | LabelSpec] = Field(
+        "label", description="the label column, or a list of labels (names or {name, column, "
+        "threshold}) for multi-task models")
     label_threshold: float | None = Field(
         None, description="binarise labels given by name: value >= threshold is 1 (e.g. "
         "rating >= 4)")
-    group: str | None = None
+    group: str | None = Field(None, description="the column rows are grouped by (e.g. the "
+                              "user id) for GAUC and per-group ranking metrics; null: none")
     categorical_defaults: dict[str, Any] = Field(
-        default_factory=lambda: dict(PACKAGE_FEATURE_DEFAULTS["categorical"]))
+        default_factory=lambda: dict(PACKAGE_FEATURE_DEFAULTS["categorical"]),
+        description="keys every categorical entry takes unless it gives its own; added to "
+        "the package's {min_count: 1}")
     numeric_defaults: dict[str, Any] = Field(
-        default_factory=lambda: dict(PACKAGE_FEATURE_DEFAULTS["numeric"]))
-    categorical: list[CategoricalFeature] = Field(default_factory=list)
-    numeric: list[NumericFeature] = Field(default_factory=list)
-    lists: list[ListFeature] = Field(default_factory=list)
+        default_factory=lambda: dict(PACKAGE_FEATURE_DEFAULTS["numeric"]),
+        description="keys every numeric entry takes unless it gives its own; added to the "
+        "package's {fill: mean, log1p: true, standardize: true, buckets: 16}")
+    categorical: list[CategoricalFeature] = Field(
+        default_factory=list, description="categorical features: a column name or a mapping "
+        "of options")
+    numeric: list[NumericFeature] = Field(
+        default_factory=list, description="numeric features: a column name or a mapping of "
+        "options; each also enters as a category <name>_bucket unless buckets is 0")
+    lists: list[ListFeature] = Field(default_factory=list, description="list features: "
+                                     "behaviour sequences, bags and text")
     fit_rows: int | None = Field(
         None, gt=0, description="fit vocabularies and statistics on the first N rows of the "
         "train split only (a vocabulary fixed at launch); the model still trains on all of "

@@ -14,9 +14,11 @@ from sampan.config.base import _Strict
 class ModelConfig(_Strict):
     """Options shared by every model; each model's nested ``Config`` adds its own."""
 
-    name: str = "deepfm"
-    embedding_dim: int = Field(16, gt=0)
-    embedding_init_std: float = Field(1e-2, gt=0)
+    name: str = Field("deepfm", description="the model to train: a built-in one (sampan "
+                      "models lists them) or one registered by plugins")
+    embedding_dim: int = Field(16, gt=0, description="length of each embedding vector")
+    embedding_init_std: float = Field(1e-2, gt=0, description="standard deviation of the "
+                                      "normal distribution embedding rows start from")
 
 
 class FieldWeightsConfig(_Strict):
@@ -34,6 +36,9 @@ class FieldWeightsConfig(_Strict):
 class MLPModelConfig(ModelConfig):
     """Options of models with an MLP over the fields."""
 
-    mlp: list[PositiveInt] = Field(default_factory=lambda: [256, 128])
-    dropout: float = Field(0.0, ge=0.0, lt=1.0)
-    batch_norm: bool = False
+    mlp: list[PositiveInt] = Field(default_factory=lambda: [256, 128],
+                                   description="the MLP's hidden layer sizes, first to last")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout probability after each "
+                           "hidden layer; 0: none")
+    batch_norm: bool = Field(False, description="batch normalisation after each hidden "
+                             "layer's linear map, before its activation")

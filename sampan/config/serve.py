@@ -33,9 +33,13 @@ class FeatureStoreConfig(_Strict):
     every worker and restart), and both are read from there per request.
     """
 
-    backend: Literal["memory", "redis"] = "memory"
-    url: str = "redis://127.0.0.1:6379/0"
-    prefix: str = "sampan"
+    backend: Literal["memory", "redis"] = Field(
+        "memory", description="memory: tables and live histories in the server process; "
+        "redis: in Redis at url, shared by every worker and kept across restarts")
+    url: str = Field("redis://127.0.0.1:6379/0", description="the Redis server (backend "
+                     "redis)")
+    prefix: str = Field("sampan", description="backend redis: the start of every Redis key "
+                        "the server writes (tables and live histories)")
     tables: list[JoinConfig] | None = Field(None, description="side tables in place of "
                                             "the bundle's feature tables with the same key")
     bootstrap: bool = Field(True, description="start each user's live histories from the "
@@ -57,7 +61,7 @@ class FeedbackKafkaConfig(_Strict):
     again); the Parquet log stays the exact record."""
 
     brokers: str = Field(description="bootstrap servers, host:port[,host:port...]")
-    topic: str
+    topic: str = Field(description="the topic the rows are sent to")
     options: dict[str, str] = Field(default_factory=dict, description="more librdkafka "
                                     "producer settings (security.protocol, sasl.*, ...)")
 
@@ -109,9 +113,15 @@ class ExploreConfig(_Strict):
     probability that it would have gone first (its propensity); those not shown go to
     ``feedback.dir/_unshown``, which the report and ``sampan stream`` leave out."""
 
-    method: Literal["epsilon", "softmax"] = "epsilon"
-    epsilon: float = Field(0.1, gt=0.0, le=1.0)
-    temperature: float = Field(1.0, gt=0.0)
+    method: Literal["epsilon", "softmax"] = Field(
+        "epsilon", description="epsilon: a uniformly random candidate first with probability "
+        "epsilon, else the best; softmax: the first drawn from the softmax of the scores' "
+        "logits")
+    epsilon: float = Field(0.1, gt=0.0, le=1.0, description="epsilon method: the probability "
+                           "that the first item is drawn uniformly from the candidates")
+    temperature: float = Field(1.0, gt=0.0, description="softmax method: the temperature of "
+                               "the softmax over the scores' logits (lower: the best first "
+                               "more often)")
 
 
 class VariantConfig(_Strict):
@@ -119,10 +129,16 @@ class VariantConfig(_Strict):
     ``watch`` (with both: the bundle until the directory publishes a newer version), and
     its share of the traffic (weights are relative)."""
 
-    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
-    bundle: str | None = None
-    watch: str | None = None
-    weight: float = Field(ge=0.0)
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$",
+                      description="the arm's name: each response's variant, and the arm's "
+                      "key in the log, the report and /v1/admin/weights")
+    bundle: str | None = Field(None, description="the arm's bundle (with watch: served until "
+                               "the directory publishes a newer version)")
+    watch: str | None = Field(None, description="a model directory a stream run publishes "
+                              "to: the arm serves its latest version and follows each new one")
+    weight: float = Field(ge=0.0, description="the arm's share of the users, relative to the "
+                          "other arms' weights; a saved allocation of the same arms (state) "
+                          "wins")
 
     @model_validator(mode="after")
     def _a_source(self) -> VariantConfig:
@@ -140,7 +156,8 @@ class ExperimentServeConfig(_Strict):
 
     name: str = Field(min_length=1, description="the experiment's name, also the salt of "
                       "the assignment hash (a new name reshuffles the users)")
-    variants: list[VariantConfig] = Field(min_length=1)
+    variants: list[VariantConfig] = Field(min_length=1, description="the arms, control "
+                                          "first")
     state: str | None = Field(None, description="where the allocation is saved")
 
     @model_validator(mode="after")
@@ -163,15 +180,19 @@ class ServeConfig(_Strict):
                               "swapped in without a dropped request")
     watch_seconds: float = Field(1.0, gt=0, description="how often watch looks for a new "
                                  "version")
-    host: str = "127.0.0.1"
-    port: int = Field(8000, ge=0, le=65535)
-    grpc_port: int | None = Field(None, ge=0, le=65535)
-    workers: int = Field(1, ge=1)
+    host: str = Field("127.0.0.1", description="the address the HTTP (and gRPC) server binds")
+    port: int = Field(8000, ge=0, le=65535, description="the HTTP port")
+    grpc_port: int | None = Field(None, ge=0, le=65535, description="also serve gRPC on this "
+                                  "port; null: HTTP only")
+    workers: int = Field(1, ge=1, description="server processes, each loading the bundle and "
+                         "binding the HTTP (and gRPC) port; live-history events then need "
+                         "the redis backend")
     max_batch_rows: int = Field(4096, gt=0, description="rows per model call")
     max_wait_ms: float = Field(2.0, ge=0.0, description="how long a model call waits for "
                                "more requests to join it")
     max_records: int = Field(10_000, gt=0, description="records or candidates per request")
-    max_body_bytes: int = Field(8 << 20, gt=0)
+    max_body_bytes: int = Field(8 << 20, gt=0, description="the largest HTTP request body "
+                                "accepted, in bytes; a larger one is refused with 413")
     item_key: str = Field("item_id", description="the raw column /v1/rank fills with the "
                           "candidate ids")
     unit_key: str = Field("user_id", description="the request field (context or record) "
@@ -184,10 +205,17 @@ class ServeConfig(_Strict):
                                 "served too, else ONNX Runtime's own)")
     admin_token: str | None = Field(None, description="bearer token of /v1/admin/reload; "
                                     "the SAMPAN_ADMIN_TOKEN environment variable wins")
-    feature_store: FeatureStoreConfig = FeatureStoreConfig()
-    feedback: FeedbackConfig = FeedbackConfig()
-    experiment: ExperimentServeConfig | None = None
-    explore: ExploreConfig | None = None
+    feature_store: FeatureStoreConfig = Field(
+        FeatureStoreConfig(), description="where requests find user and item features, and "
+        "users' live histories")
+    feedback: FeedbackConfig = Field(FeedbackConfig(), description="the log of served items "
+                                     "joined with their events into labelled rows")
+    experiment: ExperimentServeConfig | None = Field(
+        None, description="an A/B experiment between variants (bundle and watch stay unset); "
+        "null: one model serves every request")
+    explore: ExploreConfig | None = Field(
+        None, description="explore the first item of /v1/rank and /v1/recommend, for "
+        "off-policy evaluation; null: the best goes first")
 
     @model_validator(mode="after")
     def _has_bundle(self) -> ServeConfig:

@@ -14,7 +14,8 @@ class KafkaConfig(_Strict):
     """A Kafka topic read through ``confluent-kafka`` (the ``stream`` extra)."""
 
     brokers: str = Field(description="bootstrap servers, host:port[,host:port...]")
-    topic: str
+    topic: str = Field(description="the topic to read; every partition it has when the "
+                       "stream starts is assigned to this trainer")
     group: str = Field("sampan", description="consumer group; offsets are committed to it "
                        "after each checkpoint (for monitoring: a restart resumes from the "
                        "checkpoint's own offsets)")
@@ -55,7 +56,9 @@ class PublishConfig(_Strict):
     """Pushing fresh models to serving: each version is a full bundle in ``dir``."""
 
     dir: str = Field(description="the model directory `sampan serve --watch` reads")
-    every_windows: int | None = Field(None, gt=0)
+    every_windows: int | None = Field(None, gt=0, description="a new version once this many "
+                                      "windows have passed since the last (checked at each "
+                                      "checkpoint); null: by every_seconds alone")
     every_seconds: float | None = Field(20.0, gt=0, description="with the window's 20 s, "
                                         "a new id reaches serving in well under a minute")
     keep: int = Field(5, gt=0, description="versions kept in dir (older ones are removed)")
@@ -65,9 +68,14 @@ class StreamConfig(_Strict):
     """Online training: windows of rows from the stream, each scored before it is trained
     on (progressive validation), with the stream position checkpointed with the model."""
 
-    source: Literal["kafka", "directory"]
-    kafka: KafkaConfig | None = None
-    directory: DirectoryConfig | None = None
+    source: Literal["kafka", "directory"] = Field(
+        description="where records come from: a Kafka topic (kafka) or time-partitioned "
+        "directories (directory)")
+    kafka: KafkaConfig | None = Field(None, description="the topic to read: {brokers, topic, "
+                                      "group, start, options}; required when source is kafka")
+    directory: DirectoryConfig | None = Field(
+        None, description="the directories to read: {root, done_file, quiet_seconds, "
+        "poll_seconds}; required when source is directory")
     format: Literal["auto", "jsonl", "csv", "tsv", "parquet", "libsvm", "slot"] = Field(
         "auto", description="the records' format. Kafka: one record per message, jsonl, csv "
         "or tsv (csv/tsv columns from data.columns). Directories: auto picks by file "
@@ -77,14 +85,18 @@ class StreamConfig(_Strict):
                                          "after its first row, whichever comes first")
     time_column: str | None = Field(None, description="event time (seconds since the epoch): "
                                     "each window logs its lag, event time to training time")
-    checkpoint_every_windows: int = Field(1, gt=0)
+    checkpoint_every_windows: int = Field(1, gt=0, description="weights, optimizer state and "
+                                          "stream position are checkpointed every this many "
+                                          "windows, and at the end")
     average_windows: int = Field(10, gt=0, description="progressive validation's moving "
                                  "average spans this many windows")
     max_windows: int | None = Field(None, gt=0, description="stop after this many windows "
                                     "(default: run until stopped)")
     idle_stop_seconds: float | None = Field(None, gt=0, description="stop when no record "
                                             "arrived for this long (default: wait forever)")
-    publish: PublishConfig | None = None
+    publish: PublishConfig | None = Field(None, description="push fresh models to serving: "
+                                          "{dir, every_windows, every_seconds, keep}; null: "
+                                          "no publishing")
 
     @model_validator(mode="after")
     def _one_source(self) -> StreamConfig:

@@ -34,8 +34,10 @@ class EarlyStoppingConfig(_Strict):
             return v
         raise ValueError(f"unknown metric {v!r}; expected auc, logloss, gauc, mrr, or "
                          "recall@K / ndcg@K / hitrate@K")
-    min_delta: float = Field(1e-4, ge=0.0)
-    enabled: bool = True
+    min_delta: float = Field(1e-4, ge=0.0, description="the least change of the metric, in "
+                             "its own units, that counts as an improvement")
+    enabled: bool = Field(True, description="false: running out of patience does not end the "
+                          "run (the best evaluation's weights are still the ones kept)")
 
 
 class TrainConfig(_Strict):
@@ -49,13 +51,22 @@ class TrainConfig(_Strict):
     epochs: PosInt | Auto = Field("auto", description="auto: until validation stops improving "
                                "(early stopping), at most the epochs that give 30,000 steps "
                                "(3 to 30)")
-    max_steps: int | None = Field(None, gt=0)
+    max_steps: int | None = Field(None, gt=0, description="stop after this many optimizer "
+                                  "steps (or at the end of epochs, if sooner), the span the "
+                                  "schedule decays over; null: epochs alone")
     batch_size: PosInt | Auto = Field("auto", description="auto: the power of two nearest "
                                    "sqrt(train rows), 64 to 4096")
-    eval_batch_size: int = Field(16384, gt=0)
-    optimizer: Literal["adam", "adamw", "sgd"] = "adam"
-    lr: float = Field(1e-3, gt=0, allow_inf_nan=False)
-    weight_decay: float = Field(0.0, ge=0.0)
+    eval_batch_size: int = Field(16384, gt=0, description="rows per batch when scoring "
+                                 "validation, test or prediction rows")
+    optimizer: Literal["adam", "adamw", "sgd"] = Field(
+        "adam", description="optimizer of the dense (non-embedding) parameters; sgd uses "
+        "momentum 0.9")
+    lr: float = Field(1e-3, gt=0, allow_inf_nan=False,
+                      description="base learning rate of the dense parameters, and of the "
+                      "embedding rows unless sparse_lr is set")
+    weight_decay: float = Field(0.0, ge=0.0, description="weight decay of the dense optimizer "
+                                "(added to the gradient for adam and sgd, decoupled for "
+                                "adamw); embedding rows use embedding_l2")
     sparse_optimizer: Literal["adam", "adam_table", "adagrad", "rowwise_adagrad"] = Field(
         "adam", description="embedding rows: adam (lazy, each row's bias correction counts "
         "its own updates), adam_table (one step counter per table: torch.optim.SparseAdam), "
@@ -71,12 +82,17 @@ class TrainConfig(_Strict):
         "improve the early-stopping metric")
     warmup_steps: NonNegInt | Auto = Field("auto", description="auto: a tenth of an epoch, 10 to "
                                      "200 steps")
-    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0)
-    clip_grad_norm: float | None = Field(None, gt=0)
+    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="cosine schedule: the "
+                                "learning rate at the last step, as a fraction of the base")
+    clip_grad_norm: float | None = Field(None, gt=0, description="clip the dense parameters' "
+                                         "gradients to this total L2 norm (embedding rows are "
+                                         "not clipped); null: no clipping")
     eval_every_steps: PosInt | Auto | None = Field(
         "auto", description="None: once per epoch; auto: once per epoch, or four times per "
         "epoch (at least 100 steps apart) when epochs are long")
-    early_stopping: EarlyStoppingConfig = EarlyStoppingConfig()
+    early_stopping: EarlyStoppingConfig = Field(
+        EarlyStoppingConfig(), description="stop when the validation metric stops improving: "
+        "which metric, how patient")
     on_divergence: Literal["recover", "stop"] = Field(
         "recover", description="a non-finite or exploding training loss, or a validation "
         "LogLoss far above the base rate's: recover restores the last good state and halves "
@@ -98,9 +114,16 @@ class TrainConfig(_Strict):
         True, description="after an exact (lbfgs) warm start, the ids' first-order weights "
         "keep the LR's values and only the rest of the model trains (an SGD start's, and the "
         "lr model's, keep training); false: they train with the rest")
-    checkpoint_every_steps: int | None = Field(None, gt=0)
-    shuffle: Literal["rows", "blocks", "none"] = "rows"
-    amp: Literal["none", "bf16"] = "none"
+    checkpoint_every_steps: int | None = Field(
+        None, gt=0, description="write checkpoints/last.pt every this many steps too (it is "
+        "always written at each epoch's end); null: at epoch ends only")
+    shuffle: Literal["rows", "blocks", "none"] = Field(
+        "rows", description="order of the training rows each epoch: rows permutes them all, "
+        "blocks permutes blocks of 65,536 contiguous rows (cheaper on data larger than "
+        "memory), none keeps file order")
+    amp: Literal["none", "bf16"] = Field(
+        "none", description="bf16: autocast training and evaluation to bfloat16 (slower on "
+        "CPUs without AVX512-BF16 / AMX); none: float32")
     compile: bool = Field(False, description="torch.compile the dense layers (not the "
                           "embedding lookup); pays off on long runs")
     kernels: Literal["auto", "mkl", "onednn"] = Field(
@@ -121,8 +144,16 @@ class TrainConfig(_Strict):
         "auto", description="on a GPU: copy the training split to the device once and gather "
         "each batch there (no host gather or copy per step); auto: when the split takes under "
         "a quarter of the device's free memory")
-    threads: int | None = Field(None, gt=0)
-    prefetch: int = Field(2, ge=0)
-    log_every_steps: int = Field(50, gt=0)
-    tensorboard: bool = True
-    progress: bool = True
+    threads: int | None = Field(None, gt=0, description="torch intra-op threads "
+                                "(torch.set_num_threads); null: torch's default")
+    prefetch: int = Field(2, ge=0, description="batches prepared ahead in a background "
+                          "thread, in training and evaluation (0: none; unused for a split "
+                          "held on the device)")
+    log_every_steps: int = Field(50, gt=0, description="steps between training-loss records "
+                                 "(metrics.jsonl, progress bar, divergence check); the loss "
+                                 "is read from the device only then")
+    tensorboard: bool = Field(True, description="also write the metrics as TensorBoard "
+                              "scalars to the run's tensorboard/ (needs the tensorboard "
+                              "extra)")
+    progress: bool = Field(True, description="show a progress bar (loss, samples/s) while "
+                           "training")

@@ -47,13 +47,17 @@ class AutoInt(nn.Module):
     """
 
     class Config(ModelConfig):
-        name: Literal["autoint"] = "autoint"
-        attention_layers: int = Field(3, ge=1)
-        heads: int = Field(2, ge=1)
-        attention_dim: int = Field(16, ge=1)
+        name: Literal["autoint"] = Field("autoint", description="the model's registered name")
+        attention_layers: int = Field(3, ge=1, description="number of stacked self-attention "
+                                      "(interacting) layers over the fields")
+        heads: int = Field(2, ge=1, description="attention heads per interacting layer")
+        attention_dim: int = Field(16, ge=1, description="length of each head's query, key and "
+                                   "value vectors; a layer outputs heads x attention_dim per "
+                                   "field")
         mlp: list[int] = Field(default_factory=lambda: [256, 128],
                                description="[] for plain AutoInt; layers for AutoInt+")
-        dropout: float = Field(0.0, ge=0.0, lt=1.0)
+        dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout probability after "
+                               "each hidden layer of the MLP (AutoInt+); 0: none")
         linear: bool = Field(True, description="add a first-order (logistic-regression) term "
                              "over the same features, as DeepFM and xDeepFM have")
 

@@ -29,13 +29,19 @@ class BST(nn.Module):
     """
 
     class Config(ModelConfig):
-        name: Literal["bst"] = "bst"
-        target: str | None = None
-        history: str | None = None
-        layers: int = Field(1, ge=1)
-        heads: int = Field(2, ge=1)
-        mlp: list[int] = Field(default_factory=lambda: [256, 128])
-        dropout: float = Field(0.0, ge=0.0, lt=1.0)
+        name: Literal["bst"] = Field("bst", description="the model's registered name")
+        target: str | None = Field(None, description="the sparse feature of the candidate item; "
+                                   "None: the feature whose ids the history holds")
+        history: str | None = Field(None, description="the behaviour sequence (a `kind: sequence` "
+                                    "list) the transformer reads; None: the data's only one")
+        layers: int = Field(1, ge=1, description="transformer encoder layers over the history "
+                            "with the target appended")
+        heads: int = Field(2, ge=1, description="attention heads per transformer layer; must "
+                           "divide embedding_dim")
+        mlp: list[int] = Field(default_factory=lambda: [256, 128],
+                               description="the output MLP's hidden layer sizes, first to last")
+        dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout probability in the "
+                               "transformer layers and after each MLP hidden layer; 0: none")
         input_norm: bool = Field(True, description="batch-normalise the MLP input (as DIN)")
 
     def __init__(self, schema: DataSchema, cfg: Config):

@@ -52,8 +52,9 @@ class DCN(nn.Module):
     """
 
     class Config(MLPModelConfig):
-        name: Literal["dcn"] = "dcn"
-        cross_layers: int = Field(3, ge=1)
+        name: Literal["dcn"] = Field("dcn", description="the model's registered name")
+        cross_layers: int = Field(3, ge=1, description="number of cross layers in the cross "
+                                  "network beside the MLP")
 
     def __init__(self, schema: DataSchema, cfg: Config):
         super().__init__()

@@ -63,10 +63,15 @@ class DCNv2(nn.Module):
     """
 
     class Config(MLPModelConfig):
-        name: Literal["dcn_v2"] = "dcn_v2"
-        cross_layers: int = Field(3, ge=1)
-        structure: Literal["parallel", "stacked"] = "parallel"
-        low_rank: int | None = Field(None, gt=0)
+        name: Literal["dcn_v2"] = Field("dcn_v2", description="the model's registered name")
+        cross_layers: int = Field(3, ge=1, description="number of cross layers in the cross "
+                                  "network")
+        structure: Literal["parallel", "stacked"] = Field(
+            "parallel", description="parallel: the output layer reads the cross network and "
+            "the MLP side by side, both over the input; stacked: the MLP reads the cross "
+            "network's output")
+        low_rank: int | None = Field(None, gt=0, description="rank of each cross layer's "
+                                     "matrix, factorised as U V^T; None: full rank")
         first_order: bool = Field(
             False, description="add a first-order weight per id and numeric feature to the "
             "output (a wide part, as Wide & Deep's), which the LR warm start fits first (and "

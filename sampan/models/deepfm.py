@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
+from pydantic import Field
 from torch import nn
 
 from sampan.batch import Batch
@@ -30,8 +31,10 @@ class DeepFM(nn.Module):
     """
 
     class Config(MLPModelConfig, FieldWeightsConfig):
-        name: Literal["deepfm"] = "deepfm"
-        embed_dense: bool = True
+        name: Literal["deepfm"] = Field("deepfm", description="the model's registered name")
+        embed_dense: bool = Field(True, description="numeric features also enter the FM term "
+                                  "as fields, each a learned vector scaled by its value (the "
+                                  "MLP reads the numbers either way)")
 
     def __init__(self, schema: DataSchema, cfg: Config):
         super().__init__()

@@ -64,15 +64,26 @@ class DIEN(nn.Module):
     """
 
     class Config(ModelConfig):
-        name: Literal["dien"] = "dien"
-        target: str | None = None
-        history: str | None = None
-        attention_mlp: list[int] = Field(default_factory=lambda: [80, 40])
-        aux_mlp: list[int] = Field(default_factory=lambda: [32])
-        aux_loss_weight: float = Field(1.0, ge=0.0)
-        mlp: list[int] = Field(default_factory=lambda: [200, 80])
-        activation: Literal["dice", "prelu", "relu"] = "dice"
-        dropout: float = Field(0.0, ge=0.0, lt=1.0)
+        name: Literal["dien"] = Field("dien", description="the model's registered name")
+        target: str | None = Field(None, description="the sparse feature of the candidate item; "
+                                   "None: the feature whose ids the history holds")
+        history: str | None = Field(None, description="the behaviour sequence (a `kind: sequence` "
+                                    "list) the GRUs read; None: the data's only one")
+        attention_mlp: list[int] = Field(default_factory=lambda: [80, 40],
+                                         description="hidden layer sizes of the attention MLP "
+                                         "(ReLU) that scores each interest state against the "
+                                         "target")
+        aux_mlp: list[int] = Field(default_factory=lambda: [32],
+                                   description="hidden layer sizes of the auxiliary MLP that "
+                                   "tells each next event from an in-batch one")
+        aux_loss_weight: float = Field(1.0, ge=0.0, description="weight of the auxiliary "
+                                       "next-behaviour loss added to the training loss; 0: off")
+        mlp: list[int] = Field(default_factory=lambda: [200, 80],
+                               description="the output MLP's hidden layer sizes, first to last")
+        activation: Literal["dice", "prelu", "relu"] = Field(
+            "dice", description="activation of the output MLP's hidden layers")
+        dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout probability after "
+                               "each hidden layer of the output MLP; 0: none")
 
     def __init__(self, schema: DataSchema, cfg: Config):
         super().__init__()

@@ -26,15 +26,24 @@ class DIN(nn.Module):
     """
 
     class Config(ModelConfig):
-        name: Literal["din"] = "din"
-        target: str | None = None
-        history: str | None = None
-        attention_mlp: list[int] = Field(default_factory=lambda: [80, 40])
-        mlp: list[int] = Field(default_factory=lambda: [200, 80])
-        activation: Literal["dice", "prelu", "relu"] = "dice"  # of the main MLP
-        attention_activation: Literal["dice", "prelu", "relu"] = "dice"
-        dropout: float = Field(0.0, ge=0.0, lt=1.0)
-        batch_norm: bool = False
+        name: Literal["din"] = Field("din", description="the model's registered name")
+        target: str | None = Field(None, description="the sparse feature of the candidate item; "
+                                   "None: the feature whose ids the history holds")
+        history: str | None = Field(None, description="the behaviour sequence (a `kind: sequence` "
+                                    "list) pooled by attention; None: the data's only one")
+        attention_mlp: list[int] = Field(default_factory=lambda: [80, 40],
+                                         description="hidden layer sizes of the attention MLP "
+                                         "that scores each history event against the target")
+        mlp: list[int] = Field(default_factory=lambda: [200, 80],
+                               description="the output MLP's hidden layer sizes, first to last")
+        activation: Literal["dice", "prelu", "relu"] = Field(
+            "dice", description="activation of the output MLP's hidden layers")
+        attention_activation: Literal["dice", "prelu", "relu"] = Field(
+            "dice", description="activation of the attention MLP's hidden layers")
+        dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout probability after "
+                               "each hidden layer of the output MLP; 0: none")
+        batch_norm: bool = Field(False, description="batch normalisation after each hidden "
+                                 "layer's linear map in the output MLP, before its activation")
         attention_normalization: Literal["softmax", "none"] = Field(
             "softmax", description="softmax: attention weights sum to 1 over the history "
             "(better on the real datasets here); none: the paper's raw weights")

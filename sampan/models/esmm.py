@@ -35,9 +35,12 @@ class ESMM(nn.Module):
     tasks = 2  # the number of labels the model needs (contract tests read it)
 
     class Config(ModelConfig):
-        name: Literal["esmm"] = "esmm"
-        tower_mlp: list[int] = Field(default_factory=lambda: [256, 128])
-        dropout: float = Field(0.0, ge=0.0, lt=1.0)
+        name: Literal["esmm"] = Field("esmm", description="the model's registered name")
+        tower_mlp: list[int] = Field(default_factory=lambda: [256, 128],
+                                     description="hidden layer sizes of each of the CTR and CVR "
+                                     "towers, first to last")
+        dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout probability after "
+                               "each hidden layer of the towers; 0: none")
 
     def __init__(self, schema: DataSchema, cfg: Config):
         super().__init__()

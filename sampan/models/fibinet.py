@@ -56,8 +56,10 @@ class FiBiNET(nn.Module):
     """
 
     class Config(MLPModelConfig):
-        name: Literal["fibinet"] = "fibinet"
-        reduction: int = Field(3, ge=1)
+        name: Literal["fibinet"] = Field("fibinet", description="the model's registered name")
+        reduction: int = Field(3, ge=1, description="reduction ratio of the squeeze-excitation "
+                               "network: its hidden layer has fields / reduction units (at "
+                               "least 1)")
 
     def __init__(self, schema: DataSchema, cfg: Config):
         super().__init__()

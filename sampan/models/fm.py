@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
+from pydantic import Field
 from torch import nn
 
 from sampan.batch import Batch
@@ -23,8 +24,9 @@ class FM(nn.Module):
     (Rendle's FM) with ``field_weights: false``."""
 
     class Config(ModelConfig, FieldWeightsConfig):
-        name: Literal["fm"] = "fm"
-        embed_dense: bool = True
+        name: Literal["fm"] = Field("fm", description="the model's registered name")
+        embed_dense: bool = Field(True, description="numeric features also enter the FM term "
+                                  "as fields, each a learned vector scaled by its value")
 
     def __init__(self, schema: DataSchema, cfg: Config):
         super().__init__()

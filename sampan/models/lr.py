@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
+from pydantic import Field
 from torch import nn
 
 from sampan.batch import Batch
@@ -25,7 +26,7 @@ class LR(nn.Module):
     """
 
     class Config(ModelConfig):
-        name: Literal["lr"] = "lr"
+        name: Literal["lr"] = Field("lr", description="the model's registered name")
 
     def __init__(self, schema: DataSchema, cfg: Config):
         super().__init__()

@@ -28,11 +28,16 @@ class MMoE(nn.Module):
     """
 
     class Config(ModelConfig):
-        name: Literal["mmoe"] = "mmoe"
-        experts: int = Field(4, ge=1)
-        expert_mlp: list[int] = Field(default_factory=lambda: [256, 128], min_length=1)
-        tower_mlp: list[int] = Field(default_factory=lambda: [64])
-        dropout: float = Field(0.0, ge=0.0, lt=1.0)
+        name: Literal["mmoe"] = Field("mmoe", description="the model's registered name")
+        experts: int = Field(4, ge=1, description="number of expert MLPs shared by all tasks")
+        expert_mlp: list[int] = Field(default_factory=lambda: [256, 128], min_length=1,
+                                      description="hidden layer sizes of each expert, first to "
+                                      "last; the last is the width the gates mix")
+        tower_mlp: list[int] = Field(default_factory=lambda: [64],
+                                     description="hidden layer sizes of each task's tower over "
+                                     "its mixture of experts")
+        dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout probability after "
+                               "each hidden layer of the experts and towers; 0: none")
 
     def __init__(self, schema: DataSchema, cfg: Config):
         super().__init__()

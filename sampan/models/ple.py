@@ -64,13 +64,19 @@ class PLE(nn.Module):
     """
 
     class Config(ModelConfig):
-        name: Literal["ple"] = "ple"
-        levels: int = Field(2, ge=1)
-        task_experts: int = Field(1, ge=1)
-        shared_experts: int = Field(1, ge=1)
-        expert_mlp: list[int] = Field(default_factory=lambda: [256, 128], min_length=1)
-        tower_mlp: list[int] = Field(default_factory=lambda: [64])
-        dropout: float = Field(0.0, ge=0.0, lt=1.0)
+        name: Literal["ple"] = Field("ple", description="the model's registered name")
+        levels: int = Field(2, ge=1, description="number of stacked extraction (CGC) levels")
+        task_experts: int = Field(1, ge=1, description="experts of each task at each level")
+        shared_experts: int = Field(1, ge=1, description="experts shared by all tasks at each "
+                                    "level")
+        expert_mlp: list[int] = Field(default_factory=lambda: [256, 128], min_length=1,
+                                      description="hidden layer sizes of each expert, first to "
+                                      "last; the last is the width the gates mix")
+        tower_mlp: list[int] = Field(default_factory=lambda: [64],
+                                     description="hidden layer sizes of each task's tower over "
+                                     "its last-level mixture")
+        dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout probability after "
+                               "each hidden layer of the experts and towers; 0: none")
 
     def __init__(self, schema: DataSchema, cfg: Config):
         super().__init__()

@@ -35,14 +35,26 @@ class TwoTower(nn.Module):
     task = "retrieval"
 
     class Config(ModelConfig):
-        name: Literal["two_tower"] = "two_tower"
-        item_features: list[str] = Field(default_factory=lambda: ["item_id"])
-        item_id: str | None = None
-        user_id: str | None = None
-        tower_mlp: list[int] = Field(default_factory=lambda: [128, 64])
+        name: Literal["two_tower"] = Field("two_tower", description="the model's registered "
+                                           "name")
+        item_features: list[str] = Field(default_factory=lambda: ["item_id"],
+                                         description="features of the item tower (a numeric "
+                                         "one brings its `<name>_bucket` twin); every other "
+                                         "feature goes to the user tower")
+        item_id: str | None = Field(None, description="the item tower's sparse feature that "
+                                    "identifies the item (corpus, logQ, evaluation); None: "
+                                    "its first sparse feature")
+        user_id: str | None = Field(None, description="the user tower's sparse feature that "
+                                    "identifies the user in evaluation; None: its first "
+                                    "sparse feature")
+        tower_mlp: list[int] = Field(default_factory=lambda: [128, 64],
+                                     description="hidden layer sizes of each tower, first to "
+                                     "last; the last is the length of the user and item vectors")
         temperature: float = Field(0.05, gt=0, description="softmax temperature of the "
                                    "cosine scores")
-        logq_correction: bool = True
+        logq_correction: bool = Field(True, description="subtract log q(item), the item's "
+                                      "share of the training positives, from each in-batch "
+                                      "logit")
         k: int = Field(50, ge=1, description="cut-off of Recall@K / NDCG@K in evaluation")
         exclude_seen: bool = Field(True, description="evaluation skips items the user had "
                                    "in the train split")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
+from pydantic import Field
 from torch import nn
 
 from sampan.batch import Batch
@@ -26,7 +27,8 @@ class WideDeep(nn.Module):
     """
 
     class Config(MLPModelConfig):
-        name: Literal["wide_deep"] = "wide_deep"
+        name: Literal["wide_deep"] = Field("wide_deep", description="the model's registered "
+                                           "name")
 
     def __init__(self, schema: DataSchema, cfg: Config):
         super().__init__()

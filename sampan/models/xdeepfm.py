@@ -53,8 +53,10 @@ class XDeepFM(nn.Module):
     """
 
     class Config(MLPModelConfig):
-        name: Literal["xdeepfm"] = "xdeepfm"
-        cin: list[int] = Field(default_factory=lambda: [64, 64])
+        name: Literal["xdeepfm"] = Field("xdeepfm", description="the model's registered name")
+        cin: list[int] = Field(default_factory=lambda: [64, 64],
+                               description="feature maps of each CIN layer, first to last; each "
+                               "layer's sum-pooled maps feed the output")
 
     def __init__(self, schema: DataSchema, cfg: Config):
         super().__init__()
