@@ -21,3 +21,19 @@ def update_block(path: Path, key: str, text: str, after: str | None = None) -> N
         doc += f"\n{block}\n"
     path.write_text(doc)
     print(f"updated {path} ({key})")
+
+
+def shown_command(args: str) -> str:
+    """A benchmark's arguments as a reader reruns them: without ``--readme PATH`` (where the
+    figures were written, not how they were measured)."""
+    words = args.split()
+    out = []
+    skip = False
+    for w in words:
+        if skip:
+            skip = False
+        elif w == "--readme":
+            skip = True
+        elif not w.startswith("--readme="):
+            out.append(w)
+    return " ".join(out)

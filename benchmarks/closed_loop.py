@@ -27,7 +27,8 @@ Then ``sampan experiment report`` and ``sampan experiment ope`` read the log. Pr
 Usage::
 
     python benchmarks/closed_loop.py                    # 150 s of traffic, about 5 minutes
-    python benchmarks/closed_loop.py --out benchmarks/results/closed_loop.json --readme README.md
+    python benchmarks/closed_loop.py --out benchmarks/results/closed_loop.json \
+        --readme docs/guides/ab-tests.md
 """
 
 from __future__ import annotations
@@ -227,7 +228,8 @@ def main() -> None:
                     "traffic for the last clicks to reach serving")
     ap.add_argument("--seed", type=int, default=0, help="the world's seed")
     ap.add_argument("--out", type=Path)
-    ap.add_argument("--readme", type=Path, help="write the figures into this README")
+    ap.add_argument("--readme", type=Path, help="write the figures into this Markdown page "
+                    "(docs/guides/ab-tests.md)")
     args = ap.parse_args()
     import confluent_kafka as ck
 
@@ -426,9 +428,12 @@ def main() -> None:
 
 def markdown(r: dict) -> str:
     """The README block of a run's result."""
+    from benchmarks._readme import shown_command
+
     m, s, f, lift = r["machine"], r["settings"], r["freshness"], r["lift"]
     lines = [
-        f"The closed loop (`python benchmarks/closed_loop.py {r['command']}`; {m['cpu']} "
+        f"The closed loop (`python benchmarks/closed_loop.py {shown_command(r['command'])}`; "
+        f"{m['cpu']} "
         f"({', '.join(m['isa'])}), {m['cores']} cores, everything on this machine): "
         f"{s['rate']:g} requests/s for {s['seconds']:g} s, {s['candidates']} candidates "
         f"ranked and {s['k']} shown per request, 50/50 by user, epsilon {s['epsilon']:g} "

@@ -23,7 +23,8 @@ Usage::
     python benchmarks/serve_load.py                       # 1 and 8 clients, 10 s each
     python benchmarks/serve_load.py --bundle B --clients 1 4 16 --seconds 20 --readme README.md
     python benchmarks/serve_load.py --taobao --clients 1 4 --readme README.md
-    python benchmarks/serve_load.py --feedback --clients 4 --seconds 60 --readme README.md
+    python benchmarks/serve_load.py --feedback --clients 1 4 --seconds 60 \
+        --readme docs/guides/ab-tests.md
 """
 
 from __future__ import annotations
@@ -324,7 +325,10 @@ class GrpcRank:
 
 def markdown_feedback(report: dict) -> str:
     m, f = report["machine"], report["feedback"]
-    lines = [f"The feedback log's cost (`python benchmarks/serve_load.py {report['args']}`; "
+    from benchmarks._readme import shown_command
+
+    lines = [f"The feedback log's cost (`python benchmarks/serve_load.py "
+             f"{shown_command(report['args'])}`; "
              f"{m['cpu']} ({', '.join(m['isa'])}), {m['cores']} cores; server and clients "
              f"on the same machine): `/v1/rank` with {report['candidates']} candidates, "
              "top 10 returned and logged, a click posted every "
