@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 import typer.core
 
-from sampan.cli.base import SetOpt, app, console, fail
+from sampan.cli.base import app, console, fail
 
 
 @app.command()
@@ -36,14 +36,20 @@ def serve(
     experiment: Annotated[str | None, typer.Option(
         help="The experiment's name with --variant: the salt of the users' assignment "
         "[the arms' names joined].")] = None,
-    set_: SetOpt = None,
+    set_: Annotated[list[str] | None, typer.Option(
+        "--set", "-s", metavar="KEY=VALUE", help="Override a serve config value, e.g. --set "
+        "feedback.dir=feedback/ --set max_batch_rows=4096. Values are parsed as YAML. "
+        "Repeatable; applied after --config.")] = None,
 ) -> None:
     """Serve a bundle over HTTP (FastAPI under uvicorn) and optionally gRPC.
 
     Routes: `POST /v1/predict` (raw records -> probabilities), `POST /v1/rank` (context +
     candidate item ids -> top-k, user and item features joined from the feature store),
-    `GET /healthz`, `GET /readyz`, `GET /metrics` (Prometheus), `POST /v1/admin/reload`
-    (needs the bearer token from `admin_token` or `SAMPAN_ADMIN_TOKEN`). API docs at `/docs`.
+    `POST /v1/recommend` (retrieval, then ranking), `POST /v1/events` (users' behaviour, for
+    their live histories), `POST /v1/feedback` (what users did with served items, for the
+    feedback log), `GET /healthz`, `GET /readyz`, `GET /metrics` (Prometheus), and the admin
+    routes `POST /v1/admin/reload`, `/v1/admin/rollback` and `/v1/admin/weights` (they need
+    the bearer token from `admin_token` or `SAMPAN_ADMIN_TOKEN`). API docs at `/docs`.
     """
     import os
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from sampan.cli import reference as cli_reference
 from sampan.config.reference import COMMAND, markdown, missing_descriptions
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,6 +24,16 @@ def test_every_config_key_has_a_description():
 def test_the_config_reference_page_is_the_codes():
     page = ROOT / "docs" / "reference" / "config.md"
     assert page.read_text() == markdown(), f"the reference is out of date: run `{COMMAND}`"
+
+
+def test_the_command_line_reference_page_is_the_codes():
+    page = ROOT / "docs" / "reference" / "cli.md"
+    text = cli_reference.markdown()
+    assert page.read_text() == text, f"out of date: run `{cli_reference.COMMAND}`"
+    # every command, its options with their types and defaults, examples as shell blocks
+    for cmd in ("sampan train", "sampan serve", "sampan experiment ope", "sampan data inspect"):
+        assert f"## `{cmd}`" in text
+    assert "| `--nproc-per-node` | int | 1 |" in text and "```bash\nsampan train" in text
 
 
 def test_the_reference_names_types_defaults_and_ranges():
