@@ -17,7 +17,9 @@ class PredictRequest(BaseModel):
     features (null for a missing value), or the keys a feature table joins them by."""
 
     model_config = _examples({"records": [{"user_id": "1000011", "item_id": "3993081"}]})
-    records: list[dict[str, Any]] = Field(min_length=1)
+    records: list[dict[str, Any]] = Field(min_length=1, description="one object per record: "
+                                          "the model's raw features (null for a missing "
+                                          "value), or the keys its feature tables join them by")
     variant: str | None = Field(None, description="QA: serve with this arm (the request is "
                                 "marked forced and left out of the analysis; the header "
                                 "X-Sampan-Variant does the same)")
@@ -31,10 +33,11 @@ class RankRequest(BaseModel):
 
     model_config = _examples({"context": {"user_id": "1000011"},
                               "candidates": ["3993081", "1686875", "5023031"], "k": 2})
-    context: dict[str, Any] = Field(default_factory=dict)
+    context: dict[str, Any] = Field(default_factory=dict, description="the user and any "
+                                    "request-time feature (e.g. {\"user_id\": \"1000011\"})")
     candidates: list[str | int] = Field(min_length=1, description="item ids; one named "
                                          "twice is ranked once")
-    k: int = Field(10, ge=1)
+    k: int = Field(10, ge=1, description="items returned")
     task: int = Field(0, ge=0, description="which label's probability ranks (multi-task)")
     variant: str | None = Field(None, description="QA: serve with this arm (the request is "
                                 "marked forced and left out of the analysis; the header "
@@ -47,10 +50,11 @@ class RecommendRequest(BaseModel):
     part of one context it knows."""
 
     model_config = _examples({"context": {"user_id": "1000011"}, "n": 100, "k": 10})
-    context: dict[str, Any] = Field(min_length=1)
+    context: dict[str, Any] = Field(min_length=1, description="the user (its id, for the user "
+                                    "tower and the live history) and any request-time feature")
     n: int = Field(100, ge=1, description="candidates retrieved by the ANN index")
     k: int = Field(10, ge=1, description="items returned after ranking")
-    task: int = Field(0, ge=0)
+    task: int = Field(0, ge=0, description="which label's probability ranks (multi-task)")
     variant: str | None = Field(None, description="QA: serve with this arm (the request is "
                                 "marked forced and left out of the analysis; the header "
                                 "X-Sampan-Variant does the same)")
@@ -64,7 +68,9 @@ class EventsRequest(BaseModel):
     model_config = _examples({"events": [{"user_id": "1000011", "item_id": "3993081"},
                                          {"user_id": "1000011", "item_id": "1686875",
                                           "category_id": "590997"}]})
-    events: list[dict[str, Any]] = Field(min_length=1)
+    events: list[dict[str, Any]] = Field(min_length=1, description="each with the user id "
+                                         "and the item id (category_id and the like come from "
+                                         "the item table when not given)")
 
 
 class ErrorBody(BaseModel):
@@ -73,9 +79,9 @@ class ErrorBody(BaseModel):
     model_config = _examples({"error": "record 0 has unknown feature(s) ['agee'] for model "
                                        "'din'; known: ['user_id', 'item_id']",
                               "field": "agee", "record": 0})
-    error: str
-    field: str | None = None
-    record: int | None = None
+    error: str = Field(description="what was wrong, and what was expected")
+    field: str | None = Field(None, description="the request field at fault")
+    record: int | None = Field(None, description="the index of the record at fault")
 
 
 SERVED = {"request_id": Field(description="this response's id: feedback events name it "
@@ -88,16 +94,16 @@ class PredictResponse(BaseModel):
                               "model_version": "din@2026-12-01T22:28:29+0000",
                               "request_id": "5f0c8e9a2b7d4c1e9f3a6b2d8c4e7f10",
                               "variant": "default"})
-    probabilities: list[list[float]]
-    labels: list[str]
-    model_version: str
+    probabilities: list[list[float]] = Field(description="one row per record, one column per label")
+    labels: list[str] = Field(description="the labels, in the columns' order")
+    model_version: str = Field(description="the version of the model that scored")
     request_id: str = SERVED["request_id"]
     variant: str = SERVED["variant"]
 
 
 class ScoredItem(BaseModel):
-    item: str | int
-    score: float
+    item: str | int = Field(description="the item id, as the request named it")
+    score: float = Field(description="the probability of the ranking label")
     retrieval_score: float | None = Field(None, description="the two-tower cosine "
                                           "(/v1/recommend only)")
 
@@ -108,8 +114,8 @@ class RankResponse(BaseModel):
                               "model_version": "din@2026-12-01T22:28:29+0000",
                               "warnings": [], "request_id": "5f0c8e9a2b7d4c1e9f3a6b2d8c4e7f10",
                               "variant": "default"})
-    items: list[ScoredItem]
-    model_version: str
+    items: list[ScoredItem] = Field(description="the best k, best first")
+    model_version: str = Field(description="the version of the model that ranked")
     request_id: str = SERVED["request_id"]
     variant: str = SERVED["variant"]
     warnings: list[str] = Field(default_factory=list, description="context keys no "
@@ -121,7 +127,7 @@ class RecommendResponse(RankResponse):
                                          "retrieval_score": 0.83}],
                               "retrieved": 100, "model_version": "din@2026-12-01T22:28:29+0000",
                               "warnings": []})
-    retrieved: int
+    retrieved: int = Field(description="candidates the retrieval returned before ranking")
 
 
 class FeedbackEvent(BaseModel):
@@ -131,28 +137,32 @@ class FeedbackEvent(BaseModel):
     seconds; default: when the server receives it)."""
 
     model_config = ConfigDict(extra="forbid")
-    request_id: str = Field(min_length=1, max_length=128)
-    item: str | int
-    type: str = Field(min_length=1, max_length=64)
-    ts: float | None = None
+    request_id: str = Field(min_length=1, max_length=128, description="the request_id of the "
+                            "response that served the item")
+    item: str | int = Field(description="the item (for /v1/predict: the record's position)")
+    type: str = Field(min_length=1, max_length=64, description="one of the serve config's "
+                      "feedback.event_types (impression, click, conversion by default)")
+    ts: float | None = Field(None, description="when it happened, in epoch seconds (default: when "
+                             "received); an event after the window is late")
 
 
 class FeedbackRequest(BaseModel):
     model_config = _examples({"events": [{"request_id": "5f0c8e9a2b7d4c1e9f3a6b2d8c4e7f10",
                                           "item": "3993081", "type": "click"}]})
-    events: list[FeedbackEvent] = Field(min_length=1)
+    events: list[FeedbackEvent] = Field(min_length=1, description="what users did with served "
+                                        "items")
 
 
 class FeedbackResponse(BaseModel):
     model_config = _examples({"accepted": 1})
-    accepted: int
+    accepted: int = Field(description="events taken for the feedback log")
 
 
 class WeightsRequest(BaseModel):
     """New relative weights of the experiment's arms, every arm named."""
 
     model_config = _examples({"weights": {"control": 80, "candidate": 20}})
-    weights: dict[str, float] = Field(min_length=1)
+    weights: dict[str, float] = Field(min_length=1, description="every arm's new relative weight")
 
     @field_validator("weights")
     @classmethod
@@ -165,16 +175,16 @@ class WeightsRequest(BaseModel):
 
 class EventsResponse(BaseModel):
     model_config = _examples({"accepted": 2, "users": 1})
-    accepted: int
-    users: int
+    accepted: int = Field(description="events appended")
+    users: int = Field(description="users whose histories they changed")
 
 
 class ReloadRequest(BaseModel):
     """``{"bundle": ranking bundle}`` and/or ``{"retrieval_bundle": two-tower bundle}``."""
 
     model_config = _examples({"bundle": "bundles/din-2026-12-01"})
-    bundle: str | None = None
-    retrieval_bundle: str | None = None
+    bundle: str | None = Field(None, description="the ranking bundle to serve")
+    retrieval_bundle: str | None = Field(None, description="the two-tower bundle of /v1/recommend")
     variant: str | None = Field(None, description="the arm whose bundle this is (default: "
                                 "control, the only one without an experiment)")
 

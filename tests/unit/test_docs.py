@@ -36,6 +36,21 @@ def test_the_command_line_reference_page_is_the_codes():
     assert "| `--nproc-per-node` | int | 1 |" in text and "```bash\nsampan train" in text
 
 
+def test_the_rest_reference_page_is_the_codes_and_every_field_is_described():
+    pytest.importorskip("fastapi")
+    from sampan.serving import reference as rest
+
+    page = ROOT / "docs" / "reference" / "rest.md"
+    assert page.read_text() == rest.markdown(), f"out of date: run `{rest.COMMAND}`"
+    schemas = rest.openapi()["components"]["schemas"]
+    bare = [f"{n}.{f}" for n, s in schemas.items() if not n.endswith("ValidationError")
+            for f, p in s.get("properties", {}).items() if not p.get("description")]
+    assert bare == []
+    text = page.read_text()
+    for route in ("POST /v1/rank", "POST /v1/feedback", "POST /v1/admin/weights"):
+        assert f"## `{route}`" in text
+
+
 def test_the_reference_names_types_defaults_and_ranges():
     text = markdown()
     # a nested list section, a literal, a range and a required key, as the models say
