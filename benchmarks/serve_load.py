@@ -21,8 +21,9 @@ each server's latency and failures, the p99 ratio, and what the joiner wrote.
 Usage::
 
     python benchmarks/serve_load.py                       # 1 and 8 clients, 10 s each
-    python benchmarks/serve_load.py --bundle B --clients 1 4 16 --seconds 20 --readme README.md
-    python benchmarks/serve_load.py --taobao --clients 1 4 --readme README.md
+    python benchmarks/serve_load.py --bundle B --clients 1 4 16 --seconds 20 \
+        --readme docs/guides/serving.md
+    python benchmarks/serve_load.py --taobao --clients 1 4 --readme docs/guides/serving.md
     python benchmarks/serve_load.py --feedback --clients 1 4 --seconds 60 \
         --readme docs/guides/ab-tests.md
 """
@@ -355,7 +356,10 @@ def markdown(report: dict) -> str:
             f"{report['candidates']} then ranking them" if report.get("taobao") else
             f"`/v1/rank` with {report['candidates']} candidates per request, features "
             "joined from the in-memory feature store")
-    lines = [f"Serving load (`python benchmarks/serve_load.py {report['args']}`; "
+    from benchmarks._readme import shown_command
+
+    lines = [f"Serving load (`python benchmarks/serve_load.py "
+             f"{shown_command(report['args'])}`; "
              f"{m['cpu']} ({', '.join(m['isa'])}), {m['cores']} cores; server and clients "
              f"on the same machine): {what}.", "",
              "| protocol | clients | requests/s | p50 ms | p95 ms | p99 ms | errors |",

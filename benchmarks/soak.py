@@ -11,7 +11,7 @@ Usage::
 
     python benchmarks/soak.py                         # calibrate, then 10 minutes
     python benchmarks/soak.py --minutes 1 --clients 2  # a quick look
-    python benchmarks/soak.py --readme README.md       # and quote it in the README
+    python benchmarks/soak.py --readme docs/explanations/security.md
 """
 
 from __future__ import annotations
@@ -242,11 +242,15 @@ def main() -> None:
 
 
 def markdown(r: dict) -> str:
+    from benchmarks._readme import shown_command
+
     m, t = r["machine"], r["total"]
     good = [x["status"] for x in r["reloads"] if not x["bad"]]
     bad = [x["status"] for x in r["reloads"] if x["bad"]]
     lines = [
-        f"Soak (`python benchmarks/soak.py {r['args']}`; {m['cpu']} ({', '.join(m['isa'])}), "
+        f"Soak (`{('python benchmarks/soak.py ' + shown_command(r['args'])).strip()}`; "
+        f"{m['cpu']} "
+        f"({', '.join(m['isa'])}), "
         f"{m['cores']} cores, server and clients on the same machine): {r['minutes']:g} "
         f"minutes of mixed `/v1/predict`, `/v1/rank` (20 candidates) and `/v1/recommend` "
         f"traffic from {r['clients']} clients (the most whose p99 stayed under 50 ms), a "
