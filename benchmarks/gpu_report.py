@@ -9,7 +9,7 @@ absent is said to be not measured.
 Usage::
 
     python benchmarks/gpu_report.py benchmarks/results/gpu               # print the block
-    python benchmarks/gpu_report.py benchmarks/results/gpu --readme README.md
+    python benchmarks/gpu_report.py benchmarks/results/gpu --readme docs/explanations/performance.md
 """
 
 from __future__ import annotations
@@ -75,7 +75,8 @@ def render(d: Path) -> str:
     loader = load(d, "loader_gpu.json")
     dist = load(d, "distributed_gpu.json")
     lines = ["Measured on a GPU with `bash benchmarks/gpu_check.sh` (block written by `python "
-             "benchmarks/gpu_report.py benchmarks/results/gpu --readme README.md` from the "
+             "benchmarks/gpu_report.py benchmarks/results/gpu --readme "
+             "docs/explanations/performance.md` from the "
              "JSON it leaves, committed in `benchmarks/results/gpu/`).", ""]
     lines.append("- " + tests_line(d))
     if tt:

@@ -10,7 +10,7 @@ clock stops once the last copy has landed: what the loader can feed a GPU.
 Usage::
 
     python benchmarks/loader.py                   # 2,000,000 rows, batch 4096
-    python benchmarks/loader.py --readme README.md
+    python benchmarks/loader.py --readme docs/explanations/performance.md
     python benchmarks/loader.py --device cuda --batch 65536 --rows 4000000 --out loader_gpu.json
 """
 

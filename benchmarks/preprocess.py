@@ -10,7 +10,7 @@ prints the ratio.
 Usage::
 
     python benchmarks/preprocess.py                 # N = 5,000,000 (about 3 minutes)
-    python benchmarks/preprocess.py --rows 1000000 --readme README.md
+    python benchmarks/preprocess.py --rows 1000000 --readme docs/explanations/performance.md
 """
 
 from __future__ import annotations

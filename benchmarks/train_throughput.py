@@ -21,8 +21,8 @@ Usage::
     python benchmarks/train_throughput.py --memory --rows 10000000 --dim 64
     python benchmarks/train_throughput.py --device cuda --batch 16384
 
-Prints a table with each ratio and writes JSON (``--out``). ``--readme README.md`` rewrites
-the README's Performance section from that JSON.
+Prints a table with each ratio and writes JSON (``--out``). ``--readme
+docs/explanations/performance.md`` rewrites that page's tables from that JSON.
 """
 
 from __future__ import annotations

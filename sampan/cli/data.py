@@ -102,7 +102,7 @@ def data_build_sequences(
     """Turn an events log into DIN-style samples: each target event with the user's history
     strictly before it (items and categories, most recent last), its label, and optional
     sampled negatives. Train on the output with a `sequence` feature sharing the item's
-    vocabulary (see the README)."""
+    vocabulary (see docs/guides/config.md, "Behaviour sequences from an events log")."""
     from sampan.data.behaviour import BuildOptions, build_sequences
 
     def split(v: str | None) -> list[str] | None:

@@ -74,6 +74,6 @@ def stream(
             fail("give a config with a stream: section (or --from RUN_DIR with one)")
         cfg = load_config(config, overrides=set_ or [])
     if cfg.stream is None:
-        fail("the config has no stream: section; see `sampan stream --help` and the README's "
-             "'Online training'")
+        fail("the config has no stream: section; see `sampan stream --help` and "
+             "docs/guides/online-training.md")
     run_stream(cfg, run_dir=run_dir, from_run=from_run, console=console, publisher=Publisher)

@@ -160,8 +160,8 @@ def prepare(config: Path, overrides: list[str], folder: Path | None = None, *,
     its study. Command-line values win over the section's."""
     cfg = load_config(config, overrides)
     if cfg.tune is None:
-        raise ConfigError(f"{config} has no tune: section (the search space: see the "
-                          "README's 'Tuning' section, e.g. configs/tune_deepfm.yaml)")
+        raise ConfigError(f"{config} has no tune: section (the search space: see "
+                          "docs/guides/tuning.md, e.g. configs/tune_deepfm.yaml)")
     tc = cfg.tune.model_copy(update={k: v for k, v in (
         ("trials", trials), ("timeout_minutes", timeout_minutes), ("storage", storage))
         if v is not None})
