@@ -169,3 +169,21 @@ def test_data_prepare_counts_match_manifest(shared_data, tmp_path):
     assert store.manifest["rejects"]["read"] == len(rows) - 1 == 200
     assert json.loads((tmp_path / "data" / "manifest.json").read_text())["fitted_on"]["rows"] \
         == store.manifest["splits"]["train"]["rows"]
+
+
+def test_the_readme_example_prints_what_the_readme_shows(tmp_path):
+    """configs/quickstart_ml100k.yaml as the README runs it: its test metrics match the
+    table the README shows (within what threads and BLAS may change)."""
+    import re
+
+    if not (ROOT.parent / "shared" / "data" / "movielens" / "ml-100k").exists():
+        pytest.skip("needs ../shared/data/movielens/ml-100k")
+    cfg = load_config(ROOT / "configs" / "quickstart_ml100k.yaml",
+                      overrides=["train.progress=false", "train.tensorboard=false"])
+    results = run_experiment(cfg, run_dir=tmp_path / "run")
+    shown = re.search(r"│ test  │ ([0-9.]+) │\s+([0-9.]+) │ ([0-9.]+) │",
+                      (ROOT / "README.md").read_text())
+    auc, logloss, gauc = (float(x) for x in shown.groups())
+    assert results["test"]["auc"] == pytest.approx(auc, abs=0.005)
+    assert results["test"]["logloss"] == pytest.approx(logloss, abs=0.005)
+    assert results["test"]["gauc"] == pytest.approx(gauc, abs=0.005)

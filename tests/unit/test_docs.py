@@ -69,3 +69,22 @@ def test_the_site_builds_strict(tmp_path):
                        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     assert r.returncode == 0, r.stdout + r.stderr
     assert (tmp_path / "site" / "reference" / "config" / "index.html").exists()
+
+
+def test_the_readme_config_is_the_shipped_one_and_loads():
+    """The README's "One config" block is configs/quickstart_ml100k.yaml, which loads."""
+    import re
+
+    import yaml
+
+    from sampan.config import load_config
+
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"## One config.*?```yaml\n(.*?)```", readme, re.S).group(1)
+    shipped = ROOT / "configs" / "quickstart_ml100k.yaml"
+    assert yaml.safe_load(block) == yaml.safe_load(shipped.read_text())
+    assert load_config(shipped).model.name == "deepfm"
+
+
+def test_the_readme_stays_short():
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 250
