@@ -9,6 +9,7 @@
         top = c.recommend({"user_id": "1000011"}, k=10)
         for it in top.items:
             print(it.item, it.score)
+        c.feedback([{"request_id": top.request_id, "item": top.ids[0], "type": "click"}])
 
     with GrpcClient("127.0.0.1:50051") as g:       # the same calls and results
         g.rank(["3993081", "1686875"], context={"user_id": "1000011"}, k=1)
@@ -58,6 +59,8 @@ class Ranking:
     model_version: str
     warnings: list[str] = field(default_factory=list)  # context keys no model reads
     retrieved: int | None = None  # candidates the retrieval model gave (recommend only)
+    request_id: str = ""  # what feedback events name (see Client.feedback)
+    variant: str = ""  # the A/B arm that served it
 
     @property
     def ids(self) -> list[str | int]:
@@ -69,6 +72,8 @@ class Prediction:
     probabilities: list[list[float]]  # one row per record, one column per label
     labels: list[str]
     model_version: str
+    request_id: str = ""  # what feedback events name (the item: a record's position)
+    variant: str = ""  # the A/B arm that served it
 
 
 @dataclass(frozen=True)
@@ -80,7 +85,8 @@ class EventsResult:
 def _ranking(body: dict[str, Any]) -> Ranking:
     return Ranking([ScoredItem(i["item"], float(i["score"]), i.get("retrieval_score"))
                     for i in body["items"]], body["model_version"],
-                   list(body.get("warnings", [])), body.get("retrieved"))
+                   list(body.get("warnings", [])), body.get("retrieved"),
+                   body.get("request_id", ""), body.get("variant", ""))
 
 
 class Client:
@@ -136,7 +142,8 @@ class Client:
 
     def predict(self, records: list[dict[str, Any]]) -> Prediction:
         b = self._call("POST", "/v1/predict", {"records": records})
-        return Prediction(b["probabilities"], b["labels"], b["model_version"])
+        return Prediction(b["probabilities"], b["labels"], b["model_version"],
+                          b.get("request_id", ""), b.get("variant", ""))
 
     def rank(self, candidates: list[str | int], context: dict[str, Any] | None = None,
              k: int = 10, task: int = 0) -> Ranking:
@@ -151,6 +158,13 @@ class Client:
     def events(self, events: list[dict[str, Any]]) -> EventsResult:
         b = self._call("POST", "/v1/events", {"events": events}, self.events_token)
         return EventsResult(b["accepted"], b["users"])
+
+    def feedback(self, events: list[dict[str, Any]]) -> int:
+        """What users did with served items, for the feedback log: each event names a
+        response's ``request_id``, the ``item`` and its ``type`` (``click``, ...; ``ts``
+        optional). Returns how many were accepted."""
+        return self._call("POST", "/v1/feedback", {"events": events},
+                          self.events_token)["accepted"]
 
     def ready(self) -> dict[str, Any]:
         """``/readyz``: the model served (raises :class:`ServingError` 503 before)."""
@@ -215,13 +229,13 @@ class GrpcClient:
     def _ranking(r: Any, recommend: bool) -> Ranking:
         return Ranking([ScoredItem(i.item, i.score, i.retrieval_score if recommend else None)
                         for i in r.items], r.model_version, list(r.warnings),
-                       r.retrieved if recommend else None)
+                       r.retrieved if recommend else None, r.request_id, r.variant)
 
     def predict(self, records: list[dict[str, Any]]) -> Prediction:
         r = self._call("Predict", self._pb.PredictRequest(
             records=[self._struct(x) for x in records]))
         return Prediction([list(p.values) for p in r.probabilities], list(r.labels),
-                          r.model_version)
+                          r.model_version, r.request_id, r.variant)
 
     def rank(self, candidates: list[str | int], context: dict[str, Any] | None = None,
              k: int = 10, task: int = 0) -> Ranking:
@@ -240,6 +254,13 @@ class GrpcClient:
         r = self._call("Events", self._pb.EventsRequest(
             events=[self._struct(e) for e in events]), self.events_token)
         return EventsResult(r.accepted, r.users)
+
+    def feedback(self, events: list[dict[str, Any]]) -> int:
+        """As :meth:`Client.feedback`."""
+        r = self._call("Feedback", self._pb.FeedbackRequest(events=[self._pb.FeedbackEvent(
+            request_id=e["request_id"], item=str(e["item"]), type=e["type"],
+            ts=float(e.get("ts") or 0.0)) for e in events]), self.events_token)
+        return r.accepted
 
     def close(self) -> None:
         self._channel.close()

@@ -686,6 +686,17 @@ def test_feedback_log_joins_served_items_with_their_events(bundles, tmp_path):
         assert 'sampan_feedback_pending{what="items"} 0.0' in metrics
         fb = httpx.get(f"{srv.url}/readyz").json()["feedback"]
         assert fb["journal"]["served"] == 5 and fb["joiner"]["written"] == 5
+        # the Python clients carry the request id and arm, and send feedback
+        from sampan.client import Client, GrpcClient
+
+        with Client(srv.url) as c, GrpcClient(srv.grpc) as g:
+            for client in (c, g):
+                r = client.rank(["i1", "i2", "i3"], context={"user_id": "u7"}, k=2)
+                assert len(r.request_id) == 32 and r.variant == "default"
+                assert client.feedback([{"request_id": r.request_id, "item": r.ids[0],
+                                         "type": "click"}]) == 1
+                p = client.predict([{"user_id": "u7", "item_id": "i1"}])
+                assert p.request_id and p.request_id != r.request_id
     finally:
         srv.stop()
 
