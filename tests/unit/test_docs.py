@@ -61,14 +61,17 @@ def test_the_reference_names_types_defaults_and_ranges():
     assert "| `features` | section | required |" in text
 
 
-@pytest.mark.skipif(importlib.util.find_spec("mkdocs") is None,
-                    reason="needs mkdocs-material (pip install -e '.[docs]')")
+@pytest.mark.skipif(any(importlib.util.find_spec(m) is None
+                        for m in ("mkdocs", "material", "mkdocstrings")),
+                    reason="needs the docs extra (pip install -e '.[docs]')")
 def test_the_site_builds_strict(tmp_path):
     r = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir",
                         str(tmp_path / "site")], cwd=ROOT, capture_output=True, text=True,
                        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     assert r.returncode == 0, r.stdout + r.stderr
     assert (tmp_path / "site" / "reference" / "config" / "index.html").exists()
+    api = (tmp_path / "site" / "reference" / "python" / "index.html").read_text()
+    assert "from_yaml" in api and "feedback" in api  # the docstrings, rendered
 
 
 def test_the_readme_config_is_the_shipped_one_and_loads():
