@@ -8,18 +8,14 @@ from __future__ import annotations
 import inspect
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import typer
 
 from sampan.cli import app
+from sampan.config.reference import cell, write_page
 
 COMMAND = "python -m sampan.cli.reference docs/reference/cli.md"
-
-
-def _cell(text: str) -> str:
-    return " ".join(str(text).split()).replace("|", "\\|")
 
 
 # typer's commands are click's (its own copy of click): known here by what they have
@@ -103,21 +99,11 @@ def markdown() -> str:
         for p in params:
             kind = "flag" if getattr(p, "is_flag", False) else \
                 p.display_type(ctx).strip("<>")
-            lines.append(f"| {_name(p)} | {_cell(kind)} | {_cell(_default(p))} | "
-                         f"{_cell(getattr(p, 'help', None) or '')} |")
+            lines.append(f"| {_name(p)} | {cell(kind)} | {cell(_default(p))} | "
+                         f"{cell(getattr(p, 'help', None) or '')} |")
         lines.append("")
     return "\n".join(lines)
 
 
-def main(argv: list[str]) -> None:
-    text = markdown()
-    if not argv:
-        sys.stdout.write(text)
-        return
-    Path(argv[0]).parent.mkdir(parents=True, exist_ok=True)
-    Path(argv[0]).write_text(text)
-    print(f"wrote {argv[0]}")
-
-
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    write_page(sys.argv[1:], markdown())

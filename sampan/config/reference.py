@@ -104,8 +104,9 @@ def default_text(info: FieldInfo) -> str:
         return str(value)
 
 
-def _cell(text: str) -> str:
-    return " ".join(text.split()).replace("|", "\\|")
+def cell(text: object) -> str:
+    """Text for a Markdown table cell: one line, its pipes escaped."""
+    return " ".join(str(text).split()).replace("|", "\\|")
 
 
 def _doc(obj: type) -> str:
@@ -186,15 +187,15 @@ def markdown() -> str:
             lines += [_doc(model), ""]
         lines += ["| key | type | default | allowed | description |", "|---|---|---|---|---|"]
         for name, info in fields:
-            lines.append(f"| `{name}` | {_cell(type_name(info.annotation))} | "
-                         f"{_cell(default_text(info))} | {_cell(_constraints(info))} | "
-                         f"{_cell(info.description or '')} |")
+            lines.append(f"| `{name}` | {cell(type_name(info.annotation))} | "
+                         f"{cell(default_text(info))} | {cell(_constraints(info))} | "
+                         f"{cell(info.description or '')} |")
         lines.append("")
     return "\n".join(lines)
 
 
-def main(argv: list[str]) -> None:
-    text = markdown()
+def write_page(argv: list[str], text: str) -> None:
+    """A generated page to the file ``argv[0]`` names, or to standard output."""
     if not argv:
         sys.stdout.write(text)
         return
@@ -204,4 +205,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    write_page(sys.argv[1:], markdown())

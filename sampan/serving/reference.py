@@ -9,8 +9,9 @@ from __future__ import annotations
 import inspect
 import json
 import sys
-from pathlib import Path
 from typing import Any
+
+from sampan.config.reference import cell, write_page
 
 COMMAND = "python -m sampan.serving.reference docs/reference/rest.md"
 
@@ -21,10 +22,6 @@ def openapi() -> dict[str, Any]:
     from sampan.serving.http import create_app
 
     return create_app(None).openapi()  # type: ignore[arg-type]
-
-
-def _cell(text: Any) -> str:
-    return " ".join(str(text).split()).replace("|", "\\|")
 
 
 def _schema_name(ref: str) -> str:
@@ -49,8 +46,8 @@ def _fields(schema: dict[str, Any], schemas: dict[str, Any]) -> list[str]:
     rows = ["| field | type | required | default | meaning |", "|---|---|---|---|---|"]
     for name, p in schema.get("properties", {}).items():
         default = json.dumps(p["default"]) if "default" in p else ""
-        rows.append(f"| `{name}` | {_cell(type_of(p))} | {'yes' if name in required else ''}"
-                    f" | {_cell(default)} | {_cell(p.get('description', ''))} |")
+        rows.append(f"| `{name}` | {cell(type_of(p))} | {'yes' if name in required else ''}"
+                    f" | {cell(default)} | {cell(p.get('description', ''))} |")
     return rows
 
 
@@ -85,8 +82,8 @@ def markdown() -> str:
             lines += ["| status | meaning | body |", "|---|---|---|"]
             for status, r in op.get("responses", {}).items():
                 schema = r.get("content", {}).get("application/json", {}).get("schema", {})
-                lines.append(f"| {status} | {_cell(r.get('description', ''))} | "
-                             f"{_cell(type_of(schema)) if schema else ''} |")
+                lines.append(f"| {status} | {cell(r.get('description', ''))} | "
+                             f"{cell(type_of(schema)) if schema else ''} |")
             lines.append("")
     lines += ["## Response bodies", ""]
     for name, s in schemas.items():
@@ -100,15 +97,5 @@ def markdown() -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str]) -> None:
-    text = markdown()
-    if not argv:
-        sys.stdout.write(text)
-        return
-    Path(argv[0]).parent.mkdir(parents=True, exist_ok=True)
-    Path(argv[0]).write_text(text)
-    print(f"wrote {argv[0]}")
-
-
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    write_page(sys.argv[1:], markdown())
