@@ -72,6 +72,7 @@ def test_the_site_builds_strict(tmp_path):
     assert (tmp_path / "site" / "reference" / "config" / "index.html").exists()
     api = (tmp_path / "site" / "reference" / "python" / "index.html").read_text()
     assert "from_yaml" in api and "feedback" in api  # the docstrings, rendered
+    assert ":meth:" not in api and ":class:" not in api  # their roles as plain code
 
 
 def test_the_readme_config_is_the_shipped_one_and_loads():
