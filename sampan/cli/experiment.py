@@ -99,9 +99,13 @@ def report(
     srm = r["srm"]
     flag = "[bold red]SAMPLE RATIO MISMATCH[/]: the arms' traffic does not match their " \
         "weights; the comparison is not trustworthy" if srm["flagged"] else "ok"
-    console.print(f"sample ratio: chi2 {srm['chi2']:.2f}, p {srm['p_value']:.3g} against "
-                  + ", ".join(f"{a} {s:.1%}" for a, s in srm["shares"].items())
-                  + ("" if srm["shares_given"] else " (equal: no weights given)") + f": {flag}")
+    if len(srm["shares"]) < 2:
+        console.print("sample ratio: one arm, nothing to check")
+    else:
+        console.print(f"sample ratio: chi2 {srm['chi2']:.2f}, p {srm['p_value']:.3g} against "
+                      + ", ".join(f"{a} {s:.1%}" for a, s in srm["shares"].items())
+                      + ("" if srm["shares_given"] else " (equal: no weights given)")
+                      + f": {flag}")
     if r["forced_rows"]:
         console.print(f"{r['forced_rows']:,} forced (QA) rows left out")
     console.print(f"wrote {out / 'report.json'} and {out / 'ctr.png'}")

@@ -370,7 +370,8 @@ class Joiner:
 
 def _join_until_gone(fb: dict[str, Any], stop: Any, parent: int) -> None:
     """The body of :class:`JoinerProcess`: wait for the log's lock, then join until told to
-    stop or the serving process is gone."""
+    stop (a message on ``stop``, the child's end of a pipe, or the pipe closed) or the
+    serving process is gone."""
     from sampan.config.serve import FeedbackConfig
 
     try:  # background work: the serving processes come first for the cores
@@ -380,7 +381,7 @@ def _join_until_gone(fb: dict[str, Any], stop: Any, parent: int) -> None:
     cfg = FeedbackConfig(**fb)
 
     def done() -> bool:
-        return stop.is_set() or os.getppid() != parent
+        return stop.poll() or os.getppid() != parent
 
     while True:
         if done():
@@ -411,9 +412,10 @@ class JoinerProcess:
         import multiprocessing as mp
 
         ctx = mp.get_context("spawn")  # nothing of the server's threads or sockets
-        self._stop = ctx.Event()
+        # a pipe, not an Event: no named semaphore for the resource tracker to miss at exit
+        self._stop, child_end = ctx.Pipe()
         self.process = ctx.Process(target=_join_until_gone, name="sampan-joiner",
-                                   args=(self.fb.model_dump(), self._stop, os.getpid()),
+                                   args=(self.fb.model_dump(), child_end, os.getpid()),
                                    daemon=True)
         self.process.start()
         return self
@@ -421,7 +423,11 @@ class JoinerProcess:
     def stop(self, timeout: float = 60.0) -> None:
         """After the pass under way (a pass that takes longer is cut short: the next
         joiner takes its rows up)."""
-        self._stop.set()
+        try:
+            self._stop.send("stop")
+        except OSError:  # the joiner has gone already
+            pass
+        self._stop.close()
         self.process.join(timeout)
         if self.process.is_alive():
             self.process.terminate()

@@ -7,6 +7,7 @@ fresh interpreter. A block that cannot run here says why in the comment above it
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -51,6 +52,8 @@ def test_the_blocks_of_a_page_run_as_written(page, shared_data, tmp_path):
     runnable = [(lang, code) for lang, code, why in blocks(page) if why is None]
     if not runnable:
         pytest.skip(f"{page.name} has no block to run")
+    if any("curl " in code for _, code in runnable) and shutil.which("curl") is None:
+        pytest.skip(f"{page.name} needs curl")
     work = tmp_path / "repo"
     work.mkdir()
     (work / "configs").symlink_to(ROOT / "configs")
