@@ -3,7 +3,6 @@ click rate on logged traffic before testing it."""
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from pathlib import Path
@@ -143,6 +142,7 @@ def ope(
 
     from sampan.experiment import ope as ope_mod
     from sampan.experiment.log import column, feature_columns, read_log
+    from sampan.experiment.report import to_json
     from sampan.serving import Predictor
 
     table = read_log(log_dir, unshown=True)
@@ -201,5 +201,5 @@ def ope(
         console.print(f"arm {a} left out: its rows lack the candidate's inputs {g} (its "
                       "model did not read them)")
     if out:
-        out.write_text(json.dumps(r, indent=1))
+        out.write_text(to_json(r))
         console.print(f"wrote {out}")

@@ -181,6 +181,20 @@ def plot(curves: dict[str, dict[str, list[float]]], path: Path) -> Path:
     return path
 
 
+def to_json(result: Any) -> str:
+    """A report as strict JSON: a statistic that does not exist (one arm's lift, a test
+    without data) is null, not NaN, so that any JSON reader takes the file."""
+    def clean(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: clean(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [clean(x) for x in v]
+        if isinstance(v, (float, np.floating)):
+            return float(v) if math.isfinite(v) else None
+        return v
+    return json.dumps(clean(result), indent=1, allow_nan=False)
+
+
 def report(log_dir: str | Path, out: str | Path, shares: dict[str, float] | None = None,
            control: str | None = None, pre: str | Path | None = None) -> dict[str, Any]:
     """Analyse ``log_dir`` and write ``out/report.json`` and ``out/ctr.png``; returns the
@@ -195,6 +209,6 @@ def report(log_dir: str | Path, out: str | Path, shares: dict[str, float] | None
     result = analyze(table, shares, control, read_log(pre) if pre is not None else None)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "report.json").write_text(json.dumps(result, indent=1))
+    (out / "report.json").write_text(to_json(result))
     plot(cumulative(table), out / "ctr.png")
     return result

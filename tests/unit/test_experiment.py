@@ -268,3 +268,14 @@ def test_ope_on_policy_equals_the_logged_rate_and_bad_logs_are_refused():
     no_prop = Logged(log.request, log.position, np.full(len(log.request), np.nan), log.reward)
     with pytest.raises(DataError, match="explore"):
         evaluate(no_prop, uniform, resamples=50)
+
+
+def test_a_one_arm_report_is_strict_json(tmp_path):
+    def refuse(c):
+        raise ValueError(f"{c} in report.json")
+
+    log = simulated_log(np.random.default_rng(5), users=200, shares=(1.0, 0.0))
+    write_log(log, tmp_path / "log", "20261204/10")
+    report(tmp_path / "log", tmp_path / "rep")
+    r = json.loads((tmp_path / "rep" / "report.json").read_text(), parse_constant=refuse)
+    assert list(r["arms"]) == ["control"] and r["srm"]["chi2"] is None
