@@ -158,7 +158,10 @@ def create_app(state: ServerState):  # type: ignore[no-untyped-def]
         detail = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
         if exc.status_code == 400 and "parsing the body" in detail:
             detail = "the request body is not valid JSON (UTF-8 text expected)"
-        return error(exc.status_code, detail, field)
+        reply = error(exc.status_code, detail, field)
+        for name, value in (exc.headers or {}).items():  # a 405's Allow, and the like
+            reply.headers[name] = value
+        return reply
 
     @app.exception_handler(RequestError)
     async def bad_request(_: Request, exc: RequestError):  # type: ignore

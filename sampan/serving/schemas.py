@@ -193,6 +193,9 @@ class ReloadRequest(BaseModel):
     def _plain_path(cls, v: str | None) -> str | None:
         if v is None:
             return v
+        if not v.strip():
+            raise ValueError("the path is empty; give a bundle directory (or leave the key "
+                             "out)")
         bad = next((c for c in v if ord(c) < 32 or ord(c) == 127 or
                     0xD800 <= ord(c) <= 0xDFFF), None)
         if bad is not None:

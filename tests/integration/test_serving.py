@@ -140,6 +140,13 @@ def test_request_errors(server):
     assert r.status_code == 413 and r.json()["field"] == "body"
     r = httpx.post(f"{url}/v1/admin/reload", json={"bundle": "/nowhere"})
     assert r.status_code == 401
+    r = httpx.post(f"{url}/v1/admin/reload", json={"bundle": "  "},
+                   headers={"Authorization": f"Bearer {TOKEN}"})
+    assert r.status_code == 422 and r.json()["field"] == "bundle"
+    assert "the path is empty" in r.json()["error"]
+    r = httpx.get(f"{url}/v1/predict")  # the wrong method: JSON, and what is allowed
+    assert r.status_code == 405 and r.json()["field"] == "path"
+    assert "POST" in r.headers["allow"]
 
 
 def test_grpc(server, bundles):
