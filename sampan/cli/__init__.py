@@ -17,6 +17,7 @@ from sampan.cli import experiment  # noqa: F401  # isort: skip
 from sampan.cli import runs  # noqa: F401  # isort: skip
 from sampan.cli import serve  # noqa: F401  # isort: skip
 from sampan.cli import data  # noqa: F401  # isort: skip
+from sampan.cli import convert  # noqa: F401  # isort: skip
 from sampan.cli import models  # noqa: F401  # isort: skip
 from sampan.cli.base import app, err  # isort: skip
 

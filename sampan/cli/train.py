@@ -16,6 +16,11 @@ def train(
     config: Annotated[Path | None, typer.Argument(
         help="Experiment YAML. Omit it to train DeepFM on the built-in synthetic data.")] = None,
     set_: SetOpt = None,
+    from_: Annotated[str | None, typer.Option(
+        "--from", metavar="FORMAT",
+        help="Read CONFIG as this format: sampan or paddlerec (a PaddleRec model folder's "
+        "config.yaml). Default: detected (PaddleRec configs have runner: and "
+        "hyper_parameters: sections).")] = None,
     resume: Annotated[Path | None, typer.Option(
         "--resume", metavar="RUN_DIR",
         help="Continue an interrupted run from its last checkpoint (uses the run's own config)."
@@ -43,6 +48,8 @@ def train(
       sampan train --resume runs/criteo_deepfm/20261130-101500
 
       sampan train configs/criteo_deepfm.yaml --nproc-per-node 2   # 2 processes (gloo on CPU)
+
+      sampan train PaddleRec/models/rank/dnn/config.yaml   # a PaddleRec model folder
     """
     import os
 
@@ -51,23 +58,27 @@ def train(
     from sampan.train.experiment import run_experiment
 
     if (nproc_per_node > 1 or nnodes > 1) and "WORLD_SIZE" not in os.environ:
-        _launch(config, set_, resume, run_dir, nproc_per_node, nnodes, node_rank,
+        _launch(config, set_, from_, resume, run_dir, nproc_per_node, nnodes, node_rank,
                 rdzv_endpoint)
         return
     try:
         if resume is not None:
-            if config is not None or set_:
-                fail("--resume uses the run's saved config; do not pass CONFIG or --set with it")
+            if config is not None or set_ or from_:
+                fail("--resume uses the run's saved config; do not pass CONFIG, --set or "
+                     "--from with it")
             cfg = load_config(resume / "config.yaml")
             run_experiment(cfg, run_dir=resume, resume=True, console=console)
         else:
-            cfg = load_config(config, overrides=set_ or [])
+            if from_ is not None and config is None:
+                fail(f"--from {from_} reads CONFIG: give the config file")
+            cfg = load_config(config, overrides=set_ or [], source=from_)
             run_experiment(cfg, run_dir=run_dir, console=console)
     finally:
         distributed.shutdown()
 
 
-def _launch(config: Path | None, set_: list[str] | None, resume: Path | None,
+def _launch(config: Path | None, set_: list[str] | None, from_: str | None,
+            resume: Path | None,
             run_dir: Path | None, nproc: int, nnodes: int, node_rank: int | None,
             rdzv: str | None) -> None:
     """Re-run this `sampan train` under torch.distributed.run, one process per rank."""
@@ -87,6 +98,8 @@ def _launch(config: Path | None, set_: list[str] | None, resume: Path | None,
         child.append(str(config))
     for item in set_ or []:
         child += ["--set", item]
+    if from_ is not None:
+        child += ["--from", from_]
     if resume is not None:
         child += ["--resume", str(resume)]
     if run_dir is not None:

@@ -121,12 +121,15 @@ class DataConfig(_Strict):
         "auto", description="how the files are read; auto: by file extension; synthetic: "
         "no files, rows from the built-in generator (see synthetic)")
     delimiter: str | None = Field(None, description="one character; default: tab for tsv, "
-                                  "comma for csv")
+                                  "comma for csv; slot: what separates the tokens "
+                                  "(default: whitespace)")
     header: bool = Field(True, description="whether csv / tsv files start with a header line; "
                          "false: names come from columns")
     columns: list[str] | None = Field(
         None, description="column names in file order: required when header is false, "
-        "rename the header when it is true; libsvm: the label, then the features by position")
+        "rename the header when it is true; libsvm: the label, then the features by "
+        "position; slot: the values each line starts with, by position, before its "
+        "slot:value tokens")
     encoding: str = Field("utf-8", description="the text encoding of csv / tsv files")
     block_size: int = Field(16 << 20, gt=0, le=1 << 30,
                             description="bytes parsed per chunk; also the longest line "

@@ -165,8 +165,11 @@ class ListFeature(_Strict):
         "unordered set pooled into one field; text: free text tokenised into a bag")
     delimiter: str = Field(",", description="what separates the values of a string column "
                            "(sequence, bag; a list column needs none)")
-    max_len: int = Field(50, ge=1, description="values kept per row (the last max_len), "
-                         "left-padded with 0")
+    max_len: int = Field(50, ge=1, description="values kept per row (the last max_len, or "
+                         "the first with keep: first), left-padded with 0")
+    keep: Literal["last", "first"] = Field(
+        "last", description="which max_len values a longer row keeps: the last (the most "
+        "recent of a sequence) or, for a bag, the first (PaddleRec's ESMM reader)")
     share: str | None = Field(None, description="a categorical feature whose vocabulary and "
                               "embedding rows the values use (e.g. item_id); null: a "
                               "vocabulary of its own")
@@ -196,6 +199,9 @@ class ListFeature(_Strict):
                              "remove share")
         if not self.delimiter:
             raise ValueError(f"feature {self.name!r}: delimiter must not be empty")
+        if self.keep == "first" and self.kind != "bag":
+            raise ValueError(f"feature {self.name!r}: keep: first is for bags; a {self.kind} "
+                             "keeps its last max_len values")
         return self
 
     def as_categorical(self) -> CategoricalFeature:
@@ -355,10 +361,9 @@ class FeaturesConfig(_Strict):
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"feature names must be unique; repeated: {', '.join(dup)}")
-        if not self.categorical:
-            raise ValueError("features.categorical: declare at least one categorical feature "
-                             "(every model embeds them; numbers can become categories with "
-                             "bucketize, or numeric buckets > 0)")
+        if not names:
+            raise ValueError("features: declare at least one categorical, numeric or list "
+                             "feature")
         return self
 
     @property

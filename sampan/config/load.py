@@ -103,13 +103,20 @@ def load_config(
     path: str | Path | None = None,
     overrides: list[str] | None = None,
     raw: dict[str, Any] | None = None,
+    source: str | None = None,
 ) -> ExperimentConfig:
     """Load, merge and validate a config.
 
     ``path=None`` (and no ``raw``) loads the built-in default experiment (DeepFM on the
-    synthetic Criteo-shaped data). Raises :class:`ConfigError` listing every problem.
+    synthetic Criteo-shaped data). A PaddleRec ``config.yaml`` (``runner:`` and
+    ``hyper_parameters:`` sections, or ``source="paddlerec"``) is converted first
+    (:mod:`sampan.compat.paddlerec`); overrides then apply to the Sampan config. Raises
+    :class:`ConfigError` listing every problem.
     """
+    if source not in (None, "sampan", "paddlerec"):
+        raise ConfigError(f"unknown config source {source!r}; expected sampan or paddlerec")
     base = None  # where relative plugin paths start: the config file's folder, else cwd
+    notices: list[str] = []
     if raw is None:
         file = Path(path) if path is not None else builtin_config_path()
         base = file.resolve().parent
@@ -121,6 +128,18 @@ def load_config(
             raise ConfigError(f"{file}: not valid YAML: {e}") from None
         if not isinstance(raw, dict):
             raise ConfigError(f"{file}: top level must be a mapping, got {type(raw).__name__}")
+        from sampan.compat.paddlerec import convert, is_paddlerec
+
+        if source == "paddlerec" or (source is None and is_paddlerec(raw)):
+            conv = convert(file, raw)
+            raw = conv.config
+            notices.append(conv.summary() + f" (sampan convert paddlerec {file} lists "
+                           "every key)")
+            notices += [f"PaddleRec key not supported: {r.key} = {r.value!r}: {r.why}"
+                        for r in conv.unsupported]
+    elif source == "paddlerec":
+        raise ConfigError("a PaddleRec config is converted from its file (its paths are "
+                          "relative to the file's folder): pass path, not raw")
     # The preset may itself be set by an override, so find it first; then merge preset < file
     # and apply the overrides last (they may address list items the preset created).
     probe = copy.deepcopy(raw)
@@ -162,7 +181,6 @@ def load_config(
         model_cls = get_model_class(name)
     except UnknownModelError as e:
         raise ConfigError(f"model.name: {e}") from None
-    notices = []
     if name != file_model_name and isinstance(file_model_name, str):
         # --set model.name=X on a config written for another model: options of the old
         # model that X lacks are dropped (with a notice); a key neither knows stays an error.
@@ -185,6 +203,9 @@ def load_config(
         cfg = ExperimentConfig.model_validate(raw)
     except ValidationError as e:
         raise ConfigError(format_validation_error(e, ExperimentConfig)) from None
+    from sampan.config.registry import check_embeds_something
+
+    check_embeds_something(cfg.model.name, bool(cfg.features.categorical or cfg.features.lists))
     cfg._notices = notices
     return cfg
 

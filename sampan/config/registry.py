@@ -65,3 +65,15 @@ def _load_builtin_models() -> None:
     # Importing the package runs every model file's @register_model; by name, like a
     # plugin: the models sit above this layer and import it
     importlib.import_module("sampan.models")
+
+
+def check_embeds_something(name: str, embeds: bool) -> None:
+    """A model that embeds categorical features needs one: only the models marked
+    ``numeric_only = True`` (an MLP over the numeric vector) take numeric features alone."""
+    if embeds or getattr(get_model_class(name), "numeric_only", False):
+        return
+    takes = ", ".join(n for n in model_names() if getattr(_MODELS[n], "numeric_only", False))
+    raise ConfigError(f"model {name!r} embeds categorical features and the data has numeric "
+                      "ones only: declare a categorical feature (numbers become categories "
+                      "with numeric buckets > 0, or bucketize), or use a model that takes "
+                      f"numeric features alone: {takes}")

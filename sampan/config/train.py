@@ -60,22 +60,28 @@ class TrainConfig(_Strict):
                                  "validation, test or prediction rows")
     optimizer: Literal["adam", "adamw", "sgd"] = Field(
         "adam", description="optimizer of the dense (non-embedding) parameters; sgd uses "
-        "momentum 0.9")
+        "momentum")
+    momentum: float = Field(0.9, ge=0.0, lt=1.0, description="sgd: the dense optimizer's "
+                            "momentum (0: plain SGD)")
     lr: float = Field(1e-3, gt=0, allow_inf_nan=False,
                       description="base learning rate of the dense parameters, and of the "
                       "embedding rows unless sparse_lr is set")
     weight_decay: float = Field(0.0, ge=0.0, description="weight decay of the dense optimizer "
                                 "(added to the gradient for adam and sgd, decoupled for "
                                 "adamw); embedding rows use embedding_l2")
-    sparse_optimizer: Literal["adam", "adam_table", "adagrad", "rowwise_adagrad"] = Field(
+    sparse_optimizer: Literal["adam", "adam_table", "adagrad", "rowwise_adagrad", "sgd"] = Field(
         "adam", description="embedding rows: adam (lazy, each row's bias correction counts "
         "its own updates), adam_table (one step counter per table: torch.optim.SparseAdam), "
-        "adagrad, rowwise_adagrad")
+        "adagrad, rowwise_adagrad, sgd (plain: w -= lr g)")
     sparse_lr: float | None = Field(None, gt=0, allow_inf_nan=False,
                                     description="defaults to lr")
     embedding_l2: NonNegFloat | Auto = Field(
         "auto", description="L2 on embedding rows used in a batch; auto: 0.1 / batch_size, "
         "the same regularisation per example at every batch size")
+    embedding_l1: NonNegFloat = Field(
+        0.0, description="L1 on embedding rows used in a batch: after each step they move "
+        "toward 0 by this times the sparse learning rate and stop there (a proximal step, "
+        "so ids without evidence end at exactly 0); 0: none")
     schedule: Literal["constant", "cosine", "plateau"] = Field(
         "cosine", description="after linear warmup: constant, a half cosine to min_lr_ratio "
         "at the last step, or plateau: constant, halved at every evaluation that does not "

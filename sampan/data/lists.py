@@ -58,17 +58,21 @@ def _jieba_tokens(text: pa.Array) -> pa.ListArray:
                     pa.list_(pa.string()))
 
 
-def pad_ids(flat_ids: np.ndarray, counts: np.ndarray, max_len: int) -> np.ndarray:
-    """Per-row id lists -> ``[N, max_len]``: the last ``max_len`` ids of each row, right-
-    aligned, left-padded with 0 (so the most recent event is always the last column).
+def pad_ids(flat_ids: np.ndarray, counts: np.ndarray, max_len: int,
+            keep: str = "last") -> np.ndarray:
+    """Per-row id lists -> ``[N, max_len]``: the last (or, with ``keep="first"``, the first)
+    ``max_len`` ids of each row, right-aligned, left-padded with 0 (so the most recent event
+    is always the last column).
 
     >>> pad_ids(np.array([5, 6, 7, 8]), np.array([3, 0, 1]), 2).tolist()
     [[6, 7], [0, 0], [0, 8]]
+    >>> pad_ids(np.array([5, 6, 7, 8]), np.array([3, 0, 1]), 2, keep="first").tolist()
+    [[5, 6], [0, 0], [0, 8]]
     """
     n = len(counts)
     ends = np.cumsum(counts)
     take = np.minimum(counts, max_len)
-    first = ends - take
+    first = ends - counts if keep == "first" else ends - take
     pad = max_len - take
     col = np.arange(max_len)[None, :]
     valid = col >= pad[:, None]
@@ -123,7 +127,7 @@ class ListEncoder:
         lists = split_lists(values, self.spec)
         ids = self.vocab.transform(pc.list_flatten(lists))
         counts = pc.list_value_length(lists).to_numpy(zero_copy_only=False).astype(np.int64)
-        return pad_ids(ids, counts, self.spec.max_len)
+        return pad_ids(ids, counts, self.spec.max_len, self.spec.keep)
 
     def state(self, directory: Path) -> dict[str, Any]:
         if self.lengths_ is None:

@@ -2,11 +2,12 @@
 
 from sampan.embedding.collection import EmbeddingCollection
 from sampan.embedding.optim import (
-           SparseAdagrad,
-           SparseAdam,
-           SparseRowWiseAdagrad,
-           make_sparse_optimizer,
+    SparseAdagrad,
+    SparseAdam,
+    SparseRowWiseAdagrad,
+    SparseSGD,
+    make_sparse_optimizer,
 )
 
 __all__ = ["EmbeddingCollection", "SparseAdam", "SparseAdagrad", "SparseRowWiseAdagrad",
-           "make_sparse_optimizer"]
+           "SparseSGD", "make_sparse_optimizer"]

@@ -11,8 +11,11 @@ Numerics follow PyTorch's references exactly, which the tests check:
 * :class:`SparseRowWiseAdagrad` — one accumulator per row (mean of squared gradients), the
   memory-light variant used by DLRM / TorchRec.
 
+* :class:`SparseSGD` — plain SGD on the rows used: ``w -= lr g``.
+
 ``embedding_l2`` adds ``l2 * row`` to the gradient of each row used in the batch, the usual
-lazy L2 regularisation of embeddings.
+lazy L2 regularisation of embeddings. ``embedding_l1`` moves each row used toward 0 by
+``lr * l1`` after its update, stopping at 0 (the proximal step of an L1 penalty, lazy too).
 """
 
 from __future__ import annotations
@@ -77,6 +80,10 @@ class _SparseRowOptimizer(torch.optim.Optimizer):
                 kept = self.frozen_columns.get(id(p), 0)
                 head = w[:, :kept].clone() if kept else None
                 self._update(p, w, rows, grad, group, self.state[p])
+                l1 = group.get("embedding_l1", 0.0)
+                if l1:
+                    shrink = group["lr"] * l1
+                    w.sub_(w.clamp(-shrink, shrink))  # = sign(w) * max(|w| - shrink, 0)
                 if head is not None:
                     w[:, :kept] = head
                 p.index_copy_(0, rows, w)
@@ -214,11 +221,31 @@ class SparseRowWiseAdagrad(_SparseRowOptimizer):
         w.add_(grad * scale, alpha=-group["lr"])
 
 
+class SparseSGD(_SparseRowOptimizer):
+    """Plain SGD on the rows of each batch; matches ``torch.optim.SGD`` (no momentum) with
+    sparse gradients."""
+
+    def __init__(self, collections: list[EmbeddingCollection], lr: float = 1e-2,
+                 embedding_l2: float = 0.0):
+        super().__init__(collections, {"lr": lr, "embedding_l2": embedding_l2})
+
+    def _update(self, p, w, rows, grad, group, state):  # type: ignore[no-untyped-def]
+        if not state:
+            state["step"] = torch.zeros((), dtype=torch.float64)
+        state["step"] += 1
+        w.add_(grad, alpha=-group["lr"])
+
+
 def make_sparse_optimizer(name: str, collections: list[EmbeddingCollection], lr: float,
-                          embedding_l2: float = 0.0) -> _SparseRowOptimizer:
+                          embedding_l2: float = 0.0,
+                          embedding_l1: float = 0.0) -> _SparseRowOptimizer:
     """Build the sparse optimizer named in ``train.sparse_optimizer``."""
     classes = {"adam": SparseAdam, "adam_table": partial(SparseAdam, bias_correction="table"),
-               "adagrad": SparseAdagrad, "rowwise_adagrad": SparseRowWiseAdagrad}
+               "adagrad": SparseAdagrad, "rowwise_adagrad": SparseRowWiseAdagrad,
+               "sgd": SparseSGD}
     if name not in classes:
         raise ValueError(f"unknown sparse optimizer {name!r}; choose one of {sorted(classes)}")
-    return classes[name](collections, lr=lr, embedding_l2=embedding_l2)
+    opt = classes[name](collections, lr=lr, embedding_l2=embedding_l2)
+    for group in opt.param_groups:
+        group["embedding_l1"] = embedding_l1
+    return opt

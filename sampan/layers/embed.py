@@ -172,9 +172,13 @@ class FieldInput(nn.Module):
         super().__init__()
         self.schema = schema
         self.dim = dim
-        self.embedding = EmbeddingCollection(schema.tables(dim), init_std)
+        # numeric features alone (PaddleRec's Census models) embed nothing
+        tables = schema.tables(dim)
+        self.embedding = EmbeddingCollection(tables, init_std) if tables else None
         self.out_dim = schema.num_fields() * dim + schema.num_dense
 
     def forward(self, batch: Batch) -> torch.Tensor:
+        if self.embedding is None:
+            return batch.dense
         fields, _ = embed_fields(self.embedding, batch, self.schema)
         return torch.cat([fields.flatten(1), batch.dense], dim=1)

@@ -38,7 +38,9 @@ def activation(name: str, dim: int) -> nn.Module:
         return nn.PReLU(dim)
     if name == "dice":
         return Dice(dim)
-    raise ValueError(f"unknown activation {name!r}; expected relu, prelu or dice")
+    if name == "sigmoid":
+        return nn.Sigmoid()
+    raise ValueError(f"unknown activation {name!r}; expected relu, prelu, dice or sigmoid")
 
 
 class MLP(nn.Module):

@@ -2,7 +2,7 @@
 
 >>> from sampan.models import model_names
 >>> len(model_names()), model_names()[:4]
-(16, ['autoint', 'bst', 'dcn', 'dcn_v2'])
+(17, ['autoint', 'bst', 'dcn', 'dcn_v2'])
 """
 
 from sampan.models import (  # noqa: F401  (importing registers the models)
@@ -13,6 +13,7 @@ from sampan.models import (  # noqa: F401  (importing registers the models)
     deepfm,
     dien,
     din,
+    dnn,
     esmm,
     fibinet,
     fm,

@@ -26,10 +26,19 @@ class CrossNet(nn.Module):
         self.b = nn.ParameterList(nn.Parameter(torch.zeros(dim)) for _ in range(layers))
 
     def forward(self, x0: torch.Tensor) -> torch.Tensor:
-        x = x0
+        return self.forward_with_penalty(x0, penalty=False)[0]
+
+    def forward_with_penalty(self, x0: torch.Tensor, penalty: bool = True
+                             ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The output and ``sum_l sum_batch ||x_l * w_l||^2`` (the penalty PaddleRec's DCN
+        weighs by ``l2_reg_cross``; ``None`` unless ``penalty``)."""
+        x, total = x0, None
         for w, b in zip(self.w, self.b, strict=True):
+            if penalty:
+                term = (x * w).square().sum()
+                total = term if total is None else total + term
             x = x0 * (x @ w).unsqueeze(1) + b + x
-        return x
+        return x, total
 
     def start_as_identity(self) -> None:
         """Zero every ``w_l`` and ``b_l``: ``CrossNet(x_0) = x_0`` until the crosses learn
@@ -51,13 +60,19 @@ class DCN(nn.Module):
     torch.Size([2, 1])
     """
 
+    numeric_only = True  # takes numeric features alone (no categorical one)
+
     class Config(MLPModelConfig):
         name: Literal["dcn"] = Field("dcn", description="the model's registered name")
         cross_layers: int = Field(3, ge=1, description="number of cross layers in the cross "
                                   "network beside the MLP")
+        cross_l2: float = Field(0.0, ge=0.0, description="adds cross_l2 times the sum over "
+                                "cross layers and rows of ||x_l * w_l||^2 to the training "
+                                "loss (PaddleRec's l2_reg_cross); 0: none")
 
     def __init__(self, schema: DataSchema, cfg: Config):
         super().__init__()
+        self.cross_l2 = cfg.cross_l2
         self.input = FieldInput(schema, cfg.embedding_dim, cfg.embedding_init_std)
         d = self.input.out_dim
         self.cross = CrossNet(d, cfg.cross_layers)
@@ -83,3 +98,12 @@ class DCN(nn.Module):
     def forward(self, batch: Batch) -> torch.Tensor:
         x0 = self.input(batch)
         return self.out(torch.cat([self.cross(x0), self.mlp(x0)], dim=1))
+
+    def forward_with_aux(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The logits and, with ``cross_l2 > 0``, the cross penalty the task adds to its
+        training loss."""
+        if not self.cross_l2 or not self.training:
+            return self(batch), None
+        x0 = self.input(batch)
+        cross, penalty = self.cross.forward_with_penalty(x0)
+        return self.out(torch.cat([cross, self.mlp(x0)], dim=1)), self.cross_l2 * penalty

@@ -62,6 +62,8 @@ class DCNv2(nn.Module):
     torch.Size([2, 1])
     """
 
+    numeric_only = True  # takes numeric features alone (no categorical one)
+
     class Config(MLPModelConfig):
         name: Literal["dcn_v2"] = Field("dcn_v2", description="the model's registered name")
         cross_layers: int = Field(3, ge=1, description="number of cross layers in the cross "

@@ -36,9 +36,10 @@ class DIN(nn.Module):
                                          "that scores each history event against the target")
         mlp: list[int] = Field(default_factory=lambda: [200, 80],
                                description="the output MLP's hidden layer sizes, first to last")
-        activation: Literal["dice", "prelu", "relu"] = Field(
-            "dice", description="activation of the output MLP's hidden layers")
-        attention_activation: Literal["dice", "prelu", "relu"] = Field(
+        activation: Literal["dice", "prelu", "relu", "sigmoid"] = Field(
+            "dice", description="activation of the output MLP's hidden layers (sigmoid: "
+            "PaddleRec's DIN)")
+        attention_activation: Literal["dice", "prelu", "relu", "sigmoid"] = Field(
             "dice", description="activation of the attention MLP's hidden layers")
         dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout probability after "
                                "each hidden layer of the output MLP; 0: none")

@@ -34,6 +34,8 @@ class ESMM(nn.Module):
 
     tasks = 2  # the number of labels the model needs (contract tests read it)
 
+    numeric_only = True  # takes numeric features alone (no categorical one)
+
     class Config(ModelConfig):
         name: Literal["esmm"] = Field("esmm", description="the model's registered name")
         tower_mlp: list[int] = Field(default_factory=lambda: [256, 128],

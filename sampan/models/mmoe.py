@@ -27,6 +27,8 @@ class MMoE(nn.Module):
     torch.Size([3, 2])
     """
 
+    numeric_only = True  # takes numeric features alone (no categorical one)
+
     class Config(ModelConfig):
         name: Literal["mmoe"] = Field("mmoe", description="the model's registered name")
         experts: int = Field(4, ge=1, description="number of expert MLPs shared by all tasks")

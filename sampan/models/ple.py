@@ -63,6 +63,8 @@ class PLE(nn.Module):
     torch.Size([3, 2])
     """
 
+    numeric_only = True  # takes numeric features alone (no categorical one)
+
     class Config(ModelConfig):
         name: Literal["ple"] = Field("ple", description="the model's registered name")
         levels: int = Field(2, ge=1, description="number of stacked extraction (CGC) levels")

@@ -104,7 +104,7 @@ def dense_optimizer(params: list[torch.Tensor], tc: TrainConfig) -> torch.optim.
         return torch.optim.Adam(groups, lr=tc.lr, weight_decay=tc.weight_decay, **opts)
     if tc.optimizer == "adamw":
         return torch.optim.AdamW(groups, lr=tc.lr, weight_decay=tc.weight_decay, **opts)
-    return torch.optim.SGD(groups, lr=tc.lr, momentum=0.9, weight_decay=tc.weight_decay,
+    return torch.optim.SGD(groups, lr=tc.lr, momentum=tc.momentum, weight_decay=tc.weight_decay,
                            **opts)
 
 

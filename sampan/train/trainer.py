@@ -120,7 +120,8 @@ class Trainer:
         self.dense_params = [p for p in model.parameters() if p.requires_grad]
         self.sparse_opt = make_sparse_optimizer(
             self.tc.sparse_optimizer, collections, lr=self.tc.sparse_lr or self.tc.lr,
-            embedding_l2=self.tc.embedding_l2) if collections else None
+            embedding_l2=self.tc.embedding_l2,
+            embedding_l1=self.tc.embedding_l1) if collections else None
         self.dense_opt = dense_optimizer(self.dense_params, self.tc)
         self._l1_targets = l1_shrink_targets(self.dense_opt)
         self.base_lrs = [[g["lr"] for g in o.param_groups] for o in self._optimizers()]

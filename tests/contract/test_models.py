@@ -46,3 +46,31 @@ def test_model_name_equals_file_stem(name):
     cls = get_model_class(name)
     assert cls.__module__ == f"sampan.models.{name}"
     assert cls.name == name
+
+
+def test_numeric_features_alone(name):
+    """A model marked ``numeric_only`` trains on numeric features alone (PaddleRec's Census
+    models); any other is refused by name when it is built."""
+    import torch
+
+    from sampan.batch import Batch
+    from sampan.config import ConfigError
+    from sampan.models import build_model
+    from sampan.schema import DataSchema
+
+    cls = get_model_class(name)
+    tasks = testing.tasks_of(name)
+    schema = DataSchema(dense=["x", "y", "z"], sparse=[],
+                        labels=[f"l{i}" for i in range(tasks)])
+    cfg = cls.Config(**OPTIONS.get(name, {}))
+    if not getattr(cls, "numeric_only", False):
+        with pytest.raises(ConfigError, match=f"model {name!r} embeds categorical features"):
+            build_model(cfg, schema)
+        return
+    model = build_model(cfg, schema)
+    b = Batch(dense=torch.randn(8, 3), sparse=torch.zeros(8, 0, dtype=torch.long),
+              labels=torch.randint(0, 2, (8, tasks)).float())
+    out = model(b)
+    assert out.shape == (8, tasks) and torch.isfinite(out).all()
+    torch.nn.functional.binary_cross_entropy_with_logits(out, b.labels).backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)

@@ -101,7 +101,7 @@ def test_config_checks_found_in_review(tmp_path):
         load_config(raw={"data": {"format": "synthetic"},
                          "features": {"numeric_defaults": {"fil": 1}, "numeric": ["a"],
                                       "categorical": ["b"]}})
-    with pytest.raises(ConfigError, match="at least one categorical"):
+    with pytest.raises(ConfigError, match="embeds categorical features.*numeric ones only.*mmoe"):
         load_config(raw={"data": {"format": "synthetic"}, "features": {
             "numeric": ["a"], "numeric_defaults": {"buckets": 0}}})  # no bucket twin either
 

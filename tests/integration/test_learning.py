@@ -18,7 +18,7 @@ from sampan.data.synthetic import behaviour_samples, interaction_samples
 from sampan.models import model_names
 from sampan.train.experiment import run_experiment
 
-CTR = ["autoint", "dcn", "dcn_v2", "deepfm", "fibinet", "fm", "mmoe", "ple", "wide_deep",
+CTR = ["autoint", "dcn", "dcn_v2", "deepfm", "dnn", "fibinet", "fm", "mmoe", "ple", "wide_deep",
        "xdeepfm"]
 SEQUENCE = ["bst", "dien", "din"]
 MULTI_TASK = ["esmm", "mmoe", "ple"]  # tests/integration/test_multitask.py

@@ -10,6 +10,8 @@ from sampan.embedding import (
     SparseAdagrad,
     SparseAdam,
     SparseRowWiseAdagrad,
+    SparseSGD,
+    make_sparse_optimizer,
 )
 from sampan.schema import TableSpec
 
@@ -180,6 +182,30 @@ def test_sparse_adagrad_matches_torch_adagrad():
     got, want = run_pair(lambda c: SparseAdagrad(c, lr=0.1),
                          lambda p: torch.optim.Adagrad(p, lr=0.1))
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_sparse_sgd_matches_torch_sgd():
+    got, want = run_pair(lambda c: SparseSGD(c, lr=0.3), lambda p: torch.optim.SGD(p, lr=0.3))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_embedding_l1_is_a_proximal_step_on_the_rows_used():
+    coll = make()
+    w0 = coll.weight.data.clone()
+    ids = batches(1)[0]
+    opt = make_sparse_optimizer("sgd", [coll], lr=0.1, embedding_l1=3.0)
+    loss_of(coll(ids), torch.zeros(ids.shape[0])).backward()
+    rows, grad = coll._lookups[0][0], coll._lookups[0][1].grad.clone()
+    opt.step()
+    # hand formula: the SGD step, then each value moves 0.1 * 3 toward 0, stopping at 0
+    stepped = w0[rows] - 0.1 * grad
+    expect = w0.clone()
+    expect[rows] = torch.sign(stepped) * torch.clamp(stepped.abs() - 0.3, min=0.0)
+    torch.testing.assert_close(coll.weight.data, expect)
+    assert (coll.weight.data[rows] == 0).any() and (coll.weight.data[rows] != 0).any()
+    untouched = torch.ones(w0.shape[0], dtype=torch.bool)
+    untouched[rows] = False
+    assert torch.equal(coll.weight.data[untouched], w0[untouched])
 
 
 def test_rowwise_adagrad_matches_hand_formula():

@@ -341,3 +341,37 @@ def test_slot_compressed_small_blocks(tmp_path, suffix, compression) -> None:
     assert table.column("2").to_pylist() == [str(3 * i) for i in range(500)]
     assert _lines(table) == list(range(1, 501))
     assert (log.read, log.kept) == (500, 500)
+
+
+def test_slot_positional_values_first_and_another_delimiter(tmp_path) -> None:
+    """Ali-CCP as PaddleRec's ESMM reads it: id, click, conversion, one skipped value, then
+    field:feature pairs; a repeated field is a bag; "127_14" is a field of its own, not the
+    14th value of field 127."""
+    p = tmp_path / "d.txt"
+    p.write_text("7,1,0,210:1,101:5,127:8,127:9,150_14:3,150_14:4\n"
+                 "8,0,0,101:7,101:6, 127_14:2 ,bare,205:\n", encoding="utf-8")
+    roles = ColumnRoles(numeric=["click", "ctcvr"], categorical=["sample_id"],
+                        lists=["101", "127", "127_14", "150_14", "205"],
+                        required=["click"], labels=["click", "ctcvr"])
+    cfg = DataConfig(train=str(p), format="slot", delimiter=",",
+                     columns=["sample_id", "click", "ctcvr", "skipped"])
+    table, log = _read(cfg, p, roles)
+    assert table.column("sample_id").to_pylist() == ["7", "8"]
+    assert table.column("click").to_pylist() == [1.0, 0.0]
+    assert table.column("ctcvr").to_pylist() == [0.0, 0.0]
+    assert table.column("101").to_pylist() == [["5"], ["6"]]  # 101:7 is the skipped value
+    assert table.column("127").to_pylist() == [["8", "9"], []]
+    assert table.column("127_14").to_pylist() == [[], ["2"]]  # never value 14 of "127"
+    assert table.column("150_14").to_pylist() == [["3", "4"], []]
+    assert table.column("205").to_pylist() == [[], []]  # "205:" has no value
+    assert "210" not in table.column_names  # the fourth value is positional, not read
+    assert log.rejected == 0
+
+
+def test_slot_empty_value_is_missing(tmp_path) -> None:
+    p = tmp_path / "d.txt"
+    p.write_text("click:1 1: 2:5\n", encoding="utf-8")
+    roles = ColumnRoles(numeric=["click"], categorical=["1", "2"], required=["click"],
+                        labels=["click"])
+    table, _ = _read(DataConfig(train=str(p), format="slot"), p, roles)
+    assert table.column("1").to_pylist() == [None] and table.column("2").to_pylist() == ["5"]

@@ -99,6 +99,22 @@ def test_pad_ids_hand_computed() -> None:
     assert got.tolist() == [[14, 15], [0, 0], [0, 21], [31, 32]]
 
 
+def test_pad_ids_keep_first_hand_computed() -> None:
+    flat = np.array([11, 12, 13, 14, 15, 21, 31, 32], dtype=np.int64)
+    got = pad_ids(flat, np.array([5, 0, 1, 2]), 2, keep="first")
+    assert got.tolist() == [[11, 12], [0, 0], [0, 21], [31, 32]]
+
+
+def test_keep_first_is_for_bags() -> None:
+    enc = ListEncoder(ListFeature(name="g", kind="bag", delimiter="|", max_len=2, keep="first"))
+    enc.partial_fit(pa.array(["a|b|c"]))
+    enc.finalize()
+    # ids: a 2, b 3, c 4 (0 padding, 1 OOV); the first two values of each row are kept
+    assert enc.transform(pa.array(["c|b|a", "a"])).tolist() == [[4, 3], [0, 2]]
+    with pytest.raises(ValidationError, match="keep: first is for bags"):
+        ListFeature(name="h", kind="sequence", keep="first")
+
+
 def test_pad_ids_wider_than_every_row() -> None:
     got = pad_ids(np.array([1, 2, 3, 4]), np.array([3, 1]), 4)
     assert got.tolist() == [[0, 1, 2, 3], [0, 0, 0, 4]]

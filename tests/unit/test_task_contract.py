@@ -54,3 +54,21 @@ def test_an_auxiliary_loss_is_returned_not_left_on_the_model():
     assert torch.equal(dien(b), dien.forward_with_aux(b)[0])  # forward is the scoring graph
     fm = builder("fm")()
     assert model_outputs(fm, b)[1] is None
+
+
+def test_dcn_cross_l2_adds_paddlerecs_cross_penalty_in_training_only():
+    b = batch()
+    dcn = builder("dcn", cross_layers=2, cross_l2=0.01)()
+    dcn.train()
+    logits, aux = model_outputs(dcn, b)
+    assert torch.equal(logits, dcn(b))  # the same scoring graph
+    # by hand: x_{l+1} = x0 (x_l . w_l) + b_l + x_l; penalty = sum_l sum ||x_l * w_l||^2
+    x0 = dcn.input(b)
+    x, want = x0, 0.0
+    for w, bias in zip(dcn.cross.w, dcn.cross.b, strict=True):
+        want += float((x * w).pow(2).sum())
+        x = x0 * (x @ w).unsqueeze(1) + bias + x
+    assert aux.item() == pytest.approx(0.01 * want, rel=1e-5)
+    dcn.eval()
+    assert model_outputs(dcn, b)[1] is None
+    assert model_outputs(builder("dcn", cross_layers=2)().train(), b)[1] is None

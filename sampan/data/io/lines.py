@@ -76,7 +76,7 @@ def _line_format_blocks(cfg: DataConfig, path: Path, fmt: str, roles: ColumnRole
         elif fmt == "libsvm":
             table = _parse_libsvm(text, cfg, roles)
         else:
-            table = _parse_slots(text, roles)
+            table = _parse_slots(text, cfg, roles)
         out = validate_table(table, roles, lines, str(path), log, " ")
         log.check_early()
         if out.num_rows:
@@ -291,27 +291,53 @@ def _parse_libsvm(text: pa.Array, cfg: DataConfig, roles: ColumnRoles) -> pa.Tab
     return pa.table({c: cols[c] for c in roles.all})
 
 
-def _parse_slots(text: pa.Array, roles: ColumnRoles) -> pa.Table:
+def _parse_slots(text: pa.Array, cfg: DataConfig, roles: ColumnRoles) -> pa.Table:
     """PaddleRec slot text: ``click:0 dense_feature:0.1 ... 1:737395 2:210498 ...``.
 
     A column named like a slot is that slot's (first) value, or all its values when the
-    column is a list feature; ``<slot>_<i>`` is the i-th value of a repeated slot
-    (``dense_feature_1`` .. ``dense_feature_13``). Missing slots are missing values."""
+    column is a list feature; a scalar column ``<slot>_<i>`` is the i-th value of a repeated
+    slot (``dense_feature_1`` .. ``dense_feature_13``). Missing slots, and slots with an
+    empty value (``3:``), are missing values.
+
+    ``cfg.delimiter`` separates the tokens (default: whitespace); ``cfg.columns`` names
+    values that come first on every line, by position, before the ``slot:value`` tokens
+    (Ali-CCP's ``sample_id,click,conversion,...``)."""
     n = len(text)
-    flat, rows = tokens(text)
-    parts = pc.split_pattern(flat, ":", max_splits=1)
+    positional = cfg.columns or []
+    if cfg.delimiter is None:
+        lists = pc.split_pattern_regex(pc.utf8_trim_whitespace(text), r"\s+")
+    else:
+        lists = pc.split_pattern(text, cfg.delimiter)
+    flat = pc.utf8_trim_whitespace(pc.list_flatten(lists))
+    rows = pc.list_parent_indices(lists).to_numpy()
+    pos = np.arange(len(rows)) - np.searchsorted(rows, rows, side="left")
+    cols: dict[str, pa.Array] = {}
+    for k, c in enumerate(positional):
+        if c in roles.all:
+            at = pos == k
+            val = pc.filter(flat, pa.array(at))
+            cols[c] = _nth_per_row(rows[at], pc.if_else(pc.equal(val, ""), None, val), 0, n)
+    tail = pos >= len(positional)
+    parts = pc.split_pattern(pc.filter(flat, pa.array(tail)), ":", max_splits=1)
     slot = pc.list_element(parts, 0)
     value = _second(parts, default="")
+    keep = pc.not_equal(value, "").to_numpy(zero_copy_only=False)  # "3:" and bare tokens
+    slot, value, rows = pc.filter(slot, pa.array(keep)), pc.filter(value, pa.array(keep)), \
+        rows[tail][keep]
     present = set(pc.unique(slot).to_pylist())
-    cols: dict[str, pa.Array] = {}
     for c in roles.all:
+        if c in cols:
+            continue
         name, k = c, 0
         if c not in present:
-            head, _, tail = c.rpartition("_")
-            if head in present and tail.isdigit() and int(tail) >= 1:
-                name, k = head, int(tail) - 1
-            else:
-                cols[c] = pa.nulls(n, pa.string())
+            head, _, tail_ = c.rpartition("_")
+            # a list column is its own slot: ESMM's field "127_14" is not value 14 of "127"
+            if c not in roles.lists and head in present and tail_.isdigit() \
+                    and int(tail_) >= 1:
+                name, k = head, int(tail_) - 1
+            else:  # a slot no line of the block has
+                cols[c] = _list_per_row(np.array([], np.int64), pa.array([], pa.string()), n) \
+                    if c in roles.lists else pa.nulls(n, pa.string())
                 continue
         mask = pc.equal(slot, name).to_numpy(zero_copy_only=False)
         srows, svals = rows[mask], pc.filter(value, pa.array(mask))

@@ -1,0 +1,1 @@
+"""Other tools' configs as Sampan experiments (see :mod:`sampan.compat.paddlerec`)."""
