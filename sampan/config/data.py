@@ -21,9 +21,12 @@ class SplitConfig(_Strict):
     ``random`` assigns each row independently with ``seed``.
     """
 
-    method: Literal["sequential", "random", "time", "group"] = Field(
+    method: Literal["sequential", "random", "time", "group", "leave_one_out"] = Field(
         "sequential", description="sequential: file order; random: a seeded hash of the row "
-        "index; time: by the timestamps in column; group: by a hash of column")
+        "index; time: by the timestamps in column; group: by a hash of column; "
+        "leave_one_out: each user's (column's) last row is test and the one before it "
+        "valid, in the order of order (else file order); users with fewer than 3 rows "
+        "train only (the fractions do not apply)")
     train: float = Field(0.8, ge=0.0, le=1.0, description="the share of data.train kept for "
                          "training (must be > 0)")
     valid: float = Field(0.1, ge=0.0, le=1.0, description="the share of data.train carved out "
@@ -33,15 +36,22 @@ class SplitConfig(_Strict):
     seed: int = Field(0, description="seed of the hash that assigns rows (random) or groups "
                       "(group) to splits")
     column: str | None = Field(None, description="time: the timestamp column; group: the "
-                               "column whose values never straddle two splits (e.g. user)")
+                               "column whose values never straddle two splits (e.g. user); "
+                               "leave_one_out: the user column")
+    order: str | None = Field(None, description="leave_one_out: the column that orders each "
+                              "user's rows (a timestamp); null: file order")
     boundaries: tuple[float, float] | None = Field(
         None, description="time: explicit [valid_from, test_from] timestamps instead of "
         "fractions of the time range")
 
     @model_validator(mode="after")
     def _needs_column(self) -> SplitConfig:
-        if self.method in ("time", "group") and not self.column:
-            raise ValueError(f"split.method {self.method!r} needs split.column")
+        if self.method in ("time", "group", "leave_one_out") and not self.column:
+            raise ValueError(f"split.method {self.method!r} needs split.column"
+                             + (" (the user column)" if self.method == "leave_one_out" else ""))
+        if self.order is not None and self.method != "leave_one_out":
+            raise ValueError("split.order orders each user's rows for method leave_one_out; "
+                             f"method {self.method!r} does not use it")
         if self.boundaries is not None and not self.boundaries[0] <= self.boundaries[1]:
             raise ValueError(f"split.boundaries must be increasing, got {list(self.boundaries)}")
         return self
@@ -49,6 +59,11 @@ class SplitConfig(_Strict):
     def check_fractions(self, own_files: list[str]) -> None:
         """The fractions of the roles carved from ``data.train`` must add up to 1; those of
         roles with their own files (``own_files``) are ignored and the rest renormalised."""
+        if self.method == "leave_one_out":
+            if own_files:
+                raise ConfigError(f"split.method leave_one_out takes valid and test rows from "
+                                  f"data.train; remove data.{' and data.'.join(own_files)}")
+            return
         if self.train <= 0:
             raise ConfigError("split.train must be > 0")
         if own_files:

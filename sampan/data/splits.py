@@ -72,9 +72,15 @@ class Splitter:
     """
 
     def __init__(self, split: SplitConfig, fractions: dict[str, float], n_total: int,
-                 times: np.ndarray | None = None):
+                 times: np.ndarray | None = None,
+                 held_out: tuple[np.ndarray, np.ndarray] | None = None):
         self.split, self.fractions, self.n_total = split, fractions, n_total
         self.boundaries: tuple[float, float] | None = None
+        # leave_one_out: the sorted row indices of the valid and of the test rows
+        self.held_out = held_out
+        if split.method == "leave_one_out" and held_out is None:
+            raise ConfigError("a leave_one_out split needs each user's last rows "
+                              "(leave_one_out_rows)")
         if split.method == "time":
             if split.boundaries is not None:
                 self.boundaries = (float(split.boundaries[0]), float(split.boundaries[1]))
@@ -95,6 +101,12 @@ class Splitter:
         method = self.split.method
         if method in ("sequential", "random"):
             return assign(method, self.fractions, self.split.seed, self.n_total, start, n)
+        if method == "leave_one_out":
+            idx = np.arange(start, start + n, dtype=np.int64)
+            codes = np.full(n, TRAIN, dtype=np.int8)
+            for rows, code in zip(self.held_out, (VALID, TEST), strict=True):
+                codes[_member(idx, rows)] = code
+            return codes
         values = table.column(self.split.column).combine_chunks()
         if method == "time":
             t = values.to_numpy(zero_copy_only=False).astype(np.float64)
@@ -111,3 +123,67 @@ class Splitter:
         for k, r in enumerate(order):
             codes[pos == k] = ROLE_CODES[r]
         return codes
+
+
+def _member(idx: np.ndarray, sorted_rows: np.ndarray) -> np.ndarray:
+    """Which of ``idx`` are in ``sorted_rows`` (ascending, unique)."""
+    if not len(sorted_rows):
+        return np.zeros(len(idx), dtype=bool)
+    at = np.minimum(np.searchsorted(sorted_rows, idx), len(sorted_rows) - 1)
+    return sorted_rows[at] == idx
+
+
+class LeaveOneOut:
+    """Each user's last two rows, found chunk by chunk: :meth:`add` every chunk of the train
+    source in order, then :meth:`rows` gives ``(valid rows, test rows)``: for each user with
+    3 or more rows, the row index of the second-to-last and of the last, by ``order`` (ties
+    and no order: file order). Memory: two rows per user.
+
+    >>> loo = LeaveOneOut()
+    >>> loo.add(np.array([7, 7, 9, 7]), None, 0)
+    >>> loo.add(np.array([7, 9, 9, 5]), None, 4)
+    >>> [r.tolist() for r in loo.rows()]  # user 5 has one row: train only
+    [[3, 5], [4, 6]]
+    >>> loo = LeaveOneOut()
+    >>> loo.add(np.array([1, 1, 1]), np.array([30.0, 10.0, 20.0]), 0)
+    >>> [r.tolist() for r in loo.rows()]  # by time: row 2 (t=20) valid, row 0 (t=30) test
+    [[2], [0]]
+    """
+
+    def __init__(self) -> None:
+        self.user = np.empty(0, np.uint64)
+        self.time = np.empty(0, np.float64)
+        self.row = np.empty(0, np.int64)
+        self.count = np.empty(0, np.int64)
+
+    def add(self, users: np.ndarray, times: np.ndarray | None, start: int) -> None:
+        n = len(users)
+        row = np.arange(start, start + n, dtype=np.int64)
+        t = row.astype(np.float64) if times is None else np.asarray(times, np.float64)
+        u = np.concatenate([self.user, users.astype(np.uint64)])
+        tt = np.concatenate([self.time, t])
+        rr = np.concatenate([self.row, row])
+        cc = np.concatenate([self.count, np.zeros(n, np.int64)])  # a kept row's tally
+        order = np.lexsort((rr, tt, u))  # by user, then time, then file order
+        u, tt, rr, cc = u[order], tt[order], rr[order], cc[order]
+        first = np.concatenate([[True], u[1:] != u[:-1]]) if len(u) else np.zeros(0, bool)
+        group = np.cumsum(first) - 1
+        starts = np.flatnonzero(first)
+        ends = np.append(starts[1:], len(u))
+        # rows seen per user: the new ones plus those the kept rows stood for
+        new = np.bincount(group, weights=(cc == 0), minlength=len(starts)).astype(np.int64)
+        carried = np.zeros(len(starts), np.int64)
+        np.maximum.at(carried, group, cc)
+        total = new + carried
+        keep = np.arange(len(u)) >= ends[group] - 2  # the last two of each user
+        self.user, self.time, self.row = u[keep], tt[keep], rr[keep]
+        self.count = total[group[keep]]
+
+    def rows(self) -> tuple[np.ndarray, np.ndarray]:
+        u = self.user
+        if not len(u):
+            return np.empty(0, np.int64), np.empty(0, np.int64)
+        last = np.append(u[1:] != u[:-1], True)
+        second = np.append(u[:-1] == u[1:], False)  # its next row is the user's last
+        enough = self.count >= 3
+        return np.sort(self.row[second & enough]), np.sort(self.row[last & enough])

@@ -87,10 +87,14 @@ def _build(cfg: ExperimentConfig, root: Path, echo: Any) -> Store:
     if cfg.data.format == "synthetic" and not extra:
         extra = ["oracle_p"]
     split = cfg.data.split
+    loo = split.method == "leave_one_out"
+    order = [split.order] if loo and split.order else []
     pipe = FeaturePipeline(
-        cfg.features, extra_numeric=extra + ([split.column] if split.method == "time" else []),
-        extra_categorical=[split.column] if split.method == "group" else [],
-        extra_required=[split.column] if split.method in ("time", "group") else [])
+        cfg.features,
+        extra_numeric=extra + ([split.column] if split.method == "time" else []) + order,
+        extra_categorical=[split.column] if split.method in ("group", "leave_one_out") else [],
+        extra_required=([split.column] if split.method in ("time", "group", "leave_one_out")
+                        else []) + order)
     log = RejectLog(root / "rejects.jsonl")
 
     # 1. Stage: raw -> validated Arrow IPC (the only pass over the raw text).
@@ -122,7 +126,9 @@ def _build(cfg: ExperimentConfig, root: Path, echo: Any) -> Store:
                             "cannot be carved from data.train (they would come before "
                             "validation); give data.test as well")
         times = _column_sample(staged["train"][0], split.column)
-    splitter = Splitter(split, fractions, n_src, times)
+    held_out = _leave_one_out_rows(staged["train"][0], split.column, split.order) if loo \
+        else None
+    splitter = Splitter(split, fractions, n_src, times, held_out)
 
     def batches(role: str) -> Iterator[pa.Table]:
         src = "train" if role in carve else role
@@ -149,11 +155,18 @@ def _build(cfg: ExperimentConfig, root: Path, echo: Any) -> Store:
     # 4. Transform every split: one pass over the train source feeds all carved splits.
     rows = {r: 0 if r in carve else staged[r][1] for r in SPLITS}
     key_cols = [split.column] if split.method in ("time", "group") else []
+    if loo:  # leave_one_out reads only the row index
+        key_cols = [split.column]
     for start, t in _staged_chunks(staged["train"][0], key_cols):
         codes = splitter.codes(t, start)  # chunk by chunk: memory stays bounded
         for r in carve:
             rows[r] += int((codes == ROLE_CODES[r]).sum())
-    empty = [r for r in carve if fractions[r] > 0 and rows[r] == 0]
+    empty = [r for r in carve if fractions[r] > 0 and rows[r] == 0] if not loo else \
+        [r for r in carve if r != "train" and rows[r] == 0]
+    if empty and loo:
+        raise DataError(f"split leave_one_out: no value of {split.column!r} has 3 rows or "
+                        f"more among the {n_src:,} usable rows, so valid and test are empty "
+                        "(users with fewer rows train only)")
     if empty:
         raise DataError(f"the {' and '.join(empty)} split(s) came out empty: "
                         f"{n_src:,} usable row(s) split {split.method} by "
@@ -186,7 +199,8 @@ def _build(cfg: ExperimentConfig, root: Path, echo: Any) -> Store:
         "schema": pipe.schema().to_json(),
         "splits": {r: {"rows": rows[r], "from": "train source" if r in carve else "own files"}
                    for r in SPLITS},
-        "split": {"method": split.method, "fractions": fractions, "column": split.column,
+        "split": {"method": split.method, "fractions": None if loo else fractions,
+                  "column": split.column, "order": split.order,
                   "boundaries": list(splitter.boundaries) if splitter.boundaries else None},
         "sources": sources,
         "rejects": log.summary(),
@@ -229,6 +243,20 @@ def _staged_chunks(path: Path, columns: list[str] | None) -> Iterator[tuple[int,
             t = pa.Table.from_batches([b])
             yield start, (t if columns is None else t.select(columns))
             start += b.num_rows
+
+
+def _leave_one_out_rows(path: Path, user: str, order: str | None
+                        ) -> tuple[np.ndarray, np.ndarray]:
+    """The row indices of each user's second-to-last and last row of a staged file (users
+    with 3 rows or more), in ``order`` (else file order)."""
+    from sampan.data.splits import LeaveOneOut
+    from sampan.data.transforms import stable_hash
+
+    loo = LeaveOneOut()
+    for start, t in _staged_chunks(path, [user] + ([order] if order else [])):
+        times = t.column(order).to_numpy().astype(np.float64) if order else None
+        loo.add(stable_hash(t.column(user).combine_chunks()), times, start)
+    return loo.rows()
 
 
 def _column_sample(path: Path, column: str, size: int = 1_000_000) -> np.ndarray:

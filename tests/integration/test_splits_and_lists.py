@@ -310,3 +310,58 @@ def test_deepfm_with_genre_bag(tmp_path) -> None:
     assert spec["pooling"] == "mean"
     n_train = manifest(run)["splits"]["train"]["rows"]
     assert set(load_vocab(run, "genres")) == {g for r in rows["genres"][:n_train] for g in r}
+
+
+# ------------------------------------------------------------------------ leave one out
+def _loo_expected(users: list[str], ts: list[int] | None) -> dict[str, set[int]]:
+    """Plain Python: each user's rows by (time, file order); with 3 or more, the last is
+    test and the one before it valid."""
+    by_user: dict[str, list[int]] = {}
+    for r, u in enumerate(users):
+        by_user.setdefault(u, []).append(r)
+    out: dict[str, set[int]] = {"train": set(), "valid": set(), "test": set()}
+    for rows in by_user.values():
+        rows = sorted(rows, key=lambda r: (ts[r] if ts else 0, r))
+        if len(rows) >= 3:
+            out["test"].add(rows[-1])
+            out["valid"].add(rows[-2])
+            rows = rows[:-2]
+        out["train"].update(rows)
+    return out
+
+
+@pytest.mark.parametrize("order", ["ts", None])
+def test_leave_one_out_takes_each_users_last_rows(tmp_path, order) -> None:
+    rows = make_rows(700, seed=11, users=120)  # some users with 1 or 2 rows, many ties
+    rows["x"] = list(range(700))  # the row index, read back from each split
+    train = write_csv(tmp_path / "t.csv", rows)
+    split = {"method": "leave_one_out", "column": "user", **({"order": order} if order else {})}
+    raw = base_config(tmp_path, train, split, block_size=2000)  # many chunks
+    store = build_store(load_config(raw=raw), tmp_path / "d", echo=lambda *a: None)
+    want = _loo_expected(rows["user"], rows["ts"] if order else None)
+    assert len(want["test"]) < 120 and len(want["train"]) > 3 * len(want["test"])
+    for s in SPLITS:
+        got = store.split(s).dense[:, 0].astype(int).tolist()
+        assert sorted(got) == sorted(want[s]), s
+    assert store.manifest["split"]["method"] == "leave_one_out"
+    assert store.manifest["split"]["order"] == order
+
+
+def test_leave_one_out_is_refused_with_own_files_and_needs_users_with_three_rows(tmp_path):
+    rows = make_rows(50, seed=1)
+    train = write_csv(tmp_path / "t.csv", rows)
+    with pytest.raises(Exception, match="leave_one_out takes valid and test rows from data"):
+        load_config(raw=base_config(tmp_path, train, {"method": "leave_one_out",
+                                                      "column": "user"}, test=str(train)))
+    with pytest.raises(Exception, match="needs split.column \\(the user column\\)"):
+        load_config(raw=base_config(tmp_path, train, {"method": "leave_one_out"}))
+    with pytest.raises(Exception, match="split.order orders each user's rows"):
+        load_config(raw=base_config(tmp_path, train, {"method": "time", "column": "ts",
+                                                      "order": "ts"}))
+    one_each = make_rows(30, seed=2, users=40)
+    one_each["user"] = [f"u{i}" for i in range(30)]
+    few = write_csv(tmp_path / "f.csv", one_each)
+    with pytest.raises(DataError, match="no value of 'user' has 3 rows or more"):
+        build_store(load_config(raw=base_config(tmp_path, few, {
+            "method": "leave_one_out", "column": "user"})), tmp_path / "d",
+            echo=lambda *a: None)
