@@ -215,7 +215,7 @@ class MetricAccumulator:
                        gauc_skipped=float(r.groups_skipped))
             rank = grouped_ranking_metrics(z[:, 0], y[:, 0], g, RANKING_K)
             out.update({k: v for k, v in rank.items()
-                        if k.startswith(("hitrate@", "ndcg@", "mrr"))})
+                        if k.startswith(("hitrate@", "ndcg@", "mrr", "candidates_per"))})
         return out
 
 
@@ -233,8 +233,11 @@ def grouped_ranking_metrics(scores: torch.Tensor, labels: torch.Tensor, groups: 
     >>> s = torch.tensor([0.9, 0.8, 0.1, 0.2, 0.9, 0.5])
     >>> y = torch.tensor([0.0, 1.0, 0.0, 1.0, 0.0, 0.0])
     >>> g = torch.tensor([7, 7, 7, 3, 3, 3])
-    >>> {k: round(v, 4) for k, v in grouped_ranking_metrics(s, y, g, k=2).items()}
+    >>> m = grouped_ranking_metrics(s, y, g, k=2)
+    >>> {k: round(v, 4) for k, v in m.items() if k != "candidates_per_query"}
     {'recall@2': 0.5, 'hitrate@2': 0.5, 'ndcg@2': 0.3155, 'mrr': 0.4167, 'queries': 2.0}
+    >>> m["candidates_per_query"]  # rows per group ranked: 3 (a ranking of 3 items)
+    3.0
     """
     s = scores.detach().reshape(-1).to(torch.float64)
     rel = labels.detach().reshape(-1) > 0.5
@@ -263,7 +266,8 @@ def grouped_ranking_metrics(scores: torch.Tensor, labels: torch.Tensor, groups: 
     return {f"recall@{k}": (hits[has] / n_rel[has]).mean().item(),
             f"hitrate@{k}": (hits[has] > 0).double().mean().item(),
             f"ndcg@{k}": (dcg[has] / idcg).mean().item(),
-            "mrr": (1.0 / first[has]).mean().item(), "queries": float(has.sum())}
+            "mrr": (1.0 / first[has]).mean().item(), "queries": float(has.sum()),
+            "candidates_per_query": sizes[has].double().mean().item()}
 
 
 # ---------------------------------------------------------------- top-K ranking metrics
@@ -277,9 +281,10 @@ def _ranks_of_relevant(scores: torch.Tensor, relevant: torch.Tensor) -> torch.Te
     return torch.where(relevant, at_least, torch.zeros_like(at_least))
 
 
-def ranking_metrics(scores: torch.Tensor, relevant: torch.Tensor, k: int,
+def ranking_metrics(scores: torch.Tensor, relevant: torch.Tensor, k: int | tuple[int, ...],
                     n_relevant: torch.Tensor | None = None) -> dict[str, float]:
-    """Mean over queries of Recall@K, HitRate@K, NDCG@K (binary gains) and MRR.
+    """Mean over queries of Recall@K, HitRate@K, NDCG@K (binary gains) and MRR; ``k`` may
+    be several cut-offs (the items are ranked once).
 
     ``scores [Q, N]`` ranks each query's ``N`` candidates; ``relevant [Q, N]`` marks the
     relevant ones. Queries without a relevant item are skipped. Ties rank pessimistically.
@@ -292,24 +297,28 @@ def ranking_metrics(scores: torch.Tensor, relevant: torch.Tensor, k: int,
     >>> {k: round(v, 4) for k, v in ranking_metrics(s, r, k=2).items()}
     {'recall@2': 0.5, 'hitrate@2': 0.5, 'ndcg@2': 0.3155, 'mrr': 0.4167, 'queries': 2.0}
     """
+    ks = (k,) if isinstance(k, int) else tuple(k)
     rel = relevant.bool()
     total = rel.sum(dim=1) if n_relevant is None else torch.maximum(
         n_relevant.to(rel.device), rel.sum(dim=1))
     has = total > 0
     rel, scores, total = rel[has], scores[has], total[has]
+    out: dict[str, float] = {}
     if not len(rel):
-        return {f"recall@{k}": math.nan, f"hitrate@{k}": math.nan, f"ndcg@{k}": math.nan,
-                "mrr": math.nan, "queries": 0.0}
+        for c in ks:
+            out.update({f"recall@{c}": math.nan, f"hitrate@{c}": math.nan,
+                        f"ndcg@{c}": math.nan})
+        return {**out, "mrr": math.nan, "queries": 0.0}
     ranks = _ranks_of_relevant(scores, rel).to(torch.float64)
-    in_k = (ranks > 0) & (ranks <= k)
     n_rel = total.to(torch.float64)
-    recall = in_k.sum(dim=1) / n_rel
-    hit = in_k.any(dim=1).to(torch.float64)
-    dcg = torch.where(in_k, 1.0 / torch.log2(ranks + 1.0), torch.zeros_like(ranks)).sum(dim=1)
-    ideal_n = torch.clamp(n_rel, max=k)
-    idcg = (1.0 / torch.log2(torch.arange(2, k + 2, dtype=torch.float64))).cumsum(0)[
-        ideal_n.long() - 1]
+    for c in ks:
+        in_k = (ranks > 0) & (ranks <= c)
+        dcg = torch.where(in_k, 1.0 / torch.log2(ranks + 1.0), torch.zeros_like(ranks)) \
+            .sum(dim=1)
+        idcg = (1.0 / torch.log2(torch.arange(2, c + 2, dtype=torch.float64))).cumsum(0)[
+            torch.clamp(n_rel, max=c).long() - 1]
+        out.update({f"recall@{c}": (in_k.sum(dim=1) / n_rel).mean().item(),
+                    f"hitrate@{c}": in_k.any(dim=1).to(torch.float64).mean().item(),
+                    f"ndcg@{c}": (dcg / idcg).mean().item()})
     first = torch.where(rel, ranks, torch.full_like(ranks, math.inf)).min(dim=1).values
-    return {f"recall@{k}": recall.mean().item(), f"hitrate@{k}": hit.mean().item(),
-            f"ndcg@{k}": (dcg / idcg).mean().item(), "mrr": (1.0 / first).mean().item(),
-            "queries": float(len(rel))}
+    return {**out, "mrr": (1.0 / first).mean().item(), "queries": float(len(rel))}

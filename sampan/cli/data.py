@@ -114,8 +114,6 @@ def data_build_sequences(
                        max_len=max_len, negatives=negatives, seed=seed,
                        header=columns is None, columns=split(columns), delimiter=delimiter,
                        format=format)
-    if format == "sequence_lines":
-        opt.category, opt.action = None, None
     if targets not in ("all", "positive"):
         fail(f"--targets must be 'all' or 'positive', got {targets!r}")
     r = build_sequences(events, out, opt)

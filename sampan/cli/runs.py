@@ -10,7 +10,7 @@ import numpy as np
 import typer
 import typer.core
 
-from sampan.cli.base import app, console, err
+from sampan.cli.base import app, console, err, fail
 
 
 @app.command("eval")
@@ -24,19 +24,30 @@ def eval_(
     bootstrap: Annotated[int, typer.Option(
         min=0, help="Resample the rows this many times (e.g. 1000) and add each AUC's 95 % "
                     "interval as auc_ci95 (auc_0_ci95, ... per task): on a small test set, "
-                    "AUCs that differ by less than this are not told apart.")] = 0,
-    ranking: Annotated[int, typer.Option(
-        "--ranking", min=0, metavar="K", help="Rank each group's rows (features.group, "
-        "e.g. the user) as one query: MRR, NDCG@K, HitRate@K and Recall@K over the groups "
-        "with a positive (at K=10 they are in every evaluation of a run with groups).")] = 0,
+                    "AUCs that differ by less than this are not told apart. For a next-item "
+                    "model, the queries are resampled and each ranking metric gets its "
+                    "interval.")] = 0,
+    ranking: Annotated[str, typer.Option(
+        "--ranking", metavar="K[,K...]", help="Ranking cut-offs, e.g. 5,10,20. A CTR model "
+        "ranks each group's rows (features.group, e.g. the user) as one query: MRR, NDCG@K, "
+        "HitRate@K and Recall@K over the groups with a positive (at K=10 they are in every "
+        "evaluation of a run with groups); a two-tower or next-item model reports its "
+        "ranking metrics at these cut-offs too.")] = "",
 ) -> None:
     """Evaluate a trained run's best model: AUC, LogLoss (and GAUC, MRR, NDCG@10 and
-    HitRate@10 per group when features.group is set)."""
+    HitRate@10 per group when features.group is set); for a two-tower model Recall, NDCG
+    and HitRate@K and MRR over the item corpus; for a next-item model HitRate and NDCG@K
+    and MRR over the whole catalogue."""
     from sampan.train.experiment import RunArtifacts
 
+    try:
+        ks = [int(x) for x in ranking.split(",") if x.strip()]
+    except ValueError:
+        fail(f"--ranking expects cut-offs like 5,10,20, got {ranking!r}")
+    if any(k < 1 for k in ks):
+        fail(f"--ranking cut-offs must be 1 or more, got {ranking!r}")
     art = RunArtifacts(run_dir)
-    metrics = art.evaluate(data if data else split, bootstrap=bootstrap,
-                           ranking=ranking or None)
+    metrics = art.evaluate(data if data else split, bootstrap=bootstrap, ranking=ks or None)
     if data:
         log = art.last_log
         err.print(log.describe())

@@ -19,6 +19,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -65,6 +66,8 @@ class BuildReport:
 def build_sequences(events: str | list[str], out: str | Path, opt: BuildOptions) -> BuildReport:
     """Read the events, build the samples and write them to ``out`` (Parquet)."""
     if opt.format == "sequence_lines":
+        # such lines hold items only: no category, no action
+        opt = dataclasses.replace(opt, category=None, action=None)
         t, read = _sequence_lines(events, opt)
         samples = build_from_table(t, opt)
         return _write(samples, out, opt, t, read, 0)

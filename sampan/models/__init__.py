@@ -2,7 +2,7 @@
 
 >>> from sampan.models import model_names
 >>> len(model_names()), model_names()[:4]
-(17, ['autoint', 'bst', 'dcn', 'dcn_v2'])
+(18, ['autoint', 'bst', 'dcn', 'dcn_v2'])
 """
 
 from sampan.models import (  # noqa: F401  (importing registers the models)
@@ -20,6 +20,7 @@ from sampan.models import (  # noqa: F401  (importing registers the models)
     lr,
     mmoe,
     ple,
+    sasrec,
     two_tower,
     wide_deep,
     xdeepfm,

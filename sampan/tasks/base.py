@@ -8,7 +8,8 @@ absent) and meets that task's model contract:
 * a model with an auxiliary loss (DIEN's next-behaviour loss) also defines
   ``forward_with_aux(batch) -> (logits [B, T], aux loss or None)``; the task adds the
   auxiliary loss in training, and ``forward`` stays the scoring graph (evaluation, export);
-* a ``retrieval`` model is a :class:`RetrievalModel`.
+* a ``retrieval`` model is a :class:`RetrievalModel`;
+* a ``next_item`` model is a :class:`NextItemModel`.
 
 :func:`require` checks a model against its task's contract once, when the task is made,
 and names what is missing.
@@ -81,3 +82,22 @@ def require(model: nn.Module, contract: type) -> None:
         raise ConfigError(f"model {type(model).__name__} declares task "
                           f"{getattr(model, 'task', 'binary')!r} but lacks {missing} "
                           f"(see {contract.__module__}.{contract.__name__})")
+
+
+@runtime_checkable
+class NextItemModel(Protocol):
+    """What the next-item task reads from a sequential model (SASRec)."""
+
+    history: str
+    target_column: int
+    item_cardinality: int
+    loss_kind: str
+    negatives: int
+    k: int
+    exclude_history: bool
+
+    def encode(self, seq: torch.Tensor) -> torch.Tensor: ...
+
+    def user_state(self, batch: Any) -> torch.Tensor: ...
+
+    def item_vectors(self, ids: torch.Tensor | None = None) -> torch.Tensor: ...

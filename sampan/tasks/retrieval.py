@@ -77,6 +77,7 @@ class RetrievalTask:
 
     def __init__(self, model: nn.Module, train: SplitArrays):
         self.k = int(model.k)
+        self.cutoffs: tuple[int, ...] = (self.k,)  # sampan eval --ranking adds others
         self.default_metric = f"recall@{self.k}"
         self.exclude_seen = bool(model.exclude_seen)
         self.temperature = float(model.temperature)
@@ -185,7 +186,7 @@ class RetrievalTask:
             for scores, acc in ((U[lo:hi] @ V.T, model_m),
                                 (pop.expand(hi - lo, -1).clone(), pop_m)):
                 m = ranking_metrics(scores.masked_fill(exclude, float("-inf")), relevant,
-                                    self.k, n_rel[lo:hi])
+                                    self.cutoffs, n_rel[lo:hi])
                 acc.append(m)
         for prefix, parts in (("", model_m), ("pop_", pop_m)):
             n = sum(p["queries"] for p in parts)

@@ -100,9 +100,12 @@ class Evaluator:
 def headline_metrics(m: dict[str, float]) -> list[str]:
     """The metric names worth printing from an evaluation, in a stable order."""
     keys = ["auc", "logloss", "gauc"] + [k for k in m if k.startswith("auc_")]
-    keys += [k for k in m if k.split("@")[0] in
-                                         ("recall", "ndcg", "hitrate")] + ["mrr"]
-    keys += [k for k in m if k.startswith("pop_recall@")]
+    ranked = [k for k in m if k.split("@")[0] in ("recall", "ndcg", "hitrate")]
+    cutoffs = sorted({int(k.split("@")[1]) for k in ranked})
+    # one cut-off is enough for a table: 10 when there are several
+    at = 10 if 10 in cutoffs else cutoffs[-1] if cutoffs else None
+    keys += [k for k in ranked if k.endswith(f"@{at}")] + ["mrr"]
+    keys += [f"pop_recall@{at}" if f"pop_recall@{at}" in m else f"pop_ndcg@{at}"]
     return [k for k in keys if k in m]
 
 

@@ -38,7 +38,13 @@ from sampan.data.store import (
 from sampan.distributed.strategy import SingleProcess, strategy_for
 from sampan.embedding.collection import dynamic_summary
 from sampan.errors import DataError, ExistingPathError, MissingPathError, RunError
-from sampan.metrics import auc, auc_bootstrap, grouped_ranking_metrics, paired_auc_comparison
+from sampan.metrics import (
+    RANKING_K,
+    auc,
+    auc_bootstrap,
+    grouped_ranking_metrics,
+    paired_auc_comparison,
+)
 from sampan.models import build_model
 from sampan.tasks import make_task
 from sampan.train import checkpoint as ckpt
@@ -174,8 +180,10 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path | None = None,
                                                 torch.tensor(np.asarray(test.labels[:, 0])))
     if dist.enabled:
         results["world_size"] = dist.world
-    if note := guard.overconfidence_note(results, trainer.metric):
-        results["notes"] = [note]
+    notes = [n for n in (guard.overconfidence_note(results, trainer.metric),
+                         few_candidates_note(results.get("test") or {})) if n]
+    if notes:
+        results["notes"] = notes
     if dist.is_main:
         (run / "results.json").write_text(json.dumps(results, indent=1))
     print_results(results, console)
@@ -185,6 +193,18 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path | None = None,
     if lock is not None:
         lock.close()
     return results
+
+
+def few_candidates_note(m: dict[str, Any]) -> str | None:
+    """A warning when a CTR model's per-user ranking metrics rank too few rows to mean
+    anything (each user's rows are its candidates: with 2 of them HitRate@10 is 1)."""
+    n = m.get("candidates_per_query")
+    if n is None or n > RANKING_K:
+        return None
+    return (f"HitRate@{RANKING_K}, NDCG@{RANKING_K} and MRR rank each user's own test rows: "
+            f"{n:.1f} per user on average, so HitRate@{RANKING_K} says little (with "
+            f"{RANKING_K} rows or fewer every positive is in the top {RANKING_K}). To rank "
+            "the catalogue, train a next-item (sasrec) or two-tower model.")
 
 
 def print_placement(strategy: SingleProcess, model: torch.nn.Module,
@@ -279,20 +299,31 @@ class RunArtifacts:
         return self.read(split_or_files, with_labels=True)
 
     def evaluate(self, split_or_files: str | list[str], bootstrap: int = 0,
-                 ranking: int | None = None) -> dict[str, Any]:
+                 ranking: int | list[int] | None = None) -> dict[str, Any]:
         """The run's metrics on a split or raw files; with ``bootstrap`` resamples of the
-        rows, each AUC also gets ``<name>_ci95``: its 95 % bootstrap interval. With
-        ``ranking`` = K, each group (``features.group``, e.g. the user) is also ranked as a
-        query: MRR, NDCG@K, HitRate@K and Recall@K over the groups with a positive."""
+        rows (of the queries, for a next-item model), each AUC (each ranking metric) also
+        gets ``<name>_ci95``: its 95 % bootstrap interval. With ``ranking`` = K (or several
+        Ks): a CTR model's groups (``features.group``, e.g. the user) are each ranked as a
+        query (MRR, NDCG@K, HitRate@K and Recall@K over the groups with a positive); a
+        retrieval or next-item model reports its ranking metrics at those cut-offs."""
         data = self.labelled(split_or_files)
         outputs: list[torch.Tensor] = []
+        ks = sorted({ranking} if isinstance(ranking, int) else set(ranking or []))
+        task = self.evaluator.task
+        if ks and hasattr(task, "cutoffs"):  # a ranking task: its own metrics at these Ks
+            task.cutoffs = tuple(sorted({*task.cutoffs, *ks}))
+            ks = []
 
         def infer(fn, d):  # type: ignore[no-untyped-def]  # keeps the logits: one pass
             outputs.append(self.evaluator.infer(fn, d))
             return outputs[-1]
 
-        metrics: dict[str, Any] = dict(self.evaluator.task.evaluate(self.model, data, infer))
-        if ranking:
+        metrics: dict[str, Any] = dict(task.evaluate(self.model, data, infer))
+        if bootstrap and getattr(task, "last_ranks", None) is not None:
+            from sampan.tasks.next_item import rank_bootstrap
+
+            metrics.update(rank_bootstrap(task.last_ranks, task.cutoffs, bootstrap))
+        for ranking in ks:
             if data.group is None or not outputs:
                 raise RunError(f"{self.run}: ranking metrics rank each group's rows (set "
                                "features.group, e.g. to user_id, and train again)"

@@ -147,7 +147,9 @@ class Trainer:
 
     def describe_plan(self) -> list[str]:
         """What the run chose for the ``auto`` values, and why (one line each)."""
-        return [f"{k}: {why}" for k, why in self.plan.reasons.items()]
+        lines = [f"{k}: {why}" for k, why in self.plan.reasons.items()]
+        describe = getattr(self.task, "describe", None)
+        return lines + ([describe()] if describe is not None else [])
 
     def _write(self, name: str, obj: dict[str, Any]) -> Path:
         """Write ``checkpoints/<name>`` (collective: every process calls it)."""

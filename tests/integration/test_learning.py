@@ -3,12 +3,14 @@
 * CTR models beat logistic regression on the built-in synthetic data (pairwise interactions
   in the labelling model);
 * sequence models beat DeepFM on a task whose signal lives only in the behaviour history;
-* two_tower beats the popularity baseline on Recall@K.
+* two_tower beats the popularity baseline on Recall@K;
+* next-item models find the next item of a sequence that follows rules popularity cannot see.
 
 Every registered model must be in one group (a new model fails ``test_every_model_is_covered``
 until it gets a learning test).
 """
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from rich.console import Console
@@ -23,6 +25,7 @@ CTR = ["autoint", "dcn", "dcn_v2", "deepfm", "dnn", "fibinet", "fm", "mmoe", "pl
 SEQUENCE = ["bst", "dien", "din"]
 MULTI_TASK = ["esmm", "mmoe", "ple"]  # tests/integration/test_multitask.py
 RETRIEVAL = ["two_tower"]
+NEXT_ITEM = ["sasrec"]
 BASELINE = ["lr"]
 # smaller than the defaults where a model's cost grows with 52 fields (CPU test budget)
 FAST = {"xdeepfm": {"cin": [16, 16], "mlp": [64]}, "fibinet": {"mlp": [64]},
@@ -42,7 +45,8 @@ def run(tmp_path, raw):
 
 
 def test_every_model_is_covered():
-    covered = set(CTR) | set(SEQUENCE) | set(MULTI_TASK) | set(RETRIEVAL) | set(BASELINE)
+    covered = set(CTR) | set(SEQUENCE) | set(MULTI_TASK) | set(RETRIEVAL) | set(BASELINE) \
+        | set(NEXT_ITEM)
     assert sorted(covered) == model_names()
 
 
@@ -119,3 +123,45 @@ def test_two_tower_beats_popularity(tmp_path):
     assert test["queries"] > 900
     assert test["recall@20"] > 1.3 * test["pop_recall@20"]
     assert test["ndcg@20"] > test["pop_ndcg@20"]
+
+
+def markov_lines(path, users=600, items=120, seed=0):
+    """S3-Rec sequence lines (``user item item ...``): each user walks a chain, the next
+    item being its predecessor plus 1 or plus 7 (mod ``items``) with probability 0.9 between
+    them, else any item: the next item is predictable from the last one, and every item
+    is about as popular as any other."""
+    rng = np.random.default_rng(seed)
+    lines = []
+    for u in range(users):
+        item = int(rng.integers(0, items))
+        seq = [item]
+        for _ in range(int(rng.integers(4, 16))):
+            r = rng.random()
+            item = (item + 1) % items if r < 0.6 else (item + 7) % items if r < 0.9 \
+                else int(rng.integers(0, items))
+            seq.append(item)
+        lines.append(" ".join([f"u{u}", *(f"i{x}" for x in seq)]))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("name", NEXT_ITEM)
+def test_next_item_model_beats_popularity(tmp_path, name):
+    from sampan.data.behaviour import BuildOptions, build_sequences
+
+    samples = tmp_path / "samples.parquet"
+    build_sequences(str(markov_lines(tmp_path / "seq.txt")), samples,
+                    BuildOptions(format="sequence_lines", max_len=10))
+    test = run(tmp_path, {
+        "data": {"train": str(samples),
+                 "split": {"method": "leave_one_out", "column": "user_id",
+                           "order": "timestamp"}},
+        "features": {"label": "label", "group": "user_id", "categorical": ["item_id"],
+                     "lists": [{"name": "hist_item_id", "share": "item_id", "max_len": 10}]},
+        "model": {"name": name, "embedding_dim": 32, "dropout": 0.1},
+        "train": {**TRAIN, "epochs": 8, "batch_size": 64, "lr": 0.005,
+                  "embedding_l2": 0.0}})["test"]
+    assert test["queries"] == 600
+    # the two likely next items hold 0.9 of the chance: an oracle's HitRate@10 is >= 0.9
+    assert test["hitrate@10"] > 0.7 > 0.2 > test["pop_hitrate@10"]
+    assert test["mrr"] > 3 * test["pop_mrr"]

@@ -299,7 +299,7 @@ def _grouped_reference(scores, labels, groups, k):
     by = defaultdict(list)
     for s, y, g in zip(scores, labels, groups, strict=True):
         by[g].append((s, y > 0.5))
-    recall, hit, ndcg, mrr = [], [], [], []
+    recall, hit, ndcg, mrr, sizes = [], [], [], [], []
     for rows in by.values():
         rel = [s for s, y in rows if y]
         if not rel:
@@ -311,9 +311,11 @@ def _grouped_reference(scores, labels, groups, k):
         idcg = sum(1 / math.log2(i + 2) for i in range(min(len(rel), k)))
         ndcg.append(sum(1 / math.log2(r + 1) for r in in_k) / idcg)
         mrr.append(1 / min(ranks))
+        sizes.append(len(rows))
     n = len(recall)
     return {f"recall@{k}": sum(recall) / n, f"hitrate@{k}": sum(hit) / n,
-            f"ndcg@{k}": sum(ndcg) / n, "mrr": sum(mrr) / n, "queries": float(n)}
+            f"ndcg@{k}": sum(ndcg) / n, "mrr": sum(mrr) / n, "queries": float(n),
+            "candidates_per_query": sum(sizes) / n}
 
 
 @pytest.mark.parametrize("seed", range(5))

@@ -1,0 +1,142 @@
+"""The next-item task: full-ranking ranks against a brute-force sort, the popularity ranks,
+the blocked encoding against the plain one, and the rows it trains on."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from sampan.data.loader import BatchLoader
+from sampan.data.store import SplitArrays
+from sampan.models.sasrec import SASRec
+from sampan.schema import DataSchema, SequenceFeatureSpec, SparseFeatureSpec
+from sampan.tasks import make_task
+
+N_ITEMS, L = 30, 6
+SCHEMA = DataSchema(dense=[], sparse=[SparseFeatureSpec("item", N_ITEMS)],
+                    sequences=[SequenceFeatureSpec("hist", L, "item")], labels=["label"])
+
+
+def split(n: int = 40, seed: int = 0, users: int | None = None) -> SplitArrays:
+    rng = np.random.default_rng(seed)
+    hist = rng.integers(2, N_ITEMS, (n, L))
+    lengths = rng.integers(0, L + 1, n)
+    hist[np.arange(L)[None, :] < (L - lengths)[:, None]] = 0  # left padding
+    target = rng.integers(2, N_ITEMS, n)
+    target[:3] = [1, 1, hist[2, -1] if lengths[2] else 5]  # OOV items; a repeat
+    return SplitArrays(dense=np.zeros((n, 0), np.float32), sparse=target[:, None],
+                       labels=np.ones((n, 1), np.float32),
+                       group=None if users is None else rng.integers(0, users, n),
+                       sequences={"hist": hist})
+
+
+def model(**options) -> SASRec:
+    torch.manual_seed(0)
+    m = SASRec(SCHEMA, SASRec.Config(embedding_dim=8, heads=2, **options))
+    return m.eval()
+
+
+def infer(fn, data):
+    with torch.no_grad():
+        return torch.cat([fn(b) for b in BatchLoader(data, 7, shuffle="none", prefetch=0)])
+
+
+def brute_ranks(scores: np.ndarray, target: np.ndarray, hist: np.ndarray | None) -> np.ndarray:
+    """Sort each row (target after every item of equal score) and find the target."""
+    out = []
+    for q in range(len(scores)):
+        s = scores[q].astype(np.float64).copy()
+        s[:2] = -np.inf
+        if hist is not None:
+            for x in set(hist[q].tolist()) - {int(target[q])}:
+                s[x] = -np.inf
+        if target[q] < 2:
+            out.append(np.inf)
+            continue
+        is_target = np.zeros(len(s))
+        is_target[target[q]] = 1
+        order = np.lexsort((is_target, -s))
+        out.append(float(np.flatnonzero(order == target[q])[0] + 1))
+    return np.array(out)
+
+
+@pytest.mark.parametrize("exclude", [False, True])
+def test_ranks_equal_a_brute_force_sort(exclude) -> None:
+    m = model(exclude_history=exclude)
+    train, data = split(60, seed=1), split(40, seed=2)
+    task = make_task(m, train)
+    mine, pop = task.ranks(m, data, infer)
+    with torch.no_grad():
+        scores = (infer(m.user_state, data) @ m.item_vectors().T).numpy()
+    target, hist = data.sparse[:, 0], data.sequences["hist"] if exclude else None
+    np.testing.assert_array_equal(mine, brute_ranks(scores, target, hist))
+    counts = np.bincount(train.sparse[:, 0], minlength=N_ITEMS).astype(float)
+    pop_scores = np.broadcast_to(np.log1p(counts), scores.shape)
+    np.testing.assert_array_equal(pop, brute_ranks(pop_scores, target, hist))
+    assert np.isinf(mine[:2]).all()  # an item unknown to training is a miss
+    metrics = task.evaluate(m, data, infer)
+    r = brute_ranks(scores, target, hist)
+    assert metrics["hitrate@10"] == pytest.approx(np.mean(r <= 10))
+    assert metrics["ndcg@10"] == pytest.approx(np.mean(np.where(r <= 10, 1 / np.log2(
+        np.where(np.isinf(r), 2, r) + 1), 0)))
+    assert metrics["mrr"] == pytest.approx(np.mean(1 / r))
+
+
+def test_blocked_encoding_equals_the_padded_one() -> None:
+    m = model()
+    data = split(50, seed=3)
+    seq = torch.from_numpy(data.sequences["hist"])
+    with torch.no_grad():
+        plain = m.encode(seq)[:, -1]
+        m.BLOCK = 4  # forces blocks cut by length
+        blocked = infer(m.user_state, data)
+    torch.testing.assert_close(blocked, plain, rtol=1e-5, atol=1e-5)
+    # training positions: blocks of similar length give the states of the plain pass
+    task = make_task(m, split(10))
+    target = torch.from_numpy(data.sparse[:, 0])
+    with torch.no_grad():
+        task.BLOCK = 5
+        states, wanted = task._positions(m, seq, target)
+        task.BLOCK = 1000
+        states_all, wanted_all = task._positions(m, seq, target)
+    order = np.lexsort((states.numpy()[:, 0], wanted.numpy()))
+    order_all = np.lexsort((states_all.numpy()[:, 0], wanted_all.numpy()))
+    torch.testing.assert_close(states[order], states_all[order_all], rtol=1e-4, atol=1e-5)
+    assert len(wanted) == int(((seq != 0) & (torch.cat([seq[:, 1:], target[:, None]], 1)
+                                             >= 2)).sum())
+
+
+def test_training_rows_are_each_users_longest_history() -> None:
+    data = split(60, seed=4, users=9)
+    task = make_task(model(), data)
+    rows = task.training_rows(data)
+    lengths = (data.sequences["hist"] != 0).sum(1)
+    want = [max(np.flatnonzero(data.group == u), key=lambda r: (lengths[r], r))
+            for u in np.unique(data.group)]
+    assert sorted(rows.sparse[:, 0].tolist()) == sorted(data.sparse[want, 0].tolist())
+    assert len(rows) == len(np.unique(data.group))
+    assert len(task.training_rows(split(20))) == 20  # no users: every row
+
+
+@pytest.mark.parametrize("loss", ["full", "sampled", "bce"])
+def test_each_loss_starts_near_its_reference(loss) -> None:
+    m = model(loss=loss, negatives=16)
+    m.train()
+    data = split(40, seed=5)
+    task = make_task(m, data)
+    b = next(iter(BatchLoader(data, 40, shuffle="none", prefetch=0)))
+    value = task.loss(m, b)
+    assert torch.isfinite(value)
+    assert abs(value.item() - task.reference_loss(data, 40)) < 0.5
+    value.backward()
+    assert m.position.weight.grad is not None
+
+
+def test_a_ranking_of_few_rows_per_user_is_flagged() -> None:
+    from sampan.train.experiment import few_candidates_note
+
+    note = few_candidates_note({"hitrate@10": 1.0, "candidates_per_query": 2.0})
+    assert "2.0 per user" in note and "sasrec" in note
+    assert few_candidates_note({"hitrate@10": 0.3, "candidates_per_query": 50.0}) is None
+    assert few_candidates_note({"auc": 0.7}) is None
