@@ -37,7 +37,7 @@ from sampan.config.load import (
     load_config,
 )
 from sampan.config.messages import format_validation_error
-from sampan.config.model import FieldWeightsConfig, MLPModelConfig, ModelConfig
+from sampan.config.model import FieldWeightsConfig, MLPModelConfig, ModelConfig, NextItemConfig
 from sampan.config.serve import (
     FeatureStoreConfig,
     FeedbackConfig,
@@ -54,7 +54,8 @@ __all__ = [
     "DataConfig", "DirectoryConfig", "EarlyStoppingConfig", "ExperimentConfig",
     "FeatureStoreConfig", "FeaturesConfig", "FeedbackConfig", "FieldWeightsConfig",
     "JoinConfig", "KafkaConfig",
-    "LabelSpec", "ListFeature", "MLPModelConfig", "ModelConfig", "NonNegFloat", "NonNegInt",
+    "LabelSpec", "ListFeature", "MLPModelConfig", "ModelConfig", "NextItemConfig", "NonNegFloat",
+    "NonNegInt",
     "NumericFeature", "ParamSpec", "PosInt", "PublishConfig", "ServeConfig", "SplitConfig",
     "StreamConfig", "SyntheticConfig", "TrainConfig", "TuneConfig", "apply_override",
     "builtin_config_path", "deep_merge", "dump_config", "format_validation_error", "load_config",

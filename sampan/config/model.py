@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import (
     Field,
     PositiveInt,
@@ -42,3 +44,30 @@ class MLPModelConfig(ModelConfig):
                            "hidden layer; 0: none")
     batch_norm: bool = Field(False, description="batch normalisation after each hidden "
                              "layer's linear map, before its activation")
+
+
+class NextItemConfig(ModelConfig):
+    """Options of the next-item models (``sasrec``, ``hstu``)."""
+
+    target: str | None = Field(None, description="the item feature (the next item of each "
+                               "row); None: the feature whose ids the history holds")
+    history: str | None = Field(None, description="the item history (a `kind: sequence` list "
+                                "sharing the item's vocabulary); None: the data's only one")
+    blocks: int = Field(2, ge=1, description="attention blocks")
+    heads: int = Field(1, ge=1, description="attention heads")
+    dropout: float = Field(0.2, ge=0.0, lt=1.0, description="dropout on the embeddings, "
+                           "attention and block outputs")
+    similarity: Literal["dot", "cosine"] = Field(
+        "dot", description="how a state scores an item: dot product, or cosine divided by "
+        "temperature (both vectors L2-normalised, as HSTU's reference code does)")
+    temperature: float = Field(0.05, gt=0.0, description="cosine: the softmax temperature")
+    loss: Literal["auto", "full", "sampled", "bce"] = Field(
+        "auto", description="full: softmax over the whole catalogue; sampled: softmax over "
+        "the next item and `negatives` items drawn uniformly; bce: SASRec's binary loss "
+        "against one drawn item; auto: full up to 100,000 items, else sampled")
+    negatives: int = Field(256, ge=1, description="sampled: items drawn per batch")
+    k: int = Field(10, ge=1, description="the cut-off of HitRate@K and NDCG@K (early "
+                   "stopping follows NDCG@K)")
+    exclude_history: bool = Field(False, description="evaluation: the items of the row's "
+                                  "history cannot be recommended (the next item itself stays "
+                                  "rankable)")

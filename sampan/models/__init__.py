@@ -2,7 +2,7 @@
 
 >>> from sampan.models import model_names
 >>> len(model_names()), model_names()[:4]
-(18, ['autoint', 'bst', 'dcn', 'dcn_v2'])
+(19, ['autoint', 'bst', 'dcn', 'dcn_v2'])
 """
 
 from sampan.models import (  # noqa: F401  (importing registers the models)
@@ -17,6 +17,7 @@ from sampan.models import (  # noqa: F401  (importing registers the models)
     esmm,
     fibinet,
     fm,
+    hstu,
     lr,
     mmoe,
     ple,

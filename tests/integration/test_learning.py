@@ -25,7 +25,7 @@ CTR = ["autoint", "dcn", "dcn_v2", "deepfm", "dnn", "fibinet", "fm", "mmoe", "pl
 SEQUENCE = ["bst", "dien", "din"]
 MULTI_TASK = ["esmm", "mmoe", "ple"]  # tests/integration/test_multitask.py
 RETRIEVAL = ["two_tower"]
-NEXT_ITEM = ["sasrec"]
+NEXT_ITEM = ["hstu", "sasrec"]
 BASELINE = ["lr"]
 # smaller than the defaults where a model's cost grows with 52 fields (CPU test budget)
 FAST = {"xdeepfm": {"cin": [16, 16], "mlp": [64]}, "fibinet": {"mlp": [64]},

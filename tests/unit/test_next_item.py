@@ -9,6 +9,7 @@ import torch
 
 from sampan.data.loader import BatchLoader
 from sampan.data.store import SplitArrays
+from sampan.models.hstu import HSTU
 from sampan.models.sasrec import SASRec
 from sampan.schema import DataSchema, SequenceFeatureSpec, SparseFeatureSpec
 from sampan.tasks import make_task
@@ -31,9 +32,13 @@ def split(n: int = 40, seed: int = 0, users: int | None = None) -> SplitArrays:
                        sequences={"hist": hist})
 
 
-def model(**options) -> SASRec:
+MODELS = {"sasrec": SASRec, "hstu": HSTU}
+
+
+def model(name: str = "sasrec", **options):
     torch.manual_seed(0)
-    m = SASRec(SCHEMA, SASRec.Config(embedding_dim=8, heads=2, **options))
+    cls = MODELS[name]
+    m = cls(SCHEMA, cls.Config(embedding_dim=8, heads=2, **options))
     return m.eval()
 
 
@@ -61,9 +66,10 @@ def brute_ranks(scores: np.ndarray, target: np.ndarray, hist: np.ndarray | None)
     return np.array(out)
 
 
+@pytest.mark.parametrize("name", MODELS)
 @pytest.mark.parametrize("exclude", [False, True])
-def test_ranks_equal_a_brute_force_sort(exclude) -> None:
-    m = model(exclude_history=exclude)
+def test_ranks_equal_a_brute_force_sort(exclude, name) -> None:
+    m = model(name, exclude_history=exclude)
     train, data = split(60, seed=1), split(40, seed=2)
     task = make_task(m, train)
     mine, pop = task.ranks(m, data, infer)
@@ -83,8 +89,9 @@ def test_ranks_equal_a_brute_force_sort(exclude) -> None:
     assert metrics["mrr"] == pytest.approx(np.mean(1 / r))
 
 
-def test_blocked_encoding_equals_the_padded_one() -> None:
-    m = model()
+@pytest.mark.parametrize("name", MODELS)
+def test_blocked_encoding_equals_the_padded_one(name) -> None:
+    m = model(name)
     data = split(50, seed=3)
     seq = torch.from_numpy(data.sequences["hist"])
     with torch.no_grad():
@@ -119,9 +126,10 @@ def test_training_rows_are_each_users_longest_history() -> None:
     assert len(task.training_rows(split(20))) == 20  # no users: every row
 
 
+@pytest.mark.parametrize("name", MODELS)
 @pytest.mark.parametrize("loss", ["full", "sampled", "bce"])
-def test_each_loss_starts_near_its_reference(loss) -> None:
-    m = model(loss=loss, negatives=16)
+def test_each_loss_starts_near_its_reference(loss, name) -> None:
+    m = model(name, loss=loss, negatives=16, similarity="dot")
     m.train()
     data = split(40, seed=5)
     task = make_task(m, data)
@@ -140,3 +148,17 @@ def test_a_ranking_of_few_rows_per_user_is_flagged() -> None:
     assert "2.0 per user" in note and "sasrec" in note
     assert few_candidates_note({"hitrate@10": 0.3, "candidates_per_query": 50.0}) is None
     assert few_candidates_note({"auc": 0.7}) is None
+
+
+def test_cosine_similarity_scores_cos_over_temperature() -> None:
+    m = model("hstu", temperature=0.05)
+    data = split(10, seed=6)
+    b = next(iter(BatchLoader(data, 10, shuffle="none", prefetch=0)))
+    with torch.no_grad():
+        state, items = m.user_state(b), m.item_vectors()
+        assert torch.allclose(state.norm(dim=1), torch.full((10,), 0.05 ** -0.5))
+        assert torch.allclose(items.norm(dim=1), torch.full((N_ITEMS,), 0.05 ** -0.5))
+        logit = m(b)[:, 0]
+        item = items[torch.from_numpy(data.sparse[:, 0])]
+        cos = torch.nn.functional.cosine_similarity(state, item)
+    torch.testing.assert_close(logit, cos / 0.05, rtol=1e-5, atol=1e-5)
