@@ -91,12 +91,33 @@ def read_esmm(path: Path, fields: list[str], max_len: int = 3) -> list[tuple]:
     return out
 
 
-def sampan_rows(cfg) -> pa.Table:
+def sampan_rows(cfg, role: str = "train") -> pa.Table:
     log = RejectLog(None)
-    table = pa.concat_tables(read_source(cfg.data, cfg.data.train,
+    table = pa.concat_tables(read_source(cfg.data, getattr(cfg.data, role),
                                          FeaturePipeline(cfg.features).roles(), log))
     assert log.rejected == 0
     return table
+
+
+PLAIN = {"slot": lambda f, lay: [r[lay.sparse_slots[0]][0] for r in read_slots(
+             f, lay.sparse_slots, lay.dense_slots[0], lay.dense_shape[0])],
+         "din": lambda f, lay: [r[4] for r in read_din(f)],
+         "census": lambda f, lay: [r[1] for r in read_census(f)],
+         "esmm": lambda f, lay: [r[0] for r in read_esmm(f, lay.fields)]}
+
+
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_the_test_files_are_read_as_the_reader_reads_them(folder: str) -> None:
+    """The rows and the (first) label of test_data_dir, which for mmoe and esmm are files
+    of their own."""
+    path = PADDLEREC / folder
+    cfg = load_config(path / "config.yaml")
+    t = sampan_rows(cfg, "test")
+    runner = yaml.safe_load((path / "config.yaml").read_text())["runner"]
+    layout = read_layout(path, runner["train_reader_path"])
+    want = [y for f in files_of(path, "test_data_dir") for y in PLAIN[layout.kind](f, layout)]
+    assert t.num_rows == len(want)
+    assert as_int(t.column(cfg.features.labels[0]).to_pylist()) == [int(y) for y in want]
 
 
 def as_int(values: list) -> list[int]:
