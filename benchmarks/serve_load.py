@@ -290,8 +290,8 @@ class LiveCall:
             if self.route == "recommend":
                 client.recommend(context, n=self.n, k=10)
             else:
-                client.rank([self.items[i] for i in rng.integers(0, len(self.items), self.n)],
-                            context=context, k=10)
+                client.rank(context, [self.items[i] for i in rng.integers(0, len(self.items),
+                                                                          self.n)], k=10)
             return True
         except ServingError:
             return False

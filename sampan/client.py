@@ -12,7 +12,10 @@
         c.feedback([{"request_id": top.request_id, "item": top.ids[0], "type": "click"}])
 
     with GrpcClient("127.0.0.1:50051") as g:       # the same calls and results
-        g.rank(["3993081", "1686875"], context={"user_id": "1000011"}, k=1)
+        g.rank({"user_id": "1000011"}, ["3993081", "1686875"], k=1)
+
+Both take the context first: ``recommend(context, n=100, k=10)`` and ``rank(context,
+candidates, k=10)``.
 
 A refused request raises :class:`ServingError` with the server's message, the field it
 names and the record index. The HTTP client keeps one connection open (reopened when the
@@ -89,6 +92,22 @@ def _ranking(body: dict[str, Any]) -> Ranking:
                    body.get("request_id", ""), body.get("variant", ""))
 
 
+def _rank_arguments(context: Any, candidates: Any) -> tuple[dict[str, Any], list[Any]]:
+    """``rank``'s arguments checked: the context (a mapping, or None) first, then the
+    candidate items (a list)."""
+    if isinstance(context, (list, tuple)) and isinstance(candidates, dict):
+        raise TypeError("rank(context, candidates): the context comes first, then the "
+                        "candidate items, as in recommend(context); e.g. "
+                        "rank({'user_id': 'u1'}, ['i1', 'i2'])")
+    if context is not None and not isinstance(context, dict):
+        raise TypeError(f"rank: context must be a mapping of feature to value (or None), "
+                        f"got {type(context).__name__}")
+    if isinstance(candidates, (str, bytes, dict)) or not hasattr(candidates, "__iter__"):
+        raise TypeError(f"rank: candidates must be a list of item ids, got "
+                        f"{type(candidates).__name__}")
+    return dict(context or {}), list(candidates)
+
+
 class Client:
     """``sampan serve`` over HTTP (``url``: e.g. ``http://127.0.0.1:8000``)."""
 
@@ -145,10 +164,13 @@ class Client:
         return Prediction(b["probabilities"], b["labels"], b["model_version"],
                           b.get("request_id", ""), b.get("variant", ""))
 
-    def rank(self, candidates: list[str | int], context: dict[str, Any] | None = None,
+    def rank(self, context: dict[str, Any] | None, candidates: list[str | int],
              k: int = 10, task: int = 0) -> Ranking:
+        """The ``k`` best of ``candidates`` (item ids) for ``context`` (the user's
+        features or keys; ``None``: none), as :meth:`recommend` takes its context."""
+        context, candidates = _rank_arguments(context, candidates)
         return _ranking(self._call("POST", "/v1/rank", {
-            "context": context or {}, "candidates": list(candidates), "k": k, "task": task}))
+            "context": context, "candidates": candidates, "k": k, "task": task}))
 
     def recommend(self, context: dict[str, Any], n: int = 100, k: int = 10,
                   task: int = 0) -> Ranking:
@@ -237,10 +259,12 @@ class GrpcClient:
         return Prediction([list(p.values) for p in r.probabilities], list(r.labels),
                           r.model_version, r.request_id, r.variant)
 
-    def rank(self, candidates: list[str | int], context: dict[str, Any] | None = None,
+    def rank(self, context: dict[str, Any] | None, candidates: list[str | int],
              k: int = 10, task: int = 0) -> Ranking:
+        """As :meth:`Client.rank`."""
+        context, candidates = _rank_arguments(context, candidates)
         r = self._call("Rank", self._pb.RankRequest(
-            context=self._struct(context or {}), candidates=[str(c) for c in candidates],
+            context=self._struct(context), candidates=[str(c) for c in candidates],
             k=k, task=task))
         return self._ranking(r, False)
 

@@ -185,11 +185,11 @@ def test_events_route_token_and_clients(bundle):
             with pytest.raises(ServingError) as e:
                 ga.events([{"user_id": "u1", "item_id": "i1"}])
             assert e.value.status == "UNAUTHENTICATED"
-            before = c.rank(CANDS, context={"user_id": "fresh"}, k=len(CANDS))
+            before = c.rank({"user_id": "fresh"}, CANDS, k=len(CANDS))
             assert c.events([{"user_id": "fresh", "item_id": "i3"}]).accepted == 1
             assert g.events([{"user_id": "fresh", "item_id": "i13"}]).users == 1
-            after = c.rank(CANDS, context={"user_id": "fresh"}, k=len(CANDS))
-            grpc_after = g.rank(CANDS, context={"user_id": "fresh"}, k=len(CANDS))
+            after = c.rank({"user_id": "fresh"}, CANDS, k=len(CANDS))
+            grpc_after = g.rank({"user_id": "fresh"}, CANDS, k=len(CANDS))
             with pytest.raises(ServingError) as e:
                 g.events([{"user_id": "fresh", "colour": "red"}])
             assert e.value.status == "INVALID_ARGUMENT" and e.value.field == "colour"

@@ -698,7 +698,7 @@ def test_feedback_log_joins_served_items_with_their_events(bundles, tmp_path):
 
         with Client(srv.url) as c, GrpcClient(srv.grpc) as g:
             for client in (c, g):
-                r = client.rank(["i1", "i2", "i3"], context={"user_id": "u7"}, k=2)
+                r = client.rank({"user_id": "u7"}, ["i1", "i2", "i3"], k=2)
                 assert len(r.request_id) == 32 and r.variant == "default"
                 assert client.feedback([{"request_id": r.request_id, "item": r.ids[0],
                                          "type": "click"}]) == 1

@@ -81,7 +81,7 @@ def test_events_then_recommend_over_rest_grpc_and_the_client(bundles):
             grpc_after = g.recommend({"user_id": user}, n=100, k=10)
             rest = httpx.post(f"{served.url}/v1/recommend", json={
                 "context": {"user_id": user}, "n": 100, "k": 10}).json()
-            ranked = c.rank(clicks, context={"user_id": user}, k=3)
+            ranked = c.rank({"user_id": user}, clicks, k=3)
             with pytest.raises(ServingError) as e:
                 c.events([{"user_id": user, "itemid": "1"}])
             metrics = c.metrics()
