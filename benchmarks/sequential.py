@@ -185,17 +185,18 @@ def markdown(report: dict) -> str:
              f"{m['cores']} cores, {m['threads']} torch threads, PyTorch {m['torch']}. Each "
              "model's test item is ranked against every item by the same code (ties "
              "pessimistic); [a, b] = 95 % bootstrap interval over the test users; Δ = paired "
-             "difference of NDCG@10 with RecBole's SASRec on the same users.", "",
+             "difference of NDCG@10 with RecBole's SASRec (for HSTU also with Sampan's "
+             "SASRec) on the same users.", "",
              "| dataset | model | NDCG@10 | HitRate@10 | MRR | Δ NDCG@10 vs RecBole | "
-             "s / epoch | s to best valid | epochs |", "|" + "---|" * 9]
+             "Δ vs SASRec | s / epoch | s to best valid | epochs |", "|" + "---|" * 10]
     for name, runs in report["datasets"].items():
         for model, r in runs.items():
             s = r["summary"]
             cell = [f"{s[k][0]:.4f} [{s[k][1]:.4f}, {s[k][2]:.4f}]"
                     for k in ("ndcg@10", "hitrate@10", "mrr")]
-            d = r.get("vs_recbole")
-            lines.append(f"| {name} | {model} | " + " | ".join(cell) + " | "
-                         + (f"{d[0]:+.4f} [{d[1]:+.4f}, {d[2]:+.4f}]" if d else "-")
+            delta = [f"{d[0]:+.4f} [{d[1]:+.4f}, {d[2]:+.4f}]" if d else "-"
+                     for d in (r.get("vs_recbole"), r.get("vs_sasrec"))]
+            lines.append(f"| {name} | {model} | " + " | ".join(cell + delta)
                          + f" | {r['epoch_seconds']:.1f} | {r['seconds_to_best']:.0f} | "
                          f"{r['epochs']} |")
     return "\n".join(lines)
@@ -232,6 +233,8 @@ def main() -> None:
         users = sorted(set.intersection(*(set(r["ranks"]) for r in runs.values())))
         ranks = {k: np.array([r["ranks"][u] for u in users], np.float64)
                  for k, r in runs.items()}
+        np.savez(a.work / f"{name}-ranks.npz", users=np.array(users),
+                 **{k.replace(" ", "_"): v for k, v in ranks.items()})  # to compare later
         out = {}
         for k, r in runs.items():
             out[k] = {"summary": summary(ranks[k], rng), "epochs": r["epochs"],
@@ -239,15 +242,23 @@ def main() -> None:
                       "seconds_to_best": r["seconds_to_best"], "users": len(users)}
             if "recbole sasrec" in ranks and k != "recbole sasrec":
                 out[k]["vs_recbole"] = paired(ranks[k], ranks["recbole sasrec"], rng)
+            if "sampan sasrec" in ranks and k == "sampan hstu":
+                out[k]["vs_sasrec"] = paired(ranks[k], ranks["sampan sasrec"], rng)
             print(name, k, {m: round(v[0], 4) for m, v in out[k]["summary"].items()},
                   f"{r['epoch_seconds']:.1f} s/epoch, {r['seconds_to_best']:.0f} s to best",
                   flush=True)
         report["datasets"][name] = out
-    a.json.parent.mkdir(parents=True, exist_ok=True)
-    a.json.write_text(json.dumps(report, indent=1))
+    # a run on the first users only is a block (and a file) of its own
+    tag = f"_first{a.max_users}users" if a.max_users else ""
+    out_json = a.json.with_name(a.json.stem + tag + a.json.suffix)
+    out_json.parent.mkdir(parents=True, exist_ok=True)
+    out_json.write_text(json.dumps(report, indent=1))
     text = markdown(report)
+    if a.max_users:
+        text = text.replace("(leave-one-out, full ranking)",
+                            f"(leave-one-out, full ranking; the first {a.max_users:,} users)")
     print(text)
-    update_block(a.results, "sequential", text)
+    update_block(a.results, "sequential" + tag, text)
 
 
 if __name__ == "__main__":

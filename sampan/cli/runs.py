@@ -40,10 +40,10 @@ def eval_(
     and MRR over the whole catalogue."""
     from sampan.train.experiment import RunArtifacts
 
-    try:
-        ks = [int(x) for x in ranking.split(",") if x.strip()]
-    except ValueError:
+    parts = [x.strip() for x in ranking.split(",") if x.strip()]
+    if not all(x.isdigit() for x in parts):
         fail(f"--ranking expects cut-offs like 5,10,20, got {ranking!r}")
+    ks = [int(x) for x in parts]
     if any(k < 1 for k in ks):
         fail(f"--ranking cut-offs must be 1 or more, got {ranking!r}")
     art = RunArtifacts(run_dir)

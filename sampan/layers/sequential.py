@@ -95,7 +95,8 @@ class NextItemEncoder(nn.Module):
         """The state after the last item of the history ``[B, D]``: what ranks the next.
         Rows go through in blocks of similar length, each cut to its longest history."""
         seq = batch.sequences[self.history]
-        if len(seq) <= self.BLOCK or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
+        # an exported graph encodes the batch whole (a branch on its size would fix it)
+        if torch.compiler.is_compiling() or torch.jit.is_tracing() or len(seq) <= self.BLOCK:
             return self.encode(seq)[:, -1]
         lengths = (seq != 0).sum(dim=1)
         out = seq.new_empty((len(seq), self.dim), dtype=self.position.weight.dtype)

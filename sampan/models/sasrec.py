@@ -60,4 +60,6 @@ class SASRec(NextItemEncoder):
         # be NaN and reach real positions through the next layer's weights
         mask = (self.causal[:length, :length].unsqueeze(0) | pad.unsqueeze(1)) & \
             ~self.eye[:length, :length]
-        return self.norm(self.encoder(x, mask=mask.repeat_interleave(self.heads, dim=0)))
+        # [B * heads, L, L], the batch kept symbolic for export (repeat_interleave fixes it)
+        mask = mask.unsqueeze(1).expand(-1, self.heads, -1, -1).reshape(-1, length, length)
+        return self.norm(self.encoder(x, mask=mask))

@@ -14,6 +14,7 @@ code's name.
 from __future__ import annotations
 
 import functools
+import math
 import sys
 import time
 import traceback
@@ -38,27 +39,31 @@ def stubs() -> tuple[Any, Any]:
     return grpc.protos_and_services(PROTO)
 
 
-def value(v: Any) -> Any:
+def value(v: Any, key: str = "") -> Any:
     """A ``google.protobuf.Value`` as the JSON value REST would receive (numbers as
-    float, NaN included: the feature's validation then refuses it by name)."""
+    float); NaN and infinity, which JSON has no way to send, are refused naming ``key``."""
     kind = v.WhichOneof("kind")
     if kind == "number_value":
+        if not math.isfinite(v.number_value):
+            raise RequestError(f"{key or 'a value'}: {v.number_value} is not a finite number "
+                               "(REST refuses it too: JSON has no NaN or Infinity)", key or None)
         return v.number_value
     if kind == "string_value":
         return v.string_value
     if kind == "bool_value":
         return v.bool_value
     if kind == "struct_value":
-        return struct(v.struct_value)
+        return struct(v.struct_value, key)
     if kind == "list_value":
-        return [value(x) for x in v.list_value.values]
+        return [value(x, f"{key}.{i}" if key else str(i))
+                for i, x in enumerate(v.list_value.values)]
     return None  # null_value, or unset
 
 
-def struct(s: Any) -> dict[str, Any]:
-    """A ``google.protobuf.Struct`` as a dict (``MessageToDict`` refuses NaN and infinity
-    with a ValueError instead of letting the feature's validation name them)."""
-    return {k: value(v) for k, v in s.fields.items()}
+def struct(s: Any, prefix: str = "") -> dict[str, Any]:
+    """A ``google.protobuf.Struct`` as a dict (``MessageToDict`` would refuse NaN and
+    infinity with a ValueError that names no field)."""
+    return {k: value(v, f"{prefix}.{k}" if prefix else k) for k, v in s.fields.items()}
 
 
 def start_grpc(state: Any, host: str, port: int, threads: int = 16):  # type: ignore

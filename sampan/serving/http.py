@@ -49,9 +49,18 @@ class ErrorResponse(JSONResponse):
 
 def error(status: int, message: str, field: str | None = None,
           record: int | None = None) -> JSONResponse:
-    """The error reply of every route: ``{"error", "field", "record"}``."""
+    """The error reply of every route: ``{"error", "field", "record"}``; a message or field
+    that quotes a long input is cut (a reply never echoes a client's megabyte back)."""
+    if len(message) > MAX_ERROR_CHARS:
+        message = f"{message[:MAX_ERROR_CHARS]}... (message cut at {MAX_ERROR_CHARS:,} of " \
+                  f"{len(message):,} characters)"
+    if field is not None and len(field) > 200:
+        field = field[:200] + "..."
     return ErrorResponse({"error": message, "field": field, "record": record},
                          status_code=status)
+
+
+MAX_ERROR_CHARS = 2000
 
 
 class _BodyTooLarge(Exception):
@@ -125,14 +134,132 @@ class Guard:
 
 
 
+class BodyError(Exception):
+    """A request body that is JSON a client should not send: its reply is a 422 naming why
+    (or a 415 for a body that is not JSON at all)."""
+
+    def __init__(self, message: str, status: int = 422):
+        super().__init__(message)
+        self.status = status
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise BodyError(f"the request body repeats the key {k[:100]!r} in one object; "
+                            "each key may appear once")
+        out[k] = v
+    return out
+
+
+def _no_constant(name: str) -> float:
+    raise BodyError(f"the request body holds {name}, which is not a JSON number (JSON has "
+                    "no NaN or Infinity)")
+
+
+def _finite_float(text: str) -> float:
+    v = float(text)
+    if v in (float("inf"), float("-inf")):
+        raise BodyError(f"the request body holds the number {text[:40]}, which is too large "
+                        "for a 64-bit float")
+    return v
+
+
+def strict_json(body: bytes, content_type: str | None) -> Any:
+    """A request body as the server accepts it: ``application/json`` (or ``+json``, the
+    header required) in UTF-8 without a byte-order mark, no key repeated in an object, no
+    NaN / Infinity and no number beyond a 64-bit float, nested at most 64 deep; anything
+    else a :class:`BodyError` that says which rule the body broke."""
+    media, _, params = (content_type or "").partition(";")
+    media = media.strip().lower()
+    if not media:
+        raise BodyError("the request body must be JSON: send the header content-type: "
+                        "application/json (the request had no content-type)", 415)
+    if media != "application/json" and not media.endswith("+json"):
+        raise BodyError(f"the request body must be JSON (content-type: application/json), "
+                        f"got content-type {media[:100]!r}", 415)
+    charset = params.strip().lower().removeprefix("charset=").strip('" ') \
+        if "charset=" in params.lower() else "utf-8"
+    if charset not in ("utf-8", "utf8"):
+        raise BodyError(f"the request body must be UTF-8 JSON, got charset {charset[:40]!r}",
+                        415)
+    if body.startswith((b"\xef\xbb\xbf", b"\xff\xfe", b"\xfe\xff")):
+        raise BodyError("the request body starts with a byte-order mark: send UTF-8 JSON "
+                        "without one")
+    if body.count(b"[") + body.count(b"{") > 64 and _depth(body) > 64:
+        raise BodyError("the request body nests arrays or objects more than 64 deep")
+    try:
+        return json.loads(body, object_pairs_hook=_no_duplicates, parse_constant=_no_constant,
+                          parse_float=_finite_float)
+    except UnicodeDecodeError:
+        raise BodyError("the request body is not valid JSON (UTF-8 text expected)") from None
+    except json.JSONDecodeError as e:
+        raise BodyError(f"the request body is not valid JSON: {e.msg} at character {e.pos} "
+                        "(counting from 0)") from None
+    except ValueError as e:  # int() of a number with thousands of digits
+        if "digits" in str(e):
+            raise BodyError("the request body holds an integer of more than 4,300 digits") \
+                from None
+        raise
+
+
+def _depth(body: bytes) -> int:
+    """The deepest nesting of arrays and objects (strings skipped), without recursion."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in body:  # error path only: bodies with more than 64 brackets
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == 0x5C:
+                escaped = True
+            elif ch == 0x22:
+                in_string = False
+        elif ch == 0x22:
+            in_string = True
+        elif ch in (0x5B, 0x7B):
+            depth += 1
+            deepest = max(deepest, depth)
+            if deepest > 64:
+                return deepest
+        elif ch in (0x5D, 0x7D):
+            depth -= 1
+    return deepest
+
+
 def create_app(state: ServerState):  # type: ignore[no-untyped-def]
     from fastapi import FastAPI
     from fastapi.concurrency import run_in_threadpool
     from fastapi.exceptions import RequestValidationError
+    from fastapi.routing import APIRoute
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
+    class StrictRequest(Request):
+        async def json(self) -> Any:
+            if not hasattr(self, "_json"):
+                self._json = strict_json(await self.body(), self.headers.get("content-type"))
+            return self._json
+
+    class StrictRoute(APIRoute):
+        """Routes whose JSON bodies go through :func:`strict_json`."""
+
+        def get_route_handler(self):  # type: ignore[no-untyped-def]
+            handler = super().get_route_handler()
+
+            async def strict(request: Request) -> Response:
+                if request.method == "POST":
+                    # every body is parsed as JSON, whatever its content type says (FastAPI
+                    # would hand a text/plain body to validation as bytes)
+                    request = StrictRequest(request.scope, request.receive)
+                    await request.json() if await request.body() else None
+                return await handler(request)
+
+            return strict
+
     app = FastAPI(title="Sampan", version="1", docs_url="/docs", redoc_url=None)
+    app.router.route_class = StrictRoute
     app.state.sampan = state
     app.add_middleware(Guard, state=state)
 
@@ -144,7 +271,10 @@ def create_app(state: ServerState):  # type: ignore[no-untyped-def]
             return error(422, f"the request body is not valid JSON: "
                               f"{first.get('ctx', {}).get('error', first['msg'])} at "
                               f"character {where} (counting from 0)", "body")
-        loc = [str(x) for x in first["loc"] if x != "body"]
+        # union members ("str", "int", "function-after[...]") are how pydantic found the
+        # error, not where: the field is the path without them
+        loc = [str(x) for x in first["loc"] if x != "body" and not (
+            isinstance(x, str) and (x in ("str", "int", "float", "bool") or "[" in x))]
         return error(422, f"{'.'.join(loc) or 'body'}: "
                           f"{first['msg'].removeprefix('Value error, ')}",
                      ".".join(loc) or "body")
@@ -163,12 +293,18 @@ def create_app(state: ServerState):  # type: ignore[no-untyped-def]
             reply.headers[name] = value
         return reply
 
+    @app.exception_handler(BodyError)
+    async def bad_body(_: Request, exc: BodyError):  # type: ignore
+        return error(exc.status, str(exc), "body")
+
     @app.exception_handler(RequestError)
     async def bad_request(_: Request, exc: RequestError):  # type: ignore
         return error(400, str(exc), exc.field, exc.record)
 
     errors = {400: {"model": ErrorBody, "description": "a bad request, naming the field"},
-              422: {"model": ErrorBody, "description": "a body of the wrong shape"}}
+              415: {"model": ErrorBody, "description": "a body that is not UTF-8 JSON"},
+              422: {"model": ErrorBody, "description": "a body of the wrong shape, or JSON "
+                    "the server does not take (a repeated key, NaN, ...), saying which"}}
 
     def doc(model: Any, more: dict[int, Any] | None = None) -> dict[str, Any]:
         return {"response_model": None, "responses": {200: {"model": model}, **errors,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
 
 
 def _examples(*examples: Any) -> ConfigDict:
@@ -35,8 +35,9 @@ class RankRequest(BaseModel):
                               "candidates": ["3993081", "1686875", "5023031"], "k": 2})
     context: dict[str, Any] = Field(default_factory=dict, description="the user and any "
                                     "request-time feature (e.g. {\"user_id\": \"1000011\"})")
-    candidates: list[str | int] = Field(min_length=1, description="item ids; one named "
-                                         "twice is ranked once")
+    candidates: list[StrictStr | StrictInt] = Field(
+        min_length=1, description="item ids (strings or integers); one named twice is "
+        "ranked once")
     k: int = Field(10, ge=1, description="items returned")
     task: int = Field(0, ge=0, description="which label's probability ranks (multi-task)")
     variant: str | None = Field(None, description="QA: serve with this arm (the request is "

@@ -35,6 +35,15 @@ def _first_of_each(candidates: list[Any]) -> np.ndarray:
                     dtype=np.int64)
 
 
+
+MAX_WARNINGS = 20  # warnings listed one by one in a reply; the rest are counted
+
+
+def _short(text: str, limit: int = 200) -> str:
+    """A value from a request as an error or a warning quotes it: at most ``limit``
+    characters (a reply never echoes a client's megabyte back)."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
+
 class ConflictError(RequestError):
     """A request the server's set-up cannot take (HTTP 409), e.g. events for per-worker
     memory."""
@@ -526,9 +535,14 @@ class ServerState:
         models = [(p, st) for p, st in models if p is not None]
         known = set().union(*(p.known(st) for p, st in models)) if models else set()
         names = " and ".join(p.name for p, _ in models)
-        return [f"context feature {k!r} is read by no served model ({names}); it was "
-                "ignored" for k in (context if isinstance(context, dict) else {})
-                if k not in known]
+        unread = [k for k in (context if isinstance(context, dict) else {}) if k not in known]
+        # one warning a key, up to a few; a context of thousands of keys gets one more line
+        out = [f"context feature {_short(k)!r} is read by no served model ({names}); it was "
+               "ignored" for k in unread[:MAX_WARNINGS]]
+        if len(unread) > MAX_WARNINGS:
+            out.append(f"... and {len(unread) - MAX_WARNINGS:,} more context features no "
+                       "served model reads (ignored)")
+        return out
 
     def record_events(self, events: list[dict[str, Any]]) -> dict[str, Any]:
         """Append behaviour events to users' live histories (see

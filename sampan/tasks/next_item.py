@@ -103,6 +103,8 @@ class NextItemTask:
         self.loss_kind, self.negatives = model.loss_kind, int(model.negatives)
         self.exclude_history = bool(model.exclude_history)
         self.last_ranks: np.ndarray | None = None
+        self.temperature = (1.0 / float(model.scale) ** 2) if getattr(model, "cosine", False) \
+            else None
         pos = positive_rows(train)
         items = np.asarray(train.sparse[pos, self.target]) if len(train) else np.zeros(0, int)
         self.popularity = np.bincount(items, minlength=self.n_items).astype(np.float64)
@@ -114,12 +116,15 @@ class NextItemTask:
         return f"next-item loss: {how}; ranking every item for HitRate / NDCG@{self.k}, MRR"
 
     def reference_loss(self, train: SplitArrays, batch_size: int) -> float:
-        """The loss of a model that knows nothing (uniform scores)."""
+        """The loss of a model that knows nothing (uniform scores); with cosine / T
+        scoring, plus the 1 / T a logit may be off by (the loss is bounded, and a model
+        that has learned little can sit well above the uniform one)."""
+        spread = 1.0 / self.temperature if self.temperature else 0.0
         if self.loss_kind == "full":
-            return math.log(max(self.n_items - 2, 2))
+            return math.log(max(self.n_items - 2, 2)) + spread
         if self.loss_kind == "sampled":
-            return math.log(self.negatives + 1)
-        return 2 * math.log(2)
+            return math.log(self.negatives + 1) + spread
+        return 2 * math.log(2) + spread
 
     def init_output_bias(self, model: nn.Module, train: Any, device: Any) -> str | None:
         return None  # a softmax over items has no base rate

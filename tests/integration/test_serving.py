@@ -472,10 +472,11 @@ def test_hostile_http_requests(server):
                      b', "item_id": "i1"}]}')
             assert r.status_code == 400 and r.json()["field"] == "user_id", r.text
             assert "expected a string, number or null" in r.json()["error"]
-        # NaN is no number a feature takes
+        # NaN is no JSON number: refused as the body is read, whatever feature it is for
         r = post("/v1/predict", b'{"records": [{"user_id": "u1", "item_id": "i1", '
                                 b'"age": NaN}]}')
-        assert r.status_code == 400 and r.json()["field"] == "age", r.text
+        assert r.status_code == 422 and r.json()["field"] == "body", r.text
+        assert "holds NaN" in r.json()["error"]
         # malformed JSON says what and where
         r = post("/v1/predict", b'{"records": [{"user_id": ')
         assert r.status_code == 422 and r.json()["field"] == "body"
@@ -515,6 +516,10 @@ def test_hostile_grpc_requests(server):
         rec = Struct()
         rec.update({"user_id": "u1", "item_id": "i2", "age": float("nan")})
         assert "age" in refused(lambda: stub.Predict(pb.PredictRequest(records=[rec])))
+        rec = Struct()  # a categorical's NaN too (it was taken as the category "nan")
+        rec.update({"user_id": float("inf"), "item_id": "i2"})
+        assert "user_id: inf is not a finite number" in refused(
+            lambda: stub.Predict(pb.PredictRequest(records=[rec])))
         rec = Struct()
         rec.update({"user_id": {"id": "u1"}, "item_id": "i2"})
         assert "user_id" in refused(lambda: stub.Predict(pb.PredictRequest(records=[rec])))
@@ -526,7 +531,7 @@ def test_hostile_grpc_requests(server):
             lambda: stub.Rank(pb.RankRequest(context=ctx, candidates=["i1"], k=-1)))
         assert len(stub.Rank(pb.RankRequest(context=ctx, candidates=["i1"])).items) == 1
     text = httpx.get(f"{url}/metrics").text
-    assert 'sampan_requests_total{route="grpc/Predict",status="INVALID_ARGUMENT"} 3.0' in text
+    assert 'sampan_requests_total{route="grpc/Predict",status="INVALID_ARGUMENT"} 4.0' in text
     assert 'sampan_requests_total{route="grpc/Rank",status="OK"}' in text
 
 
@@ -965,3 +970,44 @@ def test_a_bundle_without_feature_tables_keeps_the_arms(bundles, tmp_path):
         np.testing.assert_allclose(got, want, atol=1e-6)
     finally:
         state.close()
+
+
+def test_bodies_that_are_not_plain_json_are_refused_by_name(server):
+    """Issue 45 items 4, 6 and 7: valid JSON that a client should not send gets an answer
+    that says what is wrong with it, not 'not valid JSON' or a silent guess."""
+    url, _ = server
+
+    def post(body: bytes, content_type: str | None = "application/json"):
+        headers = {"content-type": content_type} if content_type else {}
+        return httpx.post(f"{url}/v1/rank", content=body, headers=headers)
+
+    ok = b'{"context": {"user_id": "u3"}, "candidates": ["i1", "i2"], "k": 1}'
+    assert post(ok).status_code == 200
+    refused = [
+        (b'{"context": {"user_id": "u3", "user_id": "u4"}, "candidates": ["i1"]}', 422,
+         "repeats the key 'user_id'"),
+        (b'{"context": {"user_id": NaN}, "candidates": ["i1"]}', 422, "holds NaN"),
+        (b'{"context": {"age": -Infinity}, "candidates": ["i1"]}', 422, "holds -Infinity"),
+        (b'{"context": {"user_id": 1e400}, "candidates": ["i1"]}', 422,
+         "the number 1e400, which is too large"),
+        (b"[" * 30000 + b"]" * 30000, 422, "nests arrays or objects more than 64 deep"),
+        (b'{"context": {"user_id": ' + b"9" * 5000 + b'}, "candidates": ["i1"]}', 422,
+         "an integer of more than 4,300 digits"),
+        (b"\xef\xbb\xbf" + ok, 422, "byte-order mark"),
+        (ok.decode().encode("utf-16"), 422, "byte-order mark"),
+    ]
+    for body, status, words in refused:
+        r = post(body)
+        assert (r.status_code, r.json()["field"]) == (status, "body"), (body[:40], r.text)
+        assert words in r.json()["error"], r.text
+    for content_type, words in ((None, "the request had no content-type"),
+                                ("text/plain", "got content-type 'text/plain'"),
+                                ("application/x-www-form-urlencoded", "x-www-form"),
+                                ("application/json; charset=latin-1", "charset 'latin-1'")):
+        r = post(ok, content_type)
+        assert r.status_code == 415 and words in r.json()["error"], r.text
+    # a candidate that is neither a string nor an integer, named by its position
+    r = post(b'{"context": {"user_id": "u3"}, "candidates": [true, "i2"]}')
+    assert r.status_code == 422 and r.json()["field"] == "candidates.0", r.text
+    r = post(b'{"context": {"user_id": "u3"}, "candidates": ["i1", 2.5]}')
+    assert r.status_code == 422 and r.json()["field"] == "candidates.1", r.text
