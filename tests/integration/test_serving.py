@@ -1011,3 +1011,16 @@ def test_bodies_that_are_not_plain_json_are_refused_by_name(server):
     assert r.status_code == 422 and r.json()["field"] == "candidates.0", r.text
     r = post(b'{"context": {"user_id": "u3"}, "candidates": ["i1", 2.5]}')
     assert r.status_code == 422 and r.json()["field"] == "candidates.1", r.text
+
+
+def test_thousands_of_unread_context_keys_get_a_few_warnings(server):
+    url, _ = server
+    context = {"user_id": "u3", **{f"junk{i}": i for i in range(5000)}}
+    r = httpx.post(f"{url}/v1/rank", json={"context": context, "candidates": ["i1"]})
+    assert r.status_code == 200, r.text
+    warnings = r.json()["warnings"]
+    assert len(warnings) == 21 and "'junk0' is read by no served model" in warnings[0]
+    assert warnings[-1].startswith("... and 4,980 more context features")
+    r = httpx.post(f"{url}/v1/admin/reload", json={"bundle": "/nowhere/" + "x" * 100_000},
+                   headers={"authorization": f"Bearer {TOKEN}"})
+    assert r.status_code in (400, 422) and len(r.text) < 3000, r.text[:300]
