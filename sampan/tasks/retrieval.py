@@ -108,7 +108,19 @@ class RetrievalTask:
     def training_rows(self, train: SplitArrays) -> SplitArrays:
         """Only positive rows are trained on (the negatives come from the batch)."""
         pos = positive_rows(train)
+        self.trained, self.left_out = len(pos), len(train) - len(pos)
         return train if len(pos) == len(train) else train.take(pos)
+
+    def describe(self) -> str:
+        """The run header's line: what trains, and what was left out."""
+        line = (f"retrieval: in-batch softmax{' with logQ correction' if self.logq else ''} "
+                f"at temperature {self.temperature:g}; Recall / NDCG / HitRate@{self.k} and "
+                "MRR over the item corpus")
+        if getattr(self, "left_out", 0):
+            line += (f"; trains on the {self.trained:,} rows with label 1 and leaves out "
+                     f"{self.left_out:,} rows with label 0 (the batch's other items are the "
+                     "negatives)")
+        return line
 
     def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
         u, v = model.vectors(batch)

@@ -105,3 +105,26 @@ def test_evaluation_matches_reference():
     assert abs(got["recall@5"] - np.mean(recalls)) < 1e-9
     assert abs(got["ndcg@5"] - np.mean(ndcgs)) < 1e-9
     assert abs(got["pop_recall@5"] - np.mean(pops)) < 1e-9
+
+
+def test_the_header_says_which_rows_a_two_tower_run_leaves_out() -> None:
+    """Issue 45 item 15: label-0 rows were dropped without a word."""
+    import numpy as np
+
+    from sampan.tasks import make_task
+    from sampan.testing import as_split, batch, builder
+    from tests.contract.test_models import OPTIONS
+
+    model = builder("two_tower", **OPTIONS["two_tower"])()
+    b = batch(b=16)
+    b.labels[:] = 0
+    b.labels[:5] = 1
+    task = make_task(model, as_split(b))
+    kept = task.training_rows(as_split(b))
+    assert len(kept) == 5 and np.all(kept.labels == 1)
+    line = task.describe()
+    assert "trains on the 5 rows with label 1 and leaves out 11 rows with label 0" in line
+    everything = batch(b=8)
+    everything.labels[:] = 1
+    task.training_rows(as_split(everything))
+    assert "leaves out" not in task.describe()
