@@ -43,10 +43,12 @@ def main() -> None:
 
     if a.threads:
         torch.set_num_threads(a.threads)
-    work = a.out.parent / "recbole"
+    work = (a.out.parent / "recbole").resolve()
     name = "events"
     (work / name).mkdir(parents=True, exist_ok=True)
-    lines = a.events.read_text().splitlines()
+    events, a.out = a.events.resolve(), a.out.resolve()
+    os.chdir(work)  # RecBole writes its log/ and log_tensorboard/ into the working directory
+    lines = events.read_text().splitlines()
     (work / name / f"{name}.inter").write_text(
         "user_id:token\titem_id:token\ttimestamp:float\n" + "\n".join(lines[1:]) + "\n")
     config = Config(model="SASRec", dataset=name, config_dict={

@@ -106,7 +106,7 @@ def sampan_run(name: str, model: str, samples: Path, work: Path, epochs: int) ->
     from sampan.train.experiment import RunArtifacts, run_experiment
 
     max_len = DATASETS[name][1]
-    run = work / f"{name}-{model}"
+    run = work / f"{samples.stem}-{model}"  # beauty-sasrec, beauty-3000-sasrec
     if run.exists():
         import shutil
 
@@ -145,7 +145,7 @@ def recbole_run(python: str, name: str, tsv: Path, work: Path, threads: int,
                 epochs: int) -> dict:
     from sampan.data.hashing import stable_hash
 
-    out = work / f"{name}-recbole.json"
+    out = work / f"{tsv.stem}-recbole.json"
     cmd = [python, str(ROOT / "benchmarks" / "recbole_sasrec.py"), str(tsv), str(out),
            "--max-len", str(DATASETS[name][1]), "--threads", str(threads),
            "--epochs", str(epochs)]
@@ -233,7 +233,7 @@ def main() -> None:
         users = sorted(set.intersection(*(set(r["ranks"]) for r in runs.values())))
         ranks = {k: np.array([r["ranks"][u] for u in users], np.float64)
                  for k, r in runs.items()}
-        np.savez(a.work / f"{name}-ranks.npz", users=np.array(users),
+        np.savez(a.work / f"{samples.stem}-ranks.npz", users=np.array(users),
                  **{k.replace(" ", "_"): v for k, v in ranks.items()})  # to compare later
         out = {}
         for k, r in runs.items():

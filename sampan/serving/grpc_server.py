@@ -105,7 +105,8 @@ def start_grpc(state: Any, host: str, port: int, threads: int = 16):  # type: ig
 
     def ranking(items: list[dict[str, Any]], predictor: Any, context: dict[str, Any],
                 recommend: bool, arm: str, sub: Any = None, candidates: Any = None,
-                retrieved: int = 0, scores: Any = None, task: int = 0) -> Any:
+                retrieved: int = 0, scores: Any = None, task: int = 0,
+                notes: list[str] | None = None) -> Any:
         rid = state.request_id()
         if sub is not None:
             state.log_ranked(rid, sub, candidates, items, context, scores, task)
@@ -113,7 +114,8 @@ def start_grpc(state: Any, host: str, port: int, threads: int = 16):  # type: ig
             items=[pb.RankedItem(item=str(i["item"]), score=i["score"],
                                  retrieval_score=i.get("retrieval_score", 0.0))
                    for i in items], model_version=predictor.version,
-            warnings=state.context_warnings(context, recommend), retrieved=retrieved,
+            warnings=state.context_warnings(context, recommend) + (notes or []),
+            retrieved=retrieved,
             request_id=rid, variant=arm)
 
     def rank(data: bytes, _: Any) -> Any:
@@ -131,16 +133,16 @@ def start_grpc(state: Any, host: str, port: int, threads: int = 16):  # type: ig
         request = parse(pb.RecommendRequest, data)
         counts(request, "n", "k", "task")
         context = struct(request.context)
-        found, sub, arm, _ = state.recommend_future(context, request.n or 100,
-                                                    request.variant or None)
+        found, sub, arm, _, notes = state.recommend_future(context, request.n or 100,
+                                                           request.variant or None)
         if sub is None:
-            return ranking([], state.current(arm)[0], context, True, arm)
+            return ranking([], state.current(arm)[0], context, True, arm, notes=notes)
         candidates = [i for i, _ in found]
         scores = sub.future.result()
         return ranking(state.ranked(sub.predictor, scores, candidates, request.k or 10,
                                     request.task, dict(found)),
                        sub.predictor, context, True, arm, sub, candidates, len(found), scores,
-                       request.task)
+                       request.task, notes)
 
     def events_allowed(context: Any) -> None:
         """Events and feedback need the events token when one is set."""

@@ -409,8 +409,9 @@ def create_app(state: ServerState):  # type: ignore[no-untyped-def]
         """A context (the user) -> n candidates from the retrieval model's index, ranked
         by the ranking model; the k best, best first."""
         warnings = state.context_warnings(req.context, recommend=True)
-        found, sub, arm, _ = await run_in_threadpool(state.recommend_future, req.context,
-                                                     req.n, forced(request, req.variant))
+        found, sub, arm, _, notes = await run_in_threadpool(
+            state.recommend_future, req.context, req.n, forced(request, req.variant))
+        warnings += notes
         rid = state.request_id()
         if sub is None:
             return {"items": [], "retrieved": 0, "model_version": state.current(arm)[0].version,

@@ -45,10 +45,23 @@ class Retriever:
         raw |= {f.name: f.flags or [f.column or f.name] for f in feats.lists}
         raw |= {f.name: [f.column or f.name] for f in feats.numeric}
         self.item_columns = {c for name in info["item_features"] for c in raw.get(name, [])}
+        # the user tower's fitted categorical features read straight from a column: an id
+        # the vocabulary lacks (OOV, id 1) is a user the model never saw
+        self.user_keys = [(j, e.spec.column or e.spec.name)
+                          for j, e in enumerate(self.predictor.pipeline.categorical)
+                          if e.spec.name not in info["item_features"] and e.spec.vocab
+                          and e.spec.dynamic is None and not e.spec.cross
+                          and e.spec.bucketize == "none" and e.spec.time is None]
 
     def search(self, context: dict[str, Any], n: int, store: Any = None
                ) -> list[tuple[str, float]]:
         """The ``n`` items nearest to the user of ``context``: ``[(item, cosine)]``."""
+        return self.search_with_notes(context, n, store)[0]
+
+    def search_with_notes(self, context: dict[str, Any], n: int, store: Any = None
+                          ) -> tuple[list[tuple[str, float]], list[str]]:
+        """:meth:`search`, and a warning for each user key of ``context`` the model never
+        saw in training (its candidates are then those of an unseen user)."""
         p = self.predictor
         if not isinstance(context, dict) or not context:
             raise RequestError("context must name the user (e.g. {\"user_id\": ...})",
@@ -62,6 +75,11 @@ class Retriever:
                          strict=True))
         u = self.session.run(None, feeds)[0].astype(np.float32)
         scores, rows = self.index.search(np.ascontiguousarray(u), min(n, len(self.items)))
-        return [(self.items[r], float(s)) for r, s in zip(rows[0], scores[0], strict=True)
-                if r >= 0]
+        found = [(self.items[r], float(s)) for r, s in zip(rows[0], scores[0], strict=True)
+                 if r >= 0]
+        notes = [f"{column} {str(context[column])[:100]!r} is unknown to the retrieval model "
+                 "(not in its training data): the candidates are those of an unseen user"
+                 for j, column in self.user_keys
+                 if context.get(column) is not None and int(arrays["sparse"][0, j]) == 1]
+        return found, notes
 

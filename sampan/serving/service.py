@@ -558,26 +558,29 @@ class ServerState:
                       if st is not None and st.tables is not None]
         return append_events(self.live, events, tables, self.cfg.max_records)
 
-    def retrieve(self, context: dict[str, Any], n: int) -> list[tuple[str, float]]:
+    def retrieve(self, context: dict[str, Any], n: int
+                 ) -> tuple[list[tuple[str, float]], list[str]]:
+        """The retrieval model's ``n`` candidates for ``context``, and its warnings."""
         with self._lock:
             retriever, store = self.retriever, self.retrieval_store
         if retriever is None:
             raise RequestError("no retrieval bundle is configured (serve with --set "
                                "retrieval_bundle=PATH of an exported two_tower run, or "
                                "reload one)", "retrieval_bundle")
-        return retriever.search(context, n, store)
+        return retriever.search_with_notes(context, n, store)
 
     def recommend_future(self, context: dict[str, Any], n: int, variant: str | None = None
-                         ) -> tuple[list[tuple[str, float]], Submitted | None, str, bool]:
+                         ) -> tuple[list[tuple[str, float]], Submitted | None, str, bool,
+                                    list[str]]:
         """Retrieve ``n`` candidates, then submit them for ranking to the unit's arm:
-        ``(found, submitted or None when nothing was retrieved, arm, forced)``."""
+        ``(found, submitted or None when nothing was retrieved, arm, forced, warnings)``."""
         arm, forced = self.assign(context.get(self.cfg.unit_key)
                                   if isinstance(context, dict) else None, variant)
-        found = self.retrieve(context, n)
+        found, notes = self.retrieve(context, n)
         if not found:
-            return found, None, arm, forced
+            return found, None, arm, forced, notes
         return (found, self.rank_future(context, [item for item, _ in found],
-                                        assigned=(arm, forced)), arm, forced)
+                                        assigned=(arm, forced)), arm, forced, notes)
 
     def check_token(self, header: str | None, token: str | None = None) -> bool:
         """Whether an ``Authorization`` header carries ``token`` (default: the admin

@@ -1024,3 +1024,27 @@ def test_thousands_of_unread_context_keys_get_a_few_warnings(server):
     r = httpx.post(f"{url}/v1/admin/reload", json={"bundle": "/nowhere/" + "x" * 100_000},
                    headers={"authorization": f"Bearer {TOKEN}"})
     assert r.status_code in (400, 422) and len(r.text) < 3000, r.text[:300]
+
+
+def test_recommend_warns_about_a_user_the_retrieval_model_never_saw(server):
+    """Issue 45 item 15: an unknown user got recommendations with no warning."""
+    url, gport = server
+    r = httpx.post(f"{url}/v1/recommend", json={"context": {"user_id": "u999"}, "n": 10,
+                                                "k": 3})
+    assert r.status_code == 200, r.text
+    assert any("user_id 'u999' is unknown to the retrieval model" in w
+               for w in r.json()["warnings"]), r.json()["warnings"]
+    assert len(r.json()["items"]) == 3  # still answered: the candidates of an unseen user
+    known = httpx.post(f"{url}/v1/recommend", json={"context": {"user_id": "u3"}, "n": 10})
+    assert not any("unknown" in w for w in known.json()["warnings"])
+    import grpc
+    from google.protobuf.struct_pb2 import Struct
+
+    from sampan.serving.grpc_server import stubs
+
+    pb, svc = stubs()
+    ctx = Struct()
+    ctx.update({"user_id": "u999"})
+    with grpc.insecure_channel(f"127.0.0.1:{gport}") as ch:
+        reply = svc.ScoringStub(ch).Recommend(pb.RecommendRequest(context=ctx, n=10, k=3))
+    assert any("'u999' is unknown" in w for w in reply.warnings)
