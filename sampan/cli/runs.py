@@ -107,6 +107,9 @@ def compare(
     not of two independent test sets. Prints both AUCs, `diff` (B - A), its 95 % interval
     `diff_ci95` and `p_b_better` (the share of resamples where B wins). An interval that
     holds 0 means this data cannot tell the two apart.
+
+    Next-item runs (sasrec, hstu) are compared on every ranking metric instead (HitRate@K,
+    NDCG@K, MRR), resampling the queries (the users); the top-level `diff` is NDCG@K's.
     """
     from sampan.train.experiment import RunArtifacts, compare_runs
 
@@ -189,3 +192,8 @@ def export(
         console.print(f"feature tables: {name} by {t['key']}: {t['rows']:,} rows, columns "
                       f"{t['columns']}" + (f", histories {hist}" if hist else ""),
                       highlight=False)
+    r = manifest.get("retrieval")
+    if r:
+        console.print(f"retrieval for /v1/recommend: user tower {r['user_tower']} (parity max "
+                      f"|diff| {r['user_tower_max_abs_diff']:.2g}), {r['count']:,} items in a "
+                      f"{r['index_kind']} faiss index of dimension {r['dim']}", highlight=False)

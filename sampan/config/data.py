@@ -108,8 +108,10 @@ class JoinConfig(_Strict):
     path: str = Field(description="the side table's file, glob or directory")
     by: str = Field(description="key column of the main data (the side table key defaults to it)")
     key: str | None = Field(None, description="key column in the side table (default: by)")
-    format: Literal["auto", "csv", "tsv", "parquet"] = Field(
-        "auto", description="the side table's format; auto: by file extension")
+    format: Literal["auto", "csv", "tsv", "parquet", "json_map"] = Field(
+        "auto", description="the side table's format; auto: by file extension; json_map: "
+        "one JSON object {key: value or [values]} (e.g. S3-Rec's item2attributes.json), "
+        "its two columns named by columns (default: key and by's name + '_value')")
     delimiter: str | None = Field(None, description="one character; default: tab for tsv, "
                                   "comma for csv")
     header: bool = Field(True, description="whether a csv / tsv side table starts with a "

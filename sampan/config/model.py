@@ -71,3 +71,9 @@ class NextItemConfig(ModelConfig):
     exclude_history: bool = Field(False, description="evaluation: the items of the row's "
                                   "history cannot be recommended (the next item itself stays "
                                   "rankable)")
+    item_features: list[str] = Field(default_factory=list, description="list features (bags) "
+                                     "holding the attributes of the row's item, e.g. its "
+                                     "categories and brand joined by item id: every item's "
+                                     "vector, in the history and as the next item, adds the "
+                                     "mean of its attributes' embeddings (each item's "
+                                     "attributes are read from the training rows)")

@@ -198,8 +198,11 @@ class ServeConfig(_Strict):
     unit_key: str = Field("user_id", description="the request field (context or record) "
                           "that names the unit: the user, for the feedback log and A/B "
                           "assignment")
-    retrieval_bundle: str | None = Field(None, description="a two_tower bundle: enables "
-                                         "/v1/recommend (ANN candidates, then ranking)")
+    retrieval_bundle: str | None = Field(None, description="a two_tower or next-item "
+                                         "(sasrec, hstu) bundle: enables /v1/recommend (ANN "
+                                         "candidates, then ranking); unset, a two_tower or "
+                                         "next-item bundle served as `bundle` retrieves for "
+                                         "itself")
     threads: int | None = Field(None, gt=0, description="ONNX Runtime intra-op threads of "
                                 "the ranking model (default: 1 when a retrieval bundle is "
                                 "served too, else ONNX Runtime's own)")

@@ -48,25 +48,36 @@ class SideTable(KeyedTable):
         self.join = join
         key = join.key or join.by
         path = expand_paths(join.path)
-        cfg = DataConfig(train=join.path, format=join.format, delimiter=join.delimiter,
-                         header=join.header, columns=join.columns, encoding=join.encoding)
-        names = file_columns(cfg, path[0])
+        if join.format == "json_map":
+            table = json_map(path, key, join.columns)
+            names = table.column_names
+        else:
+            cfg = DataConfig(train=join.path, format=join.format, delimiter=join.delimiter,
+                             header=join.header, columns=join.columns, encoding=join.encoding)
+            names = file_columns(cfg, path[0])
         if key not in names:
             raise DataError(f"data.joins: key {key!r} is not a column of {join.path} ({names})")
         columns = [c for c in roles.all if c in names and c != key]
-        side_roles = ColumnRoles(categorical=[key, *columns])
-        log = RejectLog(None)
-        parts = list(iter_source(cfg, path, side_roles, log))
-        if log.rejected:
-            raise DataError(f"data.joins: {join.path} has {log.rejected} unreadable rows "
-                            f"{dict(log.reasons)}")
-        table = pa.concat_tables(parts) if parts else pa.table(
-            {c: pa.array([], pa.string()) for c in side_roles.all})
+        if join.format != "json_map":
+            side_roles = ColumnRoles(
+                categorical=[key, *(c for c in columns if c not in roles.lists)],
+                lists=[c for c in columns if c in roles.lists])
+            log = RejectLog(None)
+            parts = list(iter_source(cfg, path, side_roles, log))
+            if log.rejected:
+                raise DataError(f"data.joins: {join.path} has {log.rejected} unreadable rows "
+                                f"{dict(log.reasons)}")
+            table = pa.concat_tables(parts) if parts else pa.table(
+                {c: pa.array([], pa.string()) for c in side_roles.all})
         # Numbers of a side table are checked like those of the main file, but a bad one
         # becomes missing (the row it belongs to is not the main file's to reject).
         values = {}
         for c in columns:
-            col = pc.utf8_trim_whitespace(table.column(c).combine_chunks())
+            col = table.column(c).combine_chunks()
+            if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
+                values[c] = col.cast(pa.list_(pa.string()))  # a list feature's values
+                continue
+            col = pc.utf8_trim_whitespace(col.cast(pa.string()))
             if c in roles.numeric:
                 ok = pc.fill_null(pc.match_substring_regex(col, NUMBER_RE), False)
                 col = pc.if_else(ok, col, pa.scalar(None, pa.string())).cast(pa.float64())
@@ -90,3 +101,32 @@ def key_text(keys: pa.Array) -> pa.Array:
     as_num = pc.match_substring_regex(text, r"^-?\d+\.0+$")
     return pc.if_else(pc.fill_null(as_num, False), pc.replace_substring_regex(
         text, r"\.0+$", ""), text)
+
+
+def json_map(paths: list[str], key: str, columns: list[str] | None) -> pa.Table:
+    """A JSON object ``{key: value or [values]}`` (gzip by the ``.gz`` suffix) as a table
+    of two columns: the keys, and the values as lists of text."""
+    import gzip
+    import json
+
+    if columns is not None and len(columns) != 2:
+        raise DataError(f"data.joins: a json_map side table has two columns (the key and "
+                        f"its values); columns {columns} names {len(columns)}")
+    mapping: dict[str, Any] = {}
+    for path in paths:
+        opener = gzip.open if str(path).endswith(".gz") else open
+        with opener(path, "rt", encoding="utf-8") as f:
+            try:
+                got = json.load(f)
+            except json.JSONDecodeError as e:
+                raise DataError(f"data.joins: {path} is not valid JSON ({e})") from e
+        if not isinstance(got, dict):
+            raise DataError(f"data.joins: {path} holds a JSON {type(got).__name__}; "
+                            "format json_map expects one object {key: value or [values]}")
+        mapping.update(got)
+    names = columns or [key, f"{key}_value"]
+    vals = pa.array(list(mapping.values()))
+    if not (pa.types.is_list(vals.type) or pa.types.is_large_list(vals.type)):
+        vals = pa.array([[v] if v is not None else None for v in vals.to_pylist()])
+    return pa.table({names[0]: pa.array(list(mapping), pa.string()),
+                     names[1]: vals.cast(pa.list_(pa.string()))})

@@ -63,9 +63,11 @@ class FeaturePipeline:
         self.is_fitted_ = False
 
     # -- which raw columns are needed
-    def roles(self, with_labels: bool = True, with_extra: bool = True) -> ColumnRoles:
+    def roles(self, with_labels: bool = True, with_extra: bool = True,
+              with_group: bool = True) -> ColumnRoles:
         """Raw columns to read; ``with_extra=False`` leaves out pass-through columns such as
-        the synthetic oracle, which new data does not have."""
+        the synthetic oracle, which new data does not have; ``with_group=False`` the
+        ``features.group`` column unless a feature reads it."""
         specs = self.features.label_specs if with_labels else []
         labels = list(dict.fromkeys(s.column or s.name for s in specs))
         numeric = labels + [f.column or f.name for f in self.features.numeric]
@@ -75,7 +77,7 @@ class FeaturePipeline:
                     if f.bucketize != "none"]
         cats = [c for f in self.features.categorical if f.bucketize == "none"
                 for c in (f.cross or [f.column or f.name])]
-        if self.features.group:
+        if self.features.group and with_group:
             cats.append(self.features.group)
         cats += self.extra_categorical if with_extra else []
         required = labels + (self.extra_required if with_extra else [])

@@ -159,7 +159,7 @@ def _write_bundle(art: Any, model: Any, schema: Any, example: Any, split: str, f
     tables = write_feature_tables(art, model, schema, tmp) if feature_tables else {
         "skipped": "exported without feature tables"}
     retrieval = None
-    if getattr(model, "task", "binary") == "retrieval":
+    if getattr(model, "task", "binary") in ("retrieval", "next_item"):
         retrieval = _export_retrieval(art, model, schema, example, tmp)
 
     bundle = Bundle(tmp, verify=False, manifest={"format": fmt, "schema": schema.to_json()})
@@ -199,9 +199,11 @@ def _write_bundle(art: Any, model: Any, schema: Any, example: Any, split: str, f
 
 def _export_retrieval(art: Any, model: Any, schema: Any, example: Any,
                       out: Path) -> dict[str, Any]:
-    """For a two-tower run: the user tower as ``user_tower.onnx``, the vectors of every item
-    of the train split (the corpus evaluation ranks) in a faiss index, and the items' raw
-    values in ``items.parquet`` (row ``i`` of the index is item ``i``)."""
+    """For a two-tower or next-item run: the user tower (a next-item model's state after
+    the history) as ``user_tower.onnx``, the vectors of every item it ranks in a faiss
+    index, and the items' raw values in ``items.parquet`` (row ``i`` of the index is item
+    ``i``). A two-tower model ranks the items of the train split (the corpus evaluation
+    ranks), a next-item model every item of its table."""
     import faiss
     import onnxruntime as ort
     import pyarrow as pa
@@ -209,7 +211,6 @@ def _export_retrieval(art: Any, model: Any, schema: Any, example: Any,
 
     from sampan.data.transforms import FIRST_VOCAB_ID
     from sampan.export import graph
-    from sampan.tasks.retrieval import RetrievalTask
 
     graph.to_onnx(model, schema, example, out / "user_tower.onnx", head="user_vectors")
     inputs = graph.example_inputs(example, schema)
@@ -222,16 +223,8 @@ def _export_retrieval(art: Any, model: Any, schema: Any, example: Any,
     diff = float(np.abs(got - want).max()) if len(got) else 0.0
     if not diff <= 1e-4:
         raise ExportError(f"exported user tower disagrees with PyTorch by {diff:.3g}")
-    task = RetrievalTask(model, art.store.split("train"))
-    from sampan.data.loader import BatchLoader
-
-    with torch.no_grad():  # on the CPU in fp32, like the exported user tower; the model now
-        # takes rows, so the items' dynamic keys are mapped first, as for the example
-        vectors = torch.cat([model.item_vectors(_keys_to_rows(model, b)) for b in BatchLoader(
-            task.corpus_rows, 16384, shuffle="none", prefetch=0)]).numpy()
-    item_feature = schema.sparse[model.item_column].name
+    ids, vectors, item_feature = _corpus(art, model, schema)
     enc = next(e for e in art.pipeline.categorical if e.spec.name == item_feature)
-    ids = task.corpus_ids
     named = ids < FIRST_VOCAB_ID + len(enc.vocab_)  # hashed OOV buckets have no raw value
     vectors = np.ascontiguousarray(vectors[named], dtype=np.float32)
     ids = ids[named]
@@ -245,8 +238,32 @@ def _export_retrieval(art: Any, model: Any, schema: Any, example: Any,
     faiss.write_index(index, str(out / "items.faiss"))
     pq.write_table(pa.table({"item": raw, "id": pa.array(ids)}),
                    out / "items.parquet")
-    return {"user_tower": "user_tower.onnx", "user_tower_max_abs_diff": diff,
+    info = {"user_tower": "user_tower.onnx", "user_tower_max_abs_diff": diff,
             "index": "items.faiss", "index_kind": kind,
             "items": "items.parquet", "count": int(len(vectors)), "dim": int(dim),
-            "item_column": enc.spec.column or enc.spec.name, "item_feature": item_feature,
-            "item_features": [n for n in model.item_feature_names]}
+            "item_column": enc.spec.column or enc.spec.name, "item_feature": item_feature}
+    if getattr(model, "task", "binary") == "next_item":
+        return {**info, "item_features": [item_feature, *model.item_features],
+                "history": model.history,
+                "exclude_history": bool(model.exclude_history)}
+    return {**info, "item_features": list(model.item_feature_names)}
+
+
+def _corpus(art: Any, model: Any, schema: Any) -> tuple[np.ndarray, np.ndarray, str]:
+    """The ids of the items a retrieval model ranks, their vectors (on the CPU in fp32,
+    like the exported user tower) and the item feature's name."""
+    from sampan.data.loader import BatchLoader
+
+    with torch.no_grad():
+        if getattr(model, "task", "binary") == "next_item":
+            ids = np.arange(2, int(model.item_cardinality))  # padding and OOV never rank
+            vectors = model.item_vectors(torch.from_numpy(ids)).float().numpy()
+            return ids, vectors, schema.sparse[model.target_column].name
+        from sampan.tasks.retrieval import RetrievalTask
+
+        task = RetrievalTask(model, art.store.split("train"))
+        # the model takes rows, so the items' dynamic keys are mapped first, as for the
+        # example
+        vectors = torch.cat([model.item_vectors(_keys_to_rows(model, b)) for b in BatchLoader(
+            task.corpus_rows, 16384, shuffle="none", prefetch=0)]).numpy()
+    return task.corpus_ids, vectors, schema.sparse[model.item_column].name

@@ -68,7 +68,24 @@ def to_onnx(model: nn.Module, schema: DataSchema, example: Batch, path: Path,
                 (tuple({0: batch_dim} for _ in range(n_lists)),) if n_lists else ()),
             dynamo=True, verbose=False, optimize=True)
     quiet.setLevel(level)
+    _check_batch_dim(path)
     return path
+
+
+def _check_batch_dim(path: Path) -> None:
+    """Fail when the exporter fixed the batch size (a shape test in the model's code
+    specialises it): such a graph refuses every request of another size."""
+    import onnx
+
+    from sampan.errors import ExportError
+
+    model = onnx.load(str(path), load_external_data=False)
+    fixed = [(i.name, i.type.tensor_type.shape.dim[0].dim_value) for i in model.graph.input
+             if not i.type.tensor_type.shape.dim[0].dim_param]
+    if fixed:
+        raise ExportError(f"the exported graph {path.name} takes a fixed batch size "
+                          f"({fixed[0][0]}: {fixed[0][1]} rows), not any number of rows; "
+                          "this is a bug in the model's code (a branch on a tensor's size)")
 
 
 def to_torchscript(model: nn.Module, schema: DataSchema, example: Batch, path: Path) -> Path:

@@ -9,7 +9,9 @@ next-item task (:mod:`sampan.tasks.next_item`) reads :meth:`encode`, :meth:`user
 from __future__ import annotations
 
 import math
+from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -51,9 +53,22 @@ class NextItemEncoder(nn.Module):
         self.dim, self.heads = cfg.embedding_dim, cfg.heads
         self.cosine = cfg.similarity == "cosine"
         self.scale = 1.0 / math.sqrt(cfg.temperature)
-        # the item table only: these models read nothing but the item ids
+        # each item's attribute ids per item feature (rows of the item table; filled from
+        # the training rows by fit_data, saved with the weights)
+        bags = {s.name: s for s in schema.sequences}
+        for name in cfg.item_features:
+            if name not in bags or name == self.history:
+                raise ConfigError(f"{model}: model.item_features names {name!r}, which is not "
+                                  "a list feature of the item; the data's lists: "
+                                  f"{sorted(n for n in bags if n != self.history)}")
+        self.item_features = list(cfg.item_features)
+        for name in self.item_features:
+            self.register_buffer(f"attributes_{name}", torch.zeros(
+                self.item_cardinality, bags[name].max_len, dtype=torch.long))
+        # the item table and the attributes' tables: nothing else is read
+        wanted = {item, *(bags[n].table for n in self.item_features)}
         self.embedding = EmbeddingCollection(
-            [t for t in schema.tables(cfg.embedding_dim) if item in t.features],
+            [t for t in schema.tables(cfg.embedding_dim) if wanted & set(t.features)],
             cfg.embedding_init_std)
         self.position = nn.Embedding(self.max_len, cfg.embedding_dim)
         nn.init.normal_(self.position.weight, 0.0, cfg.embedding_init_std)
@@ -66,11 +81,40 @@ class NextItemEncoder(nn.Module):
                               f"{heads}")
 
     def _lookup(self, ids: torch.Tensor) -> torch.Tensor:
-        """Item vectors of ``ids [...]`` (through the history's table)."""
+        """Item vectors of ``ids [...]`` (through the history's table), plus the mean of
+        each item feature's attribute vectors."""
         empty = torch.zeros(0, len(self.embedding.offsets), dtype=torch.long,
                             device=ids.device)
-        looked = self.embedding.lookup(empty, {self.history: ids.reshape(1, -1)})[1]
-        return looked[self.history].reshape(*ids.shape, self.dim)
+        flat = ids.reshape(-1)
+        attrs = {n: getattr(self, f"attributes_{n}")[flat] for n in self.item_features}
+        looked = self.embedding.lookup(empty, {self.history: flat.unsqueeze(0)} | {
+            n: a.reshape(1, -1) for n, a in attrs.items()})[1]
+        v = looked[self.history].reshape(-1, self.dim)
+        for n, a in attrs.items():
+            real = (a != 0).unsqueeze(-1).to(v.dtype)
+            vecs = looked[n].reshape(*a.shape, self.dim)
+            v = v + (vecs * real).sum(1) / real.sum(1).clamp_min(1.0)
+        return v.reshape(*ids.shape, self.dim)
+
+    def fit_data(self, train: Any) -> str | None:
+        """Read each item's attributes (``item_features``) from the training rows: the
+        attributes of a row's next item. Returns what it found, for the run header."""
+        if not self.item_features:
+            return None
+        from sampan.tasks.next_item import positive_rows
+
+        rows = positive_rows(train)
+        target = np.asarray(train.sparse[rows, self.target_column])
+        found = []
+        for n in self.item_features:
+            table = getattr(self, f"attributes_{n}")
+            values = torch.from_numpy(np.asarray(train.sequences[n])[rows]).to(table)
+            table.zero_()
+            table[torch.from_numpy(target).to(table.device)] = values
+            table[:2] = 0  # padding and OOV have no attributes
+            known = int((table != 0).any(dim=1).sum())
+            found.append(f"{n} for {known:,} of {self.item_cardinality - 2:,} items")
+        return "item attributes: " + "; ".join(found)
 
     def _out(self, v: torch.Tensor) -> torch.Tensor:
         """A state or an item vector as it enters the score (a dot product): with cosine
@@ -106,6 +150,11 @@ class NextItemEncoder(nn.Module):
             keep = max(1, int(lengths[rows].max()))
             out[rows] = self.encode(seq[rows, -keep:])[:, -1].to(out.dtype)
         return out
+
+    def user_vectors(self, batch: Batch) -> torch.Tensor:
+        """:meth:`user_state`, under the name an exported retrieval bundle's user tower
+        reads (the state searches the item index by inner product)."""
+        return self.user_state(batch)
 
     def item_vectors(self, ids: torch.Tensor | None = None) -> torch.Tensor:
         """Vectors of item ids ``ids`` (default: every id of the table, ``[N, D]``), as

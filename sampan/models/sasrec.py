@@ -62,4 +62,6 @@ class SASRec(NextItemEncoder):
             ~self.eye[:length, :length]
         # [B * heads, L, L], the batch kept symbolic for export (repeat_interleave fixes it)
         mask = mask.unsqueeze(1).expand(-1, self.heads, -1, -1).reshape(-1, length, length)
-        return self.norm(self.encoder(x, mask=mask))
+        # is_causal given: the mask also hides padding (and torch would otherwise compare
+        # its shape with the sequence length, which fixes the batch size of an export)
+        return self.norm(self.encoder(x, mask=mask, is_causal=False))

@@ -39,6 +39,10 @@ class Predictor:
         self.pipeline = self.bundle.pipeline()
         self.roles = self.pipeline.roles(with_labels=False, with_extra=False)
         self.columns = list(self.roles.all)
+        # features.group (the user, for training and evaluation) when no feature reads it:
+        # a request may give it, and need not
+        self.optional = set(self.columns) - set(self.pipeline.roles(
+            with_labels=False, with_extra=False, with_group=False).all)
         self.max_records = max_records
         self.session = self.bundle.session(threads)
         self.labels = self.bundle.schema.labels
@@ -109,7 +113,7 @@ class Predictor:
                 if c in self.roles.all and c not in cols:
                     cols[c] = v
         n = len(next(iter(cols.values()))) if cols else 1
-        for c in absent:
+        for c in {*absent, *self.optional}:
             if c in self.roles.all and c not in cols:
                 cols[c] = pa.nulls(n, pa.list_(pa.string()) if c in self.roles.lists
                                    else pa.string())
@@ -118,9 +122,10 @@ class Predictor:
             missing.sort(key=lambda c: c not in store.keys)
         if missing:
             tables = f"; the feature store joins on {store.keys}" if store is not None else ""
+            needs = [c for c in self.columns if c not in self.optional]
             raise RequestError(f"{self.name}: feature(s) {missing} are missing: every "
-                               f"request needs {self.columns} (null for a missing value)"
-                               f"{tables}", missing[0], 0 if store is None else None)
+                               f"request needs {needs} (null for a missing value){tables}",
+                               missing[0], 0 if store is None else None)
         return pa.table({c: cols[c] for c in self.columns})
 
     def _validated(self, table: pa.Table) -> pa.Table:

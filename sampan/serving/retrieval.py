@@ -1,10 +1,14 @@
-"""Candidate retrieval for ``/v1/recommend``: a two-tower bundle's user tower + faiss index.
+"""Candidate retrieval for ``/v1/recommend``: a two-tower or next-item bundle's user tower +
+faiss index.
 
-The request's context (e.g. ``{"user_id": "196"}``, with the user's attributes joined from
-the feature store) goes through the retrieval bundle's own pipeline; item-side features are
-left missing, since the user tower does not read them. The user vector searches the item
-index (inner product of unit vectors = the cosine the model was trained on) and returns the
-raw item ids of the ``n`` nearest items, which the ranking model then scores.
+The request's context (e.g. ``{"user_id": "196"}``, with the user's attributes and live
+history joined from the feature store, or the recent items themselves, e.g.
+``{"hist_item_id": ["B01", "B07"]}``) goes through the retrieval bundle's own pipeline;
+item-side features are left missing, since the user tower does not read them. The user
+vector searches the item index by inner product (the score the model was trained on: the
+scaled cosine of a two-tower model, a next-item model's logit) and returns the raw item ids
+of the ``n`` best items, which the ranking model then scores. A next-item model trained with
+``exclude_history`` leaves out the items of the history, as its evaluation does.
 """
 
 from __future__ import annotations
@@ -20,25 +24,34 @@ from sampan.serving.predictor import Predictor, RequestError
 
 
 class Retriever:
-    def __init__(self, bundle: str | Path, max_records: int = 10_000):
+    def __init__(self, bundle: str | Path, max_records: int = 10_000,
+                 predictor: Predictor | None = None):
+        """``predictor``: the bundle's, when it is served as the ranking model too."""
         import faiss
         import onnxruntime as ort
         import pyarrow.parquet as pq
 
-        self.bundle = Bundle(bundle)
+        self.bundle = predictor.bundle if predictor is not None else Bundle(bundle)
         info = self.bundle.manifest.get("retrieval")
         if not info:
-            raise BundleError(f"{bundle} is not a retrieval bundle (export a two_tower run)")
+            raise BundleError(f"{bundle} is not a retrieval bundle (export a two_tower or a "
+                              "next-item run: sasrec, hstu)")
         self.info = info
-        self.predictor = Predictor(self.bundle, max_records=max_records)
-        self.predictor.name = f"retrieval model {self.bundle.manifest.get('model', '?')!r}"
+        if predictor is None:
+            predictor = Predictor(self.bundle, max_records=max_records)
+            predictor.name = f"retrieval model {self.bundle.manifest.get('model', '?')!r}"
+        self.predictor = predictor
         # one user per call: a single thread, which does not spin (see session_options)
         self.session = ort.InferenceSession(str(self.bundle.file(info["user_tower"])),
                                             session_options(1, spin=False),
                                             providers=["CPUExecutionProvider"])
         faiss.omp_set_num_threads(1)  # one query per call: threads only add hand-offs
         self.index = faiss.read_index(str(self.bundle.file(info["index"])))
-        self.items = pq.read_table(self.bundle.file(info["items"])).column("item").to_pylist()
+        items = pq.read_table(self.bundle.file(info["items"]))
+        self.items = items.column("item").to_pylist()
+        self.history = info.get("history")  # a next-item model's history feature
+        self.exclude_history = bool(info.get("exclude_history"))
+        self.row_of_id = {int(i): r for r, i in enumerate(items.column("id").to_pylist())}
         # raw columns the user tower does not read: sent as missing values
         feats = self.predictor.pipeline.features
         raw = {f.name: f.cross or [f.column or f.name] for f in feats.categorical}
@@ -55,7 +68,7 @@ class Retriever:
 
     def search(self, context: dict[str, Any], n: int, store: Any = None
                ) -> list[tuple[str, float]]:
-        """The ``n`` items nearest to the user of ``context``: ``[(item, cosine)]``."""
+        """The ``n`` best items for the user of ``context``: ``[(item, score)]``."""
         return self.search_with_notes(context, n, store)[0]
 
     def search_with_notes(self, context: dict[str, Any], n: int, store: Any = None
@@ -74,12 +87,32 @@ class Retriever:
                           *[seqs[s.name].astype(np.int64) for s in p.bundle.schema.sequences]],
                          strict=True))
         u = self.session.run(None, feeds)[0].astype(np.float32)
-        scores, rows = self.index.search(np.ascontiguousarray(u), min(n, len(self.items)))
+        skip: set[int] = set()
+        if self.history is not None and self.exclude_history:
+            skip = {self.row_of_id[i] for i in seqs[self.history][0].tolist()
+                    if i in self.row_of_id}
+        scores, rows = self.index.search(np.ascontiguousarray(u),
+                                         min(n + len(skip), len(self.items)))
         found = [(self.items[r], float(s)) for r, s in zip(rows[0], scores[0], strict=True)
-                 if r >= 0]
-        notes = [f"{column} {str(context[column])[:100]!r} is unknown to the retrieval model "
-                 "(not in its training data): the candidates are those of an unseen user"
-                 for j, column in self.user_keys
-                 if context.get(column) is not None and int(arrays["sparse"][0, j]) == 1]
+                 if r >= 0 and r not in skip][:n]
+        notes = self._history_notes(seqs) + [
+            f"{column} {str(context[column])[:100]!r} is unknown to the retrieval model (not "
+            "in its training data): the candidates are those of an unseen user"
+            for j, column in self.user_keys
+            if context.get(column) is not None and int(arrays["sparse"][0, j]) == 1]
         return found, notes
 
+    def _history_notes(self, seqs: dict[str, np.ndarray]) -> list[str]:
+        """A next-item model's history with items it never saw in training (they read as
+        one unknown item), or with none it knows (its candidates are then the same for
+        everyone)."""
+        if self.history is None:
+            return []
+        ids = seqs[self.history][0]
+        if not bool((ids >= 2).any()):
+            return [f"the history {self.history!r} holds no item the retrieval model knows "
+                    "(an unknown user, no recent items or only unseen ones): the candidates "
+                    "are those of a user with no history"]
+        unseen = int((ids == 1).sum())
+        return [f"{unseen} item(s) of the history {self.history!r} are unknown to the "
+                "retrieval model (not in its training data)"] if unseen else []

@@ -136,6 +136,7 @@ class ServerState:
         self.sync: ReloadSync | None = None  # set in each worker of `--workers N`
         self.retriever: Any = None
         self.retrieval_store: Any = None
+        self.retrieval_own = False  # the retriever is control's own bundle
         self.live: Any = None  # users' behaviour histories, shared by both bundles
         self.variant_requests = Counter("sampan_variant_requests", "Scoring requests by arm "
                                         "and whether the request forced it",
@@ -361,6 +362,9 @@ class ServerState:
                 field = "retrieval_bundle"
                 retriever = Retriever(retrieval_bundle, self.cfg.max_records)
                 rtables = self._tables_for(retriever.predictor)
+            elif self._retrieves_itself(predictor, target):
+                # a next-item (or two-tower) model served alone retrieves its own candidates
+                retriever, rtables = Retriever(bundle, predictor=predictor), tables
             field = "feature_store"
             live = self._live_for([p.bundle for p in (predictor, retriever and
                                                       retriever.predictor) if p is not None])
@@ -385,9 +389,18 @@ class ServerState:
                 self.model_info.labels(*self._info(predictor)).set(1)
             if retriever is not None:
                 self.retriever, self.retrieval_store = retriever, rstore
+                self.retrieval_own = retrieval_bundle is None
             elif self.retriever is not None:
                 self.retrieval_store = FeatureStore(self.retrieval_store.tables, live)
         return predictor, retriever
+
+    def _retrieves_itself(self, predictor: Predictor | None, target: Arm) -> bool:
+        """Whether control's new ``predictor`` also serves ``/v1/recommend``: it has a user
+        tower and item index, and no retrieval bundle of its own was given (one from an
+        earlier version of control is replaced)."""
+        return (predictor is not None and target.name == self.control
+                and bool(predictor.bundle.manifest.get("retrieval"))
+                and (self.retriever is None or self.retrieval_own))
 
     @staticmethod
     def _info(p: Predictor) -> tuple[str, str, str]:

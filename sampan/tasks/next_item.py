@@ -64,27 +64,56 @@ def rank_metrics(ranks: np.ndarray, cutoffs: tuple[int, ...]) -> dict[str, float
     return out
 
 
-def rank_bootstrap(ranks: np.ndarray, cutoffs: tuple[int, ...], resamples: int,
-                   seed: int = 0) -> dict[str, list[float]]:
-    """95 % bootstrap intervals of :func:`rank_metrics` over the queries (each query is a
-    user under a leave-one-out split): ``{"ndcg@10_ci95": [lo, hi], ...}``."""
+def per_query_metrics(ranks: np.ndarray, cutoffs: tuple[int, ...]
+                      ) -> tuple[list[str], np.ndarray]:
+    """Each query's HitRate@K, NDCG@K and reciprocal rank ``[Q, metrics]``, named as
+    :func:`rank_metrics` names them (their means are its values)."""
     r = np.asarray(ranks, np.float64)
-    if not len(r):
-        return {}
-    names = list(rank_metrics(r[:1], cutoffs))
+    names = list(rank_metrics(np.ones(1), cutoffs))
     per_query = np.stack([
         *[col for k in cutoffs for col in ((r <= k).astype(np.float64),
                                            np.where(r <= k, 1.0 / np.log2(
                                                np.minimum(r, 1e18) + 1.0), 0.0))],
-        1.0 / r], axis=1)  # [Q, metrics] in the order rank_metrics names them
+        1.0 / r], axis=1)
+    return names, per_query
+
+
+def _resampled_means(per_query: np.ndarray, resamples: int, seed: int) -> np.ndarray:
+    """``[resamples, metrics]``: the metrics' means over queries drawn with replacement
+    (the same draws for every column: paired when the columns are differences)."""
     rng = np.random.default_rng(seed)
     means = []
     for lo in range(0, resamples, 64):  # bounded memory: 64 resamples at a time
-        idx = rng.integers(0, len(r), (min(64, resamples - lo), len(r)))
+        idx = rng.integers(0, len(per_query), (min(64, resamples - lo), len(per_query)))
         means.append(per_query[idx].mean(axis=1))
-    m = np.concatenate(means)
-    lo, hi = np.quantile(m, [0.025, 0.975], axis=0)
+    return np.concatenate(means)
+
+
+def rank_bootstrap(ranks: np.ndarray, cutoffs: tuple[int, ...], resamples: int,
+                   seed: int = 0) -> dict[str, list[float]]:
+    """95 % bootstrap intervals of :func:`rank_metrics` over the queries (each query is a
+    user under a leave-one-out split): ``{"ndcg@10_ci95": [lo, hi], ...}``."""
+    if not len(ranks):
+        return {}
+    names, per_query = per_query_metrics(ranks, cutoffs)
+    lo, hi = np.quantile(_resampled_means(per_query, resamples, seed), [0.025, 0.975], axis=0)
     return {f"{n}_ci95": [float(a), float(b)] for n, a, b in zip(names, lo, hi, strict=True)}
+
+
+def paired_rank_comparison(ranks_a: np.ndarray, ranks_b: np.ndarray,
+                           cutoffs: tuple[int, ...], resamples: int, seed: int = 0
+                           ) -> dict[str, dict[str, Any]]:
+    """Two models' ranks of the same queries: per metric, both values, ``diff`` (b - a),
+    its 95 % paired bootstrap interval (the same resampled queries for both) and
+    ``p_b_better``, the share of resamples where b is ahead."""
+    names, qa = per_query_metrics(ranks_a, cutoffs)
+    _, qb = per_query_metrics(ranks_b, cutoffs)
+    d = _resampled_means(qb - qa, resamples, seed)
+    lo, hi = np.quantile(d, [0.025, 0.975], axis=0)
+    return {n: {"a": float(qa[:, j].mean()), "b": float(qb[:, j].mean()),
+                "diff": float(qb[:, j].mean() - qa[:, j].mean()),
+                "diff_ci95": [float(lo[j]), float(hi[j])],
+                "p_b_better": float((d[:, j] > 0).mean())} for j, n in enumerate(names)}
 
 
 class NextItemTask:

@@ -376,7 +376,15 @@ def compare_runs(a: RunArtifacts, b: RunArtifacts, split_or_files: str | list[st
     """Paired bootstrap of two runs' AUC on the same rows: a stored split of both runs
     (which must hold the same rows: same count and labels) or raw files read by each run's
     own pipeline. Returns both AUCs, ``diff`` (b - a), its 95 % interval and how often b
-    came out ahead, over ``resamples`` resamples shared by the two models."""
+    came out ahead, over ``resamples`` resamples shared by the two models. Next-item runs
+    are compared on their ranking metrics instead (:func:`_compare_rankings`)."""
+    kinds = {getattr(art.model, "task", "binary") for art in (a, b)}
+    if "next_item" in kinds:
+        if kinds != {"next_item"}:
+            raise RunError(f"{a.run} and {b.run} are not both next-item runs: a next-item "
+                           "model is compared with another on its ranking metrics")
+        return _compare_rankings(a, b, split_or_files, resamples)
+
     def scored(art: RunArtifacts) -> tuple[torch.Tensor, np.ndarray, np.ndarray | None]:
         data = art.labelled(split_or_files)
         if data.labels is None or task >= data.labels.shape[1]:
@@ -401,3 +409,54 @@ def compare_runs(a: RunArtifacts, b: RunArtifacts, split_or_files: str | list[st
             "rows": len(ya), "resamples": resamples, "task": task, "diff": r["diff"],
             "diff_ci95": r["diff_ci95"], "p_b_better": r["p_b_better"]}
 
+
+
+def _compare_rankings(a: RunArtifacts, b: RunArtifacts, split_or_files: str | list[str],
+                      resamples: int) -> dict[str, Any]:
+    """Two next-item runs on the same queries (each positive row: a user's next item):
+    every ranking metric of both, with the paired bootstrap of its difference over the
+    queries; ``diff`` / ``diff_ci95`` / ``p_b_better`` at the top are those of a's
+    NDCG@K (the metric its early stopping followed)."""
+    from sampan.tasks.next_item import paired_rank_comparison
+
+    ranked = []
+    for art in (a, b):
+        data = art.labelled(split_or_files)
+        task = art.evaluator.task
+        ranks, _ = task.ranks(art.model, data, art.evaluator.infer)
+        pos = np.asarray(data.labels[:, 0]) > 0.5 if data.labels is not None else None
+        rows = data if pos is None else data.take(np.flatnonzero(pos))
+        # the queries as raw values: the runs may number the items differently
+        items = _raw_values(art, task.target, np.asarray(rows.sparse[:, task.target]))
+        ranked.append((ranks, items, task))
+    (ra, ia, ta), (rb, ib, tb) = ranked
+    if len(ia) != len(ib) or not np.array_equal(ia, ib):
+        raise RunError(f"{a.run} and {b.run} do not rank the same queries ({len(ia):,} vs "
+                       f"{len(ib):,}, or different next items): a paired comparison needs "
+                       "the same data and split (or give the same --data files)")
+    cutoffs = tuple(sorted({*ta.cutoffs, *tb.cutoffs}))
+    metrics = paired_rank_comparison(ra, rb, cutoffs, resamples)
+    head = metrics[ta.default_metric]
+    return {"a": {"run": str(a.run), **{n: m["a"] for n, m in metrics.items()}},
+            "b": {"run": str(b.run), **{n: m["b"] for n, m in metrics.items()}},
+            "queries": len(ra), "resamples": resamples, "metric": ta.default_metric,
+            "diff": head["diff"], "diff_ci95": head["diff_ci95"],
+            "p_b_better": head["p_b_better"],
+            "metrics": {n: {k: m[k] for k in ("diff", "diff_ci95", "p_b_better")}
+                        for n, m in metrics.items()}}
+
+
+def _raw_values(art: RunArtifacts, column: int, ids: np.ndarray) -> np.ndarray:
+    """The raw values of sparse feature ``column``'s ids (text; ``""`` for padding and
+    OOV, and for a hashed feature the ids themselves as text)."""
+    from sampan.data.transforms import FIRST_VOCAB_ID
+
+    name = art.store.schema.sparse[column].name
+    enc = next(e for e in art.pipeline.categorical if e.spec.name == name)
+    vocab = getattr(enc, "vocab_", None)
+    if vocab is None:
+        return ids.astype(str)
+    named = (ids >= FIRST_VOCAB_ID) & (ids < FIRST_VOCAB_ID + len(vocab))
+    out = np.full(len(ids), "", dtype=object)
+    out[named] = np.asarray(vocab.take(ids[named] - FIRST_VOCAB_ID).to_pylist(), dtype=object)
+    return out

@@ -147,6 +147,11 @@ class StreamRun:
             # the resolved settings are the run's from now on: a resume plans the same
             self.cfg = cfg = cfg.model_copy(update={"train": trainer.tc})
             (run / "config.yaml").write_text(dump_config(cfg))
+            fit_data = getattr(trainer.model, "fit_data", None)
+            if self.from_run is None and fit_data is not None:
+                done = fit_data(data)
+                if done:
+                    self.console.print(done)
             if self.from_run is None and self.cfg.train.init_output_bias:
                 done = trainer.task.init_output_bias(trainer.model, data, trainer.device)
                 if done:

@@ -91,6 +91,7 @@ class Trainer:
         self.strategy = strategy = strategy or strategy_for(cfg.train)
         self.model = model = strategy.parallelize(model).to(self.device)
         self.task = make_task(model, train)
+        self.train_rows = train  # every row, for what a model reads from the data
         train = self.task.training_rows(train)
         self.train_data, self.valid_data = train, valid
         self.plan = plan_training(
@@ -212,6 +213,11 @@ class Trainer:
         if not self.log_metrics:
             raise RuntimeError("this Trainer was built with log_metrics=False (evaluation only)")
         if not resume:
+            fit_data = getattr(getattr(self.model, "module", self.model), "fit_data", None)
+            if fit_data is not None:  # what a model reads from the training rows
+                done = fit_data(self.train_rows)
+                if done:
+                    self.console.print(done)
             if self.tc.init_output_bias and self.warm_start is None:  # else: the LR's bias
                 done = self.task.init_output_bias(self.model, self.train_data, self.device)
                 if done:

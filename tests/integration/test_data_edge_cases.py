@@ -50,6 +50,40 @@ def test_join_column_clashes_and_labels_from_side_tables_fail(tmp_path):
                                                      labels=["label"]), RejectLog(None)))
 
 
+def test_json_map_side_table_joins_list_values(tmp_path):
+    """S3-Rec's item2attributes.json: one object {item: [attributes]}, gzipped or not,
+    joined as a list column (a parquet side table's list column too)."""
+    import gzip
+
+    main = tmp_path / "m.csv"
+    main.write_text("label,item\n1,4\n0,83\n1,999\n")
+    side = tmp_path / "attrs.json.gz"
+    with gzip.open(side, "wt") as f:
+        json.dump({"4": [1, 2, 3], "83": [4], "165": []}, f)
+    roles = ColumnRoles(numeric=["label"], categorical=["item"], lists=["attrs"],
+                        required=["label"])
+    join = {"path": str(side), "by": "item", "format": "json_map", "columns": ["item", "attrs"]}
+    cfg = DataConfig(train=str(main), joins=[join])
+    t = pa.concat_tables(read_source(cfg, str(main), roles, RejectLog(None)))
+    assert t.column("attrs").to_pylist() == [["1", "2", "3"], ["4"], None]
+    pq.write_table(pa.table({"item": ["4", "83"], "attrs": [["a", "b"], ["c"]]}),
+                   tmp_path / "attrs.parquet")
+    cfg = DataConfig(train=str(main), joins=[{"path": str(tmp_path / "attrs.parquet"),
+                                              "by": "item"}])
+    t = pa.concat_tables(read_source(cfg, str(main), roles, RejectLog(None)))
+    assert t.column("attrs").to_pylist() == [["a", "b"], ["c"], None]
+    bad = tmp_path / "list.json"
+    bad.write_text("[1, 2]")
+    cfg = DataConfig(train=str(main), joins=[{**join, "path": str(bad)}])
+    with pytest.raises(DataError, match=r"holds a JSON list; format json_map expects one "
+                       r"object \{key: value or \[values\]\}"):
+        list(read_source(cfg, str(main), roles, RejectLog(None)))
+    cfg = DataConfig(train=str(main), joins=[{**join, "columns": ["item"]}])
+    with pytest.raises(DataError, match=r"has two columns \(the key and its values\); "
+                       r"columns \['item'\] names 1"):
+        list(read_source(cfg, str(main), roles, RejectLog(None)))
+
+
 def test_jsonl_optional_keys_across_blocks(tmp_path):
     p = tmp_path / "d.jsonl"
     rows = [{"label": 1, "u": "a"}] * 50 + [{"label": 0, "u": "b", "price": 2.5}] * 50

@@ -67,3 +67,129 @@ def test_eval_ranks_a_two_tower_run_with_groups(tmp_path) -> None:
     for k in (5, 10, 20):
         assert 0.0 <= m[f"recall@{k}"] <= 1.0 and f"pop_recall@{k}" in m
     assert m["recall@5"] <= m["recall@10"] <= m["recall@20"]
+
+
+def _offline_top(art, history, n):
+    """The PyTorch model of the run over every item: ``[(item, logit)]``, best first."""
+    import numpy as np
+    import torch
+
+    from sampan.batch import Batch
+
+    enc = next(e for e in art.pipeline.categorical if e.spec.name == "item_id")
+    vocab = enc.vocab_.to_pylist()
+    ids = [2 + vocab.index(i) if i in vocab else 1 for i in history][-10:]
+    seq = torch.tensor([[0] * (10 - len(ids)) + ids])
+    model = art.model.eval()
+    with torch.no_grad():
+        state = model.user_state(Batch(dense=torch.zeros(1, 0), sparse=torch.zeros(
+            1, 1, dtype=torch.long), sequences={"hist_item_id": seq}))
+        scores = (state @ model.item_vectors().T)[0].numpy()
+    scores[:2] = -np.inf
+    best = np.argsort(-scores, kind="stable")[:n]
+    return [(vocab[i - 2], float(scores[i])) for i in best]
+
+
+def test_export_and_serve_top_k_from_the_live_history(sasrec_run, tmp_path) -> None:
+    """The bundle holds the user-state encoder and the item index: served top-K (REST and
+    gRPC) is the PyTorch model's over every item, for the history the bundle's user table
+    holds, for recent items sent in the request, and for the live history after events."""
+    import math
+
+    from sampan.client import Client, GrpcClient
+    from sampan.train.experiment import RunArtifacts
+    from tests.conftest import Served
+
+    bundle = tmp_path / "bundle"
+    p = subprocess.run([sys.executable, "-m", "sampan.cli", "export", str(sasrec_run),
+                        "--out", str(bundle)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert "retrieval for /v1/recommend: user tower user_tower.onnx" in " ".join(
+        p.stdout.split())
+    art = RunArtifacts(sasrec_run)
+    # each user's whole sequence, read here from the lines the run was built from
+    lines = (sasrec_run.parent / "seq.txt").read_text().split("\n")
+    seqs = {w[0]: w[1:] for w in (ln.split() for ln in lines) if w}
+
+    def check(ranking, history):
+        want = _offline_top(art, history, 20)
+        assert [i.item for i in ranking.items] == [i for i, _ in want]
+        for got, (_, logit) in zip(ranking.items, want, strict=True):
+            assert abs(got.retrieval_score - logit) < 1e-5
+            assert abs(got.score - 1 / (1 + math.exp(-logit))) < 1e-5
+
+    served = Served([str(bundle), "--set", "max_wait_ms=1"])
+    try:
+        with Client(served.url) as c, GrpcClient(served.grpc) as g:
+            for user in ("u0", "u7", "u123"):
+                r = c.recommend({"user_id": user}, n=20, k=20)
+                assert r.retrieved == 20 and not r.warnings
+                check(r, seqs[user])
+            recent = ["i5", "i6", "i13"]
+            check(c.recommend({"hist_item_id": recent}, n=20, k=20), recent)
+            check(g.recommend({"hist_item_id": recent}, n=20, k=20), recent)
+            assert c.events([{"user_id": "u7", "item_id": "i40"},
+                             {"user_id": "u7", "item_id": "i41"}]).accepted == 2
+            check(c.recommend({"user_id": "u7"}, n=20, k=20), seqs["u7"] + ["i40", "i41"])
+            check(g.recommend({"user_id": "u7"}, n=20, k=20), seqs["u7"] + ["i40", "i41"])
+            # no history: the same candidates for everyone, said; an unseen item, said
+            empty = c.recommend({"user_id": "nobody"}, n=20, k=20)
+            check(empty, [])
+            assert "holds no item the retrieval model knows" in empty.warnings[0]
+            odd = c.recommend({"hist_item_id": ["i5", "never-seen"]}, n=20, k=20)
+            check(odd, ["i5", "never-seen"])
+            assert odd.warnings == ["1 item(s) of the history 'hist_item_id' are unknown to "
+                                    "the retrieval model (not in its training data)"]
+    finally:
+        served.stop()
+
+
+def test_served_top_k_leaves_out_the_history_when_the_model_does(sasrec_run, tmp_path):
+    """``exclude_history`` (as the run's evaluation ranks): the history's items are not
+    candidates, and ``n`` items still come back."""
+    from sampan.export import export_run
+    from sampan.serving.retrieval import Retriever
+    from sampan.train.experiment import RunArtifacts
+
+    bundle = export_run(sasrec_run, tmp_path / "bundle", feature_tables=False)
+    retriever = Retriever(bundle)
+    assert retriever.exclude_history is False
+    retriever.exclude_history = True  # what a run with model.exclude_history exports
+    art = RunArtifacts(sasrec_run)
+    history = [i for i, _ in _offline_top(art, ["i5", "i6"], 3)] + ["i5"]
+    found, notes = retriever.search_with_notes({"hist_item_id": history}, 10)
+    want = [(i, s) for i, s in _offline_top(art, history, 30) if i not in history][:10]
+    assert [i for i, _ in found] == [i for i, _ in want] and not notes
+    assert max(abs(a - b) for (_, a), (_, b) in zip(found, want, strict=True)) < 1e-5
+
+
+def test_compare_two_next_item_runs_on_their_ranking_metrics(sasrec_run, tmp_path) -> None:
+    """`sampan compare` on next-item runs: every ranking metric of both (each equal to the
+    run's own evaluation), and the paired bootstrap of the difference over the users. It
+    crashed (an AUC of runs that have none)."""
+    from sampan.train.experiment import RunArtifacts
+
+    cfg = json.loads(json.dumps(RunArtifacts(sasrec_run).cfg.model_dump(mode="json")))
+    other = tmp_path / "hstu"
+    run(other, {"data": cfg["data"], "features": cfg["features"],
+                "model": {"name": "hstu", "embedding_dim": 16, "heads": 2},
+                "train": {**TRAIN, "epochs": 2, "batch_size": 64, "lr": 0.005}})
+    hstu_run = other / "run-hstu"
+    p = subprocess.run([sys.executable, "-m", "sampan.cli", "compare", str(sasrec_run),
+                        str(hstu_run), "--resamples", "300"], capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)
+    assert r["queries"] == 300 and r["metric"] == "ndcg@10"
+    for side, path in (("a", sasrec_run), ("b", hstu_run)):
+        own = RunArtifacts(path).evaluate("test")
+        for name in ("ndcg@10", "hitrate@20", "mrr"):
+            assert r[side][name] == pytest.approx(own[name], abs=1e-9)
+    for name, m in r["metrics"].items():
+        assert m["diff"] == pytest.approx(r["b"][name] - r["a"][name], abs=1e-12)
+        assert m["diff_ci95"][0] <= m["diff"] <= m["diff_ci95"][1]
+    assert r["diff"] == r["metrics"]["ndcg@10"]["diff"]
+    same = subprocess.run([sys.executable, "-m", "sampan.cli", "compare", str(sasrec_run),
+                           str(sasrec_run)], capture_output=True, text=True, timeout=300)
+    s = json.loads(same.stdout)
+    assert s["diff"] == 0.0 and s["diff_ci95"] == [0.0, 0.0] and s["p_b_better"] == 0.0

@@ -162,3 +162,56 @@ def test_cosine_similarity_scores_cos_over_temperature() -> None:
         item = items[torch.from_numpy(data.sparse[:, 0])]
         cos = torch.nn.functional.cosine_similarity(state, item)
     torch.testing.assert_close(logit, cos / 0.05, rtol=1e-5, atol=1e-5)
+
+
+ATTR_SCHEMA = DataSchema(dense=[], sparse=[SparseFeatureSpec("item", N_ITEMS)],
+                         sequences=[SequenceFeatureSpec("hist", L, "item"),
+                                    SequenceFeatureSpec("attrs", 3, "attrs", "mean")],
+                         own_tables=[SparseFeatureSpec("attrs", 10)], labels=["label"])
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_item_features_add_the_mean_of_each_items_attributes(name) -> None:
+    """An item's vector is its own embedding plus the mean of its attributes' embeddings,
+    read from the training rows (the attributes of each row's next item), for the history
+    and the catalogue alike."""
+    cls = MODELS[name]
+    torch.manual_seed(0)
+    m = cls(ATTR_SCHEMA, cls.Config(embedding_dim=8, heads=2, item_features=["attrs"]))
+    m.eval()
+    data = split()
+    target = data.sparse[:, 0]
+    attrs = np.zeros((len(data), 3), np.int64)
+    attrs[:, 0] = 2 + target % 4  # each item's first attribute: its id mod 4
+    attrs[target % 2 == 0, 1] = 9  # and 9 for even ids
+    data.sequences["attrs"] = attrs
+    note = m.fit_data(data)
+    known = {int(t) for t in target if t >= 2}
+    assert note == f"item attributes: attrs for {len(known)} of {N_ITEMS - 2} items"
+    table = m.attributes_attrs.numpy()
+    assert not table[:2].any()  # padding and OOV have none
+    for t in known:
+        assert table[t].tolist() == [2 + t % 4, 9 if t % 2 == 0 else 0, 0]
+    emb = m.embedding
+    own = emb.lookup(torch.zeros(0, len(emb.offsets), dtype=torch.long),
+                     {"hist": torch.arange(N_ITEMS).unsqueeze(0)})[1]["hist"][0]
+    attr_rows = emb.lookup(torch.zeros(0, len(emb.offsets), dtype=torch.long),
+                           {"attrs": torch.arange(10).unsqueeze(0)})[1]["attrs"][0]
+    with torch.no_grad():
+        got = m._lookup(torch.arange(N_ITEMS))
+    for t in range(N_ITEMS):
+        a = [int(x) for x in table[t] if x]
+        want = own[t] + (attr_rows[a].mean(0) if a else 0)
+        assert torch.allclose(got[t], want, atol=1e-6), t
+    # the buffer travels with the weights
+    fresh = cls(ATTR_SCHEMA, cls.Config(embedding_dim=8, heads=2, item_features=["attrs"]))
+    fresh.load_state_dict(m.state_dict())
+    assert torch.equal(fresh.attributes_attrs, m.attributes_attrs)
+
+
+def test_item_features_must_name_a_list_of_the_data() -> None:
+    from sampan.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"names 'brand', which is not a list feature of "
+                       r"the item; the data's lists: \['attrs'\]"):
+        SASRec(ATTR_SCHEMA, SASRec.Config(embedding_dim=8, item_features=["brand"]))
