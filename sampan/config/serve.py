@@ -193,6 +193,17 @@ class ServeConfig(_Strict):
     max_records: int = Field(10_000, gt=0, description="records or candidates per request")
     max_body_bytes: int = Field(8 << 20, gt=0, description="the largest HTTP request body "
                                 "accepted, in bytes; a larger one is refused with 413")
+    max_inflight: int = Field(64, gt=0, description="requests one worker works on at once "
+                              "on the routes that take a body (HTTP and gRPC alike); past it "
+                              "a request is answered 503 with Retry-After (RESOURCE_EXHAUSTED "
+                              "over gRPC) before its body is read, and counted in "
+                              "sampan_overloaded")
+    max_inflight_bytes: int = Field(32 << 20, gt=0, description="request body bytes one "
+                                    "worker works on at once (a request's Content-Length, or "
+                                    "max_body_bytes when it gives none): what bounds the "
+                                    "memory of large concurrent requests; past it 503 as "
+                                    "for max_inflight, except that a worker with nothing in "
+                                    "flight always takes the request")
     item_key: str = Field("item_id", description="the raw column /v1/rank fills with the "
                           "candidate ids")
     unit_key: str = Field("user_id", description="the request field (context or record) "

@@ -53,6 +53,12 @@ class SplitArrays:
                   *(self.sequences or {}).values()]
         return sum(a.nbytes for a in arrays if a is not None)
 
+    def positive_rows(self) -> np.ndarray:
+        """Indices of the rows whose first label is 1 (every row without labels)."""
+        if self.labels is None:
+            return np.arange(len(self))
+        return np.flatnonzero(np.asarray(self.labels[:, 0]) > 0.5)
+
     def take(self, rows: np.ndarray) -> SplitArrays:
         """The rows ``rows`` (indices or a boolean mask) of every array, as a new in-memory
         split."""

@@ -101,9 +101,7 @@ class NextItemEncoder(nn.Module):
         attributes of a row's next item. Returns what it found, for the run header."""
         if not self.item_features:
             return None
-        from sampan.tasks.next_item import positive_rows
-
-        rows = positive_rows(train)
+        rows = train.positive_rows()
         target = np.asarray(train.sparse[rows, self.target_column])
         found = []
         for n in self.item_features:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from sampan.errors import RequestError
+from sampan.serving.metrics import release_memory
 
 PROTO = "sampan_scoring.proto"
 SERVICE = "sampan.v1.Scoring"
@@ -175,6 +176,11 @@ def start_grpc(state: Any, host: str, port: int, threads: int = 16):  # type: ig
         def call(data: bytes, context: Any) -> Any:
             t0 = time.perf_counter()
             code = grpc.StatusCode.OK
+            refused = state.admission.enter(route, len(data))
+            if refused is not None:
+                state.observe(route, "RESOURCE_EXHAUSTED", 0.0)
+                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                              state.admission.message(refused))
             try:
                 return fn(data, context)
             except RequestError as e:
@@ -190,12 +196,29 @@ def start_grpc(state: Any, host: str, port: int, threads: int = 16):  # type: ig
                                     "has the traceback")
             finally:
                 state.observe(route, code.name, time.perf_counter() - t0)
+                if state.admission.leave(len(data)):
+                    release_memory()
 
         return grpc.unary_unary_rpc_method_handler(
             call, request_deserializer=None,  # raw bytes: parsed in the handler
             response_serializer=response_class.SerializeToString)
 
-    server = grpc.server(ThreadPoolExecutor(max_workers=threads))
+    class CountUnknown(grpc.ServerInterceptor):
+        """Counts a call to a method the service does not have (``UNIMPLEMENTED``) as
+        route ``grpc/other``, as the HTTP server counts an unknown path."""
+
+        def intercept_service(self, continuation: Any, details: Any) -> Any:
+            found = continuation(details)
+            if found is None:
+                state.observe("grpc/other", "UNIMPLEMENTED", 0.0)
+            return found
+
+    # messages as large as the HTTP bodies the server takes (gRPC's own default is 4 MiB)
+    size = state.cfg.max_body_bytes
+    server = grpc.server(ThreadPoolExecutor(max_workers=threads),
+                         interceptors=[CountUnknown()],
+                         options=[("grpc.max_receive_message_length", size),
+                                  ("grpc.max_send_message_length", -1)])
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {
         "Predict": handler("Predict", predict, pb.PredictResponse),
         "Rank": handler("Rank", rank, pb.RankResponse),

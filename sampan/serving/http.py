@@ -15,6 +15,7 @@ from typing import Any
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 
+from sampan.serving.metrics import release_memory
 from sampan.serving.predictor import RequestError
 from sampan.serving.schemas import (
     ErrorBody,
@@ -38,6 +39,10 @@ from sampan.serving.service import (
     ServingBundleError,
 )
 
+# the routes whose work is admitted against max_inflight / max_inflight_bytes
+ADMITTED = frozenset({"/v1/predict", "/v1/rank", "/v1/recommend", "/v1/events",
+                      "/v1/feedback"})
+
 
 class ErrorResponse(JSONResponse):
     """A JSON error body that renders whatever the message echoes: non-ASCII (a lone
@@ -48,7 +53,7 @@ class ErrorResponse(JSONResponse):
 
 
 def error(status: int, message: str, field: str | None = None,
-          record: int | None = None) -> JSONResponse:
+          record: int | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
     """The error reply of every route: ``{"error", "field", "record"}``; a message or field
     that quotes a long input is cut (a reply never echoes a client's megabyte back)."""
     if len(message) > MAX_ERROR_CHARS:
@@ -57,7 +62,7 @@ def error(status: int, message: str, field: str | None = None,
     if field is not None and len(field) > 200:
         field = field[:200] + "..."
     return ErrorResponse({"error": message, "field": field, "record": record},
-                         status_code=status)
+                         status_code=status, headers=headers)
 
 
 MAX_ERROR_CHARS = 2000
@@ -111,9 +116,18 @@ class Guard:
             return message
 
         size = dict(scope.get("headers") or ()).get(b"content-length", b"")
+        route = scope.get("path", "")
+        route = route if route in ROUTES else "other"
+        cost = int(size) if size.isdigit() else limit
+        admitted = False
         if size.isdigit() and int(size) > limit:
             over[0] = True
+        elif scope.get("method") == "POST" and route in ADMITTED and (
+                refused := self.state.admission.enter(route, cost)) is not None:
+            await error(503, self.state.admission.message(refused), refused,
+                        headers={"Retry-After": "1"})(scope, receive, send_out)
         else:
+            admitted = scope.get("method") == "POST" and route in ADMITTED
             try:
                 await self.app(scope, receive_limited, send_app)
             except Exception as e:  # noqa: BLE001 - every failure gets a JSON reply
@@ -128,9 +142,11 @@ class Guard:
             given = f"of {int(size)} bytes " if size.isdigit() else ""
             await error(413, f"request body {given}exceeds the limit of {limit} bytes",
                         "body")(scope, receive, send_out)
-        route = scope.get("path", "")
-        route = route if route in ROUTES else "other"
         self.state.observe(route, str(status[0] or 500), time.perf_counter() - t0)
+        if admitted and self.state.admission.leave(cost):
+            from starlette.concurrency import run_in_threadpool
+
+            await run_in_threadpool(release_memory)  # after the reply: no latency
 
 
 
@@ -228,6 +244,54 @@ def _depth(body: bytes) -> int:
     return deepest
 
 
+def _value_of(vocab: Any, i: int = 0) -> str | None:
+    return str(vocab[i].as_py()) if vocab is not None and len(vocab) > i else None
+
+
+def request_examples(state: ServerState | None) -> dict[str, dict[str, Any]]:
+    """Request bodies for the served bundle's own features (what ``/docs`` and the OpenAPI
+    document show): a record with every raw column (a value of its vocabulary, a typical
+    number), a context without the item's columns, candidates and events of real ids."""
+    predictor = state.arms[state.control].predictor if state is not None else None
+    if predictor is None:  # no bundle (the reference page): the generic examples
+        return {}
+    pipe = predictor.pipeline
+    value: dict[str, Any] = {}
+    for e in pipe.categorical:
+        for c in e.spec.cross or [e.spec.column or e.spec.name]:
+            value[c] = _value_of(getattr(e, "vocab_", None)) if not e.spec.cross else "a"
+            if e.spec.bucketize != "none":
+                value[c] = 1.0
+    for n in pipe.numeric:
+        value[n.spec.column or n.spec.name] = round(float(n.fill_ or 0.0), 4)
+    for li in pipe.lists:
+        for c in li.spec.flags or [li.spec.column or li.spec.name]:
+            first = _value_of(getattr(li.vocab, "vocab_", None))
+            value[c] = 1.0 if li.spec.flags else [first] if first is not None else []
+    record = {c: value.get(c) for c in predictor.columns if c not in predictor.optional}
+    item_key, unit_key = state.cfg.item_key, state.cfg.unit_key
+    items = next((getattr(e, "vocab_", None) for e in pipe.categorical
+                  if (e.spec.column or e.spec.name) == item_key), None)
+    tables = state.store.tables if state.store is not None else None
+    item_columns = set(tables.tables[item_key].columns) \
+        if tables is not None and item_key in tables.keys else set()
+    context = {c: v for c, v in record.items() if c != item_key and c not in item_columns}
+    user = context.get(unit_key) or (str(tables.tables[unit_key].keys[0].as_py())
+                                     if tables is not None and unit_key in tables.keys
+                                     else "user-1" if state.live is not None
+                                     and state.live.key == unit_key else None)
+    out: dict[str, dict[str, Any]] = {"PredictRequest": {"records": [record]}}
+    if items is not None and len(items) > 1:
+        out["RankRequest"] = {"context": context, "candidates": [
+            _value_of(items, 0), _value_of(items, 1)], "k": 2}
+        if user is not None and state.live is not None and state.live.key == unit_key:
+            out["EventsRequest"] = {"events": [{unit_key: user, item_key: _value_of(items)}]}
+    out["RecommendRequest"] = {"context": {unit_key: user} if user is not None and (
+        state.retrieval_store is None or unit_key in state.retrieval_store.keys) else context,
+        "n": 100, "k": 10}
+    return out
+
+
 def create_app(state: ServerState):  # type: ignore[no-untyped-def]
     from fastapi import FastAPI
     from fastapi.concurrency import run_in_threadpool
@@ -262,6 +326,20 @@ def create_app(state: ServerState):  # type: ignore[no-untyped-def]
     app.router.route_class = StrictRoute
     app.state.sampan = state
     app.add_middleware(Guard, state=state)
+    generic_openapi = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        """FastAPI's document, with request examples of the served bundle's features."""
+        if app.openapi_schema is None:
+            doc = generic_openapi()
+            schemas = doc.get("components", {}).get("schemas", {})
+            for name, body in request_examples(state).items():
+                if name in schemas:
+                    schemas[name]["examples"] = [body]
+            app.openapi_schema = doc
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError):  # type: ignore
@@ -302,17 +380,25 @@ def create_app(state: ServerState):  # type: ignore[no-untyped-def]
         return error(400, str(exc), exc.field, exc.record)
 
     errors = {400: {"model": ErrorBody, "description": "a bad request, naming the field"},
+              413: {"model": ErrorBody, "description": "a body over max_body_bytes"},
               415: {"model": ErrorBody, "description": "a body that is not UTF-8 JSON"},
               422: {"model": ErrorBody, "description": "a body of the wrong shape, or JSON "
-                    "the server does not take (a repeated key, NaN, ...), saying which"}}
+                    "the server does not take (a repeated key, NaN, ...), saying which"},
+              503: {"model": ErrorBody, "description": "the worker is at max_inflight or "
+                    "max_inflight_bytes (header Retry-After: 1); or no model is loaded"}}
+    admin = {**{c: errors[c] for c in (400, 413, 415, 422)},
+             401: {"model": ErrorBody, "description": "missing or wrong bearer token"},
+             403: {"model": ErrorBody, "description": "no admin token is configured: the "
+                   "admin routes are disabled"}}
 
     def doc(model: Any, more: dict[int, Any] | None = None) -> dict[str, Any]:
         return {"response_model": None, "responses": {200: {"model": model}, **errors,
                                                       **(more or {})}}
 
-    def example(value: Any, media: str = "application/json") -> dict[str, Any]:
+    def example(value: Any, media: str = "application/json",
+                more: dict[int, Any] | None = None) -> dict[str, Any]:
         return {"response_model": None, "responses": {200: {"content": {media: {
-            "example": value}}}}}
+            "example": value}}}, **(more or {})}}
 
     @app.get("/healthz", **example({"status": "ok"}))
     async def healthz() -> dict[str, str]:
@@ -321,7 +407,9 @@ def create_app(state: ServerState):  # type: ignore[no-untyped-def]
 
     @app.get("/readyz", **example({"status": "ready", "model": "din",
                                    "version": "din@2026-12-01T22:28:29+0000",
-                                   "labels": ["label"], "worker": 4242}))
+                                   "labels": ["label"], "worker": 4242},
+                                  more={503: {"model": ErrorBody,
+                                              "description": "no model loaded yet"}}))
     async def readyz():  # type: ignore[no-untyped-def]
         """A model is loaded and answering (503 before); with --watch, the published
         version served; with a feedback log, its counts."""
@@ -468,8 +556,10 @@ def create_app(state: ServerState):  # type: ignore[no-untyped-def]
                               "'Authorization: Bearer <token>'", "authorization")
         return None
 
-    @app.post("/v1/admin/rollback", **example({"status": "rolled back", "version": 6,
-                                               "model_version": "din@2026-12-01T22:28:29"}))
+    @app.post("/v1/admin/rollback", **example(
+        {"status": "rolled back", "version": 6, "model_version": "din@2026-12-01T22:28:29"},
+        more={**admin, 409: {"model": ErrorBody, "description": "no watched model "
+                             "directory, or no earlier version to go back to"}}))
     async def rollback(request: Request, variant: str | None = None):  # type: ignore
         """Back to the version served before (with --watch; ``?variant=`` for an arm of an
         experiment, default control); it is held until a newer version than the one
@@ -490,9 +580,11 @@ def create_app(state: ServerState):  # type: ignore[no-untyped-def]
         return {"status": "rolled back", "version": back["version"],
                 "model_version": arm.predictor.version if arm.predictor else None}
 
-    @app.post("/v1/admin/weights", **example({"weights": {"control": 80.0, "candidate": 20.0},
-                                              "buckets": {"control": 8000, "candidate": 2000},
-                                              "moved_buckets": 1000}))
+    @app.post("/v1/admin/weights", **example(
+        {"weights": {"control": 80.0, "candidate": 20.0},
+         "buckets": {"control": 8000, "candidate": 2000}, "moved_buckets": 1000},
+        more={**admin, 409: {"model": ErrorBody, "description": "no experiment is "
+                             "served, or the weights do not name its arms"}}))
     async def weights(req: WeightsRequest, request: Request):  # type: ignore
         """New weights for the experiment's arms (bearer token): only the users of the
         buckets that must move change arm, from the arms that shrink to those that grow;
@@ -504,8 +596,10 @@ def create_app(state: ServerState):  # type: ignore[no-untyped-def]
         except ConflictError as e:
             return error(409, str(e), e.field)
 
-    @app.post("/v1/admin/reload", **example({"status": "reloaded", "model": "din",
-                                             "version": "din@2026-12-01T22:28:29+0000"}))
+    @app.post("/v1/admin/reload", **example(
+        {"status": "reloaded", "model": "din", "version": "din@2026-12-01T22:28:29+0000"},
+        more={**admin, 409: {"model": ErrorBody, "description": "an arm other than "
+                             "control with --workers N"}}))
     async def reload(req: ReloadRequest, request: Request):  # type: ignore
         """Swap in other bundles between two model calls (bearer token)."""
         if (denied := admin_denied(request, "reload")) is not None:
@@ -536,6 +630,7 @@ def create_app(state: ServerState):  # type: ignore[no-untyped-def]
             out.update(model=predictor.bundle.manifest.get("model"), version=predictor.version)
         if retriever is not None:
             out["retrieval_version"] = retriever.predictor.version
+        app.openapi_schema = None  # its examples follow the bundle
         state.reloads.labels("ok").inc()
         return out
 

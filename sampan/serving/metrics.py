@@ -1,9 +1,11 @@
-"""Serving metrics beyond prometheus_client's own: latency percentiles per route."""
+"""Serving metrics beyond prometheus_client's own: latency percentiles per route, and the
+admission of work in flight."""
 
 from __future__ import annotations
 
 import os
 import threading
+from typing import Any
 
 import numpy as np
 
@@ -100,3 +102,71 @@ class FeedbackCounts:
         for what, n in pending.items():
             g.add_metric([what], n)
         yield g
+
+
+class Admission:
+    """The work one worker has in flight on the routes that take a body: requests, and
+    their body bytes (HTTP: the ``Content-Length``, else ``max_body_bytes``; gRPC: the
+    message). :meth:`enter` refuses past ``max_inflight`` requests or ``max_inflight_bytes``
+    (a worker with nothing in flight takes any request), counting the refusal in
+    ``sampan_overloaded{route,limit}``; :meth:`leave` says when a burst has ended (nothing
+    left in flight after ``TRIM_AFTER`` bytes), the moment to hand freed memory back to
+    the system (:func:`release_memory`)."""
+
+    TRIM_AFTER = 16 << 20
+
+    def __init__(self, max_requests: int, max_bytes: int, registry: Any):
+        from prometheus_client import Counter
+
+        self.max_requests, self.max_bytes = max_requests, max_bytes
+        self.requests = self.bytes = self.since_trim = 0
+        self._lock = threading.Lock()
+        self.refused = Counter("sampan_overloaded", "Requests refused (HTTP 503, gRPC "
+                               "RESOURCE_EXHAUSTED) because the worker was at max_inflight "
+                               "or max_inflight_bytes", ["route", "limit"], registry=registry)
+
+    def enter(self, route: str, cost: int) -> str | None:
+        """Take a request of ``cost`` bytes, or return the limit it would pass."""
+        with self._lock:
+            if self.requests >= self.max_requests:
+                limit = "max_inflight"
+            elif self.requests and self.bytes + cost > self.max_bytes:
+                limit = "max_inflight_bytes"
+            else:
+                self.requests += 1
+                self.bytes += cost
+                return None
+        self.refused.labels(route, limit).inc()
+        return limit
+
+    def leave(self, cost: int) -> bool:
+        with self._lock:
+            self.requests -= 1
+            self.bytes -= cost
+            self.since_trim += cost
+            if self.requests or self.since_trim < self.TRIM_AFTER:
+                return False
+            self.since_trim = 0
+            return True
+
+    def message(self, limit: str) -> str:
+        what = f"{self.max_requests} requests" if limit == "max_inflight" else \
+            f"{self.max_bytes} body bytes"
+        return (f"the server is at its limit of work in flight ({limit}: {what}); "
+                "retry shortly")
+
+
+def release_memory() -> None:
+    """Hand memory freed after a burst of large requests back to the system: Arrow's pool
+    and glibc's heap (which keeps freed pages otherwise)."""
+    import ctypes
+    import ctypes.util
+
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()
+    name = ctypes.util.find_library("c")
+    if name:
+        libc = ctypes.CDLL(name)
+        if hasattr(libc, "malloc_trim"):
+            libc.malloc_trim(0)

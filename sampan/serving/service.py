@@ -131,6 +131,9 @@ class ServerState:
 
         self.window = LatencyWindow()
         self.registry.register(self.window)
+        from sampan.serving.metrics import Admission
+
+        self.admission = Admission(cfg.max_inflight, cfg.max_inflight_bytes, self.registry)
         self.batcher = MicroBatcher(cfg.max_batch_rows, cfg.max_wait_ms, self._on_batch)
         self._lock = threading.Lock()
         self.sync: ReloadSync | None = None  # set in each worker of `--workers N`

@@ -39,13 +39,6 @@ from sampan.data.store import SplitArrays
 CUTOFFS = (5, 10, 20)
 
 
-def positive_rows(data: SplitArrays) -> np.ndarray:
-    """Rows whose first label is 1 (every row without labels)."""
-    if data.labels is None:
-        return np.arange(len(data))
-    return np.flatnonzero(np.asarray(data.labels[:, 0]) > 0.5)
-
-
 def rank_metrics(ranks: np.ndarray, cutoffs: tuple[int, ...]) -> dict[str, float]:
     """HitRate@K, NDCG@K (one relevant item per query) and MRR of 1-based ``ranks`` (inf:
     a miss).
@@ -134,7 +127,7 @@ class NextItemTask:
         self.last_ranks: np.ndarray | None = None
         self.temperature = (1.0 / float(model.scale) ** 2) if getattr(model, "cosine", False) \
             else None
-        pos = positive_rows(train)
+        pos = train.positive_rows()
         items = np.asarray(train.sparse[pos, self.target]) if len(train) else np.zeros(0, int)
         self.popularity = np.bincount(items, minlength=self.n_items).astype(np.float64)
 
@@ -161,7 +154,7 @@ class NextItemTask:
     def training_rows(self, train: SplitArrays) -> SplitArrays:
         """Positive rows; with groups (users), each user's longest history only (its
         positions hold every shorter row's example)."""
-        pos = positive_rows(train)
+        pos = train.positive_rows()
         if train.group is None or not len(pos):
             return train if len(pos) == len(train) else train.take(pos)
         hist = np.asarray(train.sequences[self.history])[pos]
@@ -230,7 +223,7 @@ class NextItemTask:
               infer: Callable[[Callable, Any], torch.Tensor]) -> tuple[np.ndarray, np.ndarray]:
         """The 1-based rank of each positive row's item among every item, for the model and
         for popularity (inf: an item unseen in training)."""
-        pos = positive_rows(data)
+        pos = data.positive_rows()
         if not len(pos):
             return np.zeros(0), np.zeros(0)
         rows = data.take(pos)

@@ -32,13 +32,6 @@ from sampan.embedding.collection import EmbeddingCollection
 from sampan.metrics import ranking_metrics
 
 
-def positive_rows(data: SplitArrays) -> np.ndarray:
-    """Indices of rows whose first label is 1 (every row when the data has no labels)."""
-    if data.labels is None:
-        return np.arange(len(data))
-    return np.flatnonzero(np.asarray(data.labels[:, 0]) > 0.5)
-
-
 def _csr(keys: np.ndarray, values: np.ndarray, n_keys: int) -> tuple[np.ndarray, np.ndarray]:
     """``(offsets [n_keys + 1], values sorted by key)``: values of key ``k`` are
     ``sorted[offsets[k]:offsets[k + 1]]``."""
@@ -86,7 +79,7 @@ class RetrievalTask:
         items = np.asarray(train.sparse[:, self.item_col])
         users = np.asarray(train.sparse[:, self.user_col])
         self.n_items = int(model.item_cardinality)
-        pos = positive_rows(train)
+        pos = train.positive_rows()
         counts = np.bincount(items[pos], minlength=self.n_items).astype(np.float64)
         self.popularity = counts
         q = counts / max(counts.sum(), 1.0)
@@ -107,7 +100,7 @@ class RetrievalTask:
 
     def training_rows(self, train: SplitArrays) -> SplitArrays:
         """Only positive rows are trained on (the negatives come from the batch)."""
-        pos = positive_rows(train)
+        pos = train.positive_rows()
         self.trained, self.left_out = len(pos), len(train) - len(pos)
         return train if len(pos) == len(train) else train.take(pos)
 
@@ -160,7 +153,7 @@ class RetrievalTask:
     # ----------------------------------------------------------------- evaluation
     def evaluate(self, model: nn.Module, data: SplitArrays,
                  infer: Callable[[Callable, Any], torch.Tensor]) -> dict[str, float]:
-        pos = positive_rows(data)
+        pos = data.positive_rows()
         users = np.asarray(data.sparse[pos, self.user_col])
         # users unknown to training (OOV id 1, or a dynamic table's key without a row: both
         # read a shared row) cannot be told apart: not queries

@@ -136,6 +136,17 @@ def test_export_and_serve_top_k_from_the_live_history(sasrec_run, tmp_path) -> N
             empty = c.recommend({"user_id": "nobody"}, n=20, k=20)
             check(empty, [])
             assert "holds no item the retrieval model knows" in empty.warnings[0]
+            # the OpenAPI document's examples are this bundle's, and each is taken
+            import httpx
+
+            schemas = httpx.get(f"{served.url}/openapi.json").json()["components"]["schemas"]
+            for name, route in (("PredictRequest", "predict"), ("RankRequest", "rank"),
+                                ("RecommendRequest", "recommend"), ("EventsRequest", "events")):
+                body = schemas[name]["examples"][0]
+                r = httpx.post(f"{served.url}/v1/{route}", json=body)
+                assert r.status_code == 200, (name, body, r.text)
+            assert set(schemas["PredictRequest"]["examples"][0]["records"][0]) == {
+                "item_id", "hist_item_id"}
             odd = c.recommend({"hist_item_id": ["i5", "never-seen"]}, n=20, k=20)
             check(odd, ["i5", "never-seen"])
             assert odd.warnings == ["1 item(s) of the history 'hist_item_id' are unknown to "

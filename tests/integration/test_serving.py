@@ -1048,3 +1048,121 @@ def test_recommend_warns_about_a_user_the_retrieval_model_never_saw(server):
     with grpc.insecure_channel(f"127.0.0.1:{gport}") as ch:
         reply = svc.ScoringStub(ch).Recommend(pb.RecommendRequest(context=ctx, n=10, k=3))
     assert any("'u999' is unknown" in w for w in reply.warnings)
+
+
+def _held_request(url: str, path: str, length: int):
+    """A POST whose body is announced (Content-Length) and not yet sent: the server holds
+    it in flight until :func:`_finish` sends the body."""
+    import socket
+
+    host, port = url.removeprefix("http://").split(":")
+    s = socket.create_connection((host, int(port)))
+    s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              f"Content-Length: {length}\r\n\r\n".encode())
+    return s
+
+
+def _finish(s, body: bytes) -> int:
+    s.sendall(body)
+    reply = b""
+    while b"\r\n\r\n" not in reply:
+        reply += s.recv(65536)
+    s.close()
+    return int(reply.split(b" ", 2)[1])
+
+
+def test_work_in_flight_is_bounded_with_503_and_counted(bundles):
+    """Issue 45 item 1: past max_inflight requests, or max_inflight_bytes of bodies, a
+    request is refused at once with 503 and Retry-After (its body unread) and counted in
+    /metrics; a worker with nothing in flight takes any request the body limit allows."""
+    srv = Served([str(bundles[0]), "--set", "max_inflight=2", "--set",
+                  "max_inflight_bytes=1000", "--set", "max_wait_ms=1"])
+    ok = {"records": [{"user_id": "u1", "item_id": "i2"}]}
+    try:
+        big = json.dumps({"records": [{"user_id": "u1", "item_id": "i2"}] * 100}).encode()
+        assert len(big) > 1000  # alone, over max_inflight_bytes: taken all the same
+        assert httpx.post(f"{srv.url}/v1/predict", content=big, headers={
+            "content-type": "application/json"}).status_code == 200
+        body = json.dumps(ok).encode()
+        held = _held_request(srv.url, "/v1/predict", 800)
+        time.sleep(0.3)
+        r = httpx.post(f"{srv.url}/v1/predict", content=b" " * 300 + body,
+                       headers={"content-type": "application/json"})
+        assert r.status_code == 503 and r.headers["retry-after"] == "1"
+        assert r.json()["field"] == "max_inflight_bytes"
+        assert "max_inflight_bytes: 1000 body bytes" in r.json()["error"]
+        assert httpx.post(f"{srv.url}/v1/predict", json=ok).status_code == 200  # fits
+        second = _held_request(srv.url, "/v1/rank", 10)
+        time.sleep(0.3)
+        r = httpx.post(f"{srv.url}/v1/predict", json=ok)
+        assert r.status_code == 503 and r.json()["field"] == "max_inflight"
+        assert httpx.get(f"{srv.url}/healthz").status_code == 200  # not a scoring route
+        assert _finish(held, body + b" " * (800 - len(body))) == 200
+        assert _finish(second, b"{}" + b" " * 8) == 422
+        assert httpx.post(f"{srv.url}/v1/predict", json=ok).status_code == 200
+        metrics = httpx.get(f"{srv.url}/metrics").text
+        assert 'sampan_overloaded_total{limit="max_inflight_bytes",route="/v1/predict"} 1.0' \
+            in metrics
+        assert 'sampan_overloaded_total{limit="max_inflight",route="/v1/predict"} 1.0' \
+            in metrics
+        assert 'sampan_requests_total{route="/v1/predict",status="503"} 2.0' in metrics
+    finally:
+        srv.stop()
+
+
+def test_grpc_takes_messages_as_large_as_rest_and_counts_unknown_methods(bundles):
+    """Issue 45 item 8: gRPC refused a 5 MB Predict (its default 4 MiB cap) that REST took;
+    a call to a method the service lacks was not counted. Messages are now held to REST's
+    max_body_bytes (default 8 MiB)."""
+    import grpc
+    from google.protobuf.struct_pb2 import Struct
+
+    from sampan.serving.grpc_server import stubs
+
+    srv = Served([str(bundles[0]), "--set", "max_wait_ms=1"])
+    pb, svc = stubs()
+    rec = Struct()
+    rec.update({"user_id": "u1", "item_id": "i2", "city": "c" * 600})
+    try:
+        with grpc.insecure_channel(srv.grpc, options=[
+                ("grpc.max_send_message_length", -1)]) as ch:
+            request = pb.PredictRequest(records=[rec] * 7000)
+            assert 4 << 20 < request.ByteSize() < 8 << 20
+            reply = svc.ScoringStub(ch).Predict(request)
+            assert len(reply.probabilities) == 7000
+            with pytest.raises(grpc.RpcError) as e:  # past max_body_bytes, as REST's 413
+                svc.ScoringStub(ch).Predict(pb.PredictRequest(records=[rec] * 14000))
+            assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            missing = ch.unary_unary("/sampan.v1.Scoring/Nope")
+            with pytest.raises(grpc.RpcError) as e:
+                missing(b"")
+            assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        metrics = httpx.get(f"{srv.url}/metrics").text
+        assert 'sampan_requests_total{route="grpc/other",status="UNIMPLEMENTED"} 1.0' \
+            in metrics
+    finally:
+        srv.stop()
+
+
+def test_openapi_examples_are_the_bundles_and_codes_are_complete(server):
+    """Issue 45 item 3: the document's examples used user_id / item_id whatever the bundle
+    read, and left out status codes the server returns. Each example is now sent as it is
+    and answered 200."""
+    url, _ = server
+    doc = httpx.get(f"{url}/openapi.json").json()
+    schemas = doc["components"]["schemas"]
+    routes = {"PredictRequest": "/v1/predict", "RankRequest": "/v1/rank",
+              "RecommendRequest": "/v1/recommend"}  # events: no live history here
+    record = schemas["PredictRequest"]["examples"][0]["records"][0]
+    assert set(record) == {"user_id", "item_id", "age", "city", "price", "brand"}
+    for name, route in routes.items():
+        body = schemas[name]["examples"][0]
+        r = httpx.post(f"{url}{route}", json=body)
+        assert r.status_code == 200, (name, body, r.text)
+    paths = doc["paths"]
+    codes = {p: set(paths[p]["post"]["responses"]) for p in paths if "post" in paths[p]}
+    assert {"401", "403", "400", "409"} <= codes["/v1/admin/reload"]
+    assert {"401", "403", "409"} <= codes["/v1/admin/rollback"]
+    for route in ("/v1/predict", "/v1/rank", "/v1/recommend", "/v1/events"):
+        assert {"413", "503"} <= codes[route], route
+    assert "503" in paths["/readyz"]["get"]["responses"]
