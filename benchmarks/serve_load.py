@@ -87,15 +87,15 @@ def make_taobao(work: Path) -> tuple[Path, Path]:
     return out[0], out[1]
 
 
-def start_server(bundle: Path, *options: str, env: dict | None = None
-                 ) -> tuple[subprocess.Popen, str]:
-    """``sampan serve BUNDLE --port P OPTIONS`` in its own process, once ready: the process
-    and its URL."""
+def start_server(bundle: Path, *options: str, env: dict | None = None,
+                 cwd: Path = ROOT) -> tuple[subprocess.Popen, str]:
+    """``sampan serve BUNDLE --port P OPTIONS`` in its own process (run in ``cwd``), once
+    ready: the process and its URL."""
     import httpx
 
     port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "sampan.cli", "serve", str(bundle),
-                               "--port", str(port), *options], cwd=ROOT,
+                               "--port", str(port), *options], cwd=cwd,
                               env={**os.environ, **(env or {})},
                               stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"

@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.serve_load import free_port  # noqa: E402
+from benchmarks.serve_load import start_server  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "criteo" / "criteo_kaggle_train_sample_10k.txt.gz"
 
@@ -106,23 +106,10 @@ async def burst(url: str, payload: bytes, clients: int, rounds: int) -> Counter:
 
 def measure(root: Path, bundle: Path, payload: bytes, levels: list[int], rounds: int,
             label: str) -> list[dict]:
-    import httpx
-
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(root)}
-    server = subprocess.Popen([sys.executable, "-m", "sampan.cli", "serve", str(bundle),
-                               "--port", str(port), "--set", "max_body_bytes=16777216"],
-                              cwd=root, env=env, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
+    server, url = start_server(bundle, "--set", "max_body_bytes=16777216",
+                               env={"PYTHONPATH": str(root)}, cwd=root)
     out = []
     try:
-        for _ in range(600):
-            try:
-                if httpx.get(f"{url}/readyz").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
         start = rss(server.pid)
         for n in levels:
             sampler = Sampler(server.pid)
