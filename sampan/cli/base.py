@@ -4,6 +4,7 @@ options and consoles."""
 from __future__ import annotations
 
 import errno
+from pathlib import Path
 from typing import Annotated, Any
 
 import click
@@ -56,3 +57,13 @@ def fail(msg: str, code: int = 2) -> None:
     # not wrapped to the terminal's width: an error stays whole when it is logged or grepped
     err.print(f"[bold red]error:[/] {msg}", soft_wrap=True)
     raise typer.Exit(code)
+
+
+KeyFileOpt = Annotated[
+    Path | None,
+    typer.Option("--key-file", metavar="PATH",
+                 help="A file holding the secret bundle key (HMAC-SHA256; at least 16 bytes, "
+                      "surrounding whitespace ignored). Or set SAMPAN_BUNDLE_KEY (the key) or "
+                      "SAMPAN_BUNDLE_KEY_FILE (its file); never give the key itself on the "
+                      "command line."),
+]

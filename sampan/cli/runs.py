@@ -10,7 +10,7 @@ import numpy as np
 import typer
 import typer.core
 
-from sampan.cli.base import app, console, err, fail
+from sampan.cli.base import KeyFileOpt, app, console, err, fail
 
 
 @app.command("eval")
@@ -61,8 +61,9 @@ def report(
                                       "PNGs (created).")] = Path("report"),
     split: Annotated[str, typer.Option(help="Split whose scores are drawn: train, valid "
                                        "or test.")] = "test",
-    resamples: Annotated[int, typer.Option(min=0, help="Bootstrap resamples of the AUC "
-                                           "interval.")] = 500,
+    resamples: Annotated[int, typer.Option(min=0, help="Bootstrap resamples of the metrics' "
+                                           "95 % intervals (the AUC's; a next-item run's "
+                                           "ranking metrics').")] = 500,
     follow: Annotated[float, typer.Option(
         min=0, metavar="SECONDS", help="Draw again every SECONDS while a run trains (the "
         "page reloads itself), until every run has finished; 0: once.")] = 0,
@@ -73,16 +74,18 @@ def report(
     a `sampan tune` folder adds its study. A run still training shows its curves so far."""
     import time
 
-    from sampan.report import write_report
+    from sampan.report import build_report
 
     while True:
         running = [r for r in runs if (r / "metrics.jsonl").is_file()
                    and not (r / "results.json").is_file() and not (r / "study.json").is_file()]
-        page = write_report(list(runs), out, split=split, resamples=resamples,
-                            refresh=follow if follow and running else None)
-        console.print(f"report: {page} ({len(runs)} run(s); open it in a browser)"
+        rep = build_report(list(runs), out, split=split, resamples=resamples,
+                           refresh=follow if follow and running else None)
+        console.print(f"report: {rep.page} ({rep.describe()}; open it in a browser)"
                       + (f"; {len(running)} still training, again in {follow:g} s"
                          if follow and running else ""), highlight=False)
+        for note in rep.notes:
+            console.print(f"note: {note}", highlight=False)
         if not (follow and running):
             return
         time.sleep(follow)
@@ -165,6 +168,7 @@ def export(
         help="Read the run's data files again and put its item and user tables (the "
         "attributes with one value per item / user, and each user's latest history) in "
         "the bundle, so requests need only ids.")] = True,
+    key_file: KeyFileOpt = None,
 ) -> None:
     """Export a run's best model with its fitted feature pipeline as a bundle.
 
@@ -172,11 +176,18 @@ def export(
     pipeline that turns raw records into those tensors, and `manifest.json` (schema, input
     signature, metrics, versions, sha256 of every file). The export is checked against
     PyTorch on rows of the run's test split before it is written.
+
+    With a bundle key (`--key-file`, `SAMPAN_BUNDLE_KEY` or `SAMPAN_BUNDLE_KEY_FILE`) the
+    manifest is signed (HMAC-SHA256), and `sampan serve` with the same key serves it and
+    refuses it once edited; the sha256s alone catch accidental damage, not a deliberate
+    edit whose checksums were recomputed.
     """
+    from sampan.bundle import bundle_key
     from sampan.export import export_run
 
+    key = bundle_key(key_file)
     path = export_run(run_dir, out, fmt=format, overwrite=overwrite,
-                      feature_tables=feature_tables)
+                      feature_tables=feature_tables, key=key)
     manifest = json.loads((path / "manifest.json").read_text())
     p = manifest["parity"]
     console.print(f"exported {manifest['model']} ({manifest['format']}) to {path}: "
@@ -197,3 +208,6 @@ def export(
         console.print(f"retrieval for /v1/recommend: user tower {r['user_tower']} (parity max "
                       f"|diff| {r['user_tower_max_abs_diff']:.2g}), {r['count']:,} items in a "
                       f"{r['index_kind']} faiss index of dimension {r['dim']}", highlight=False)
+    console.print(f"signed with HMAC-SHA256 (key from {key.source})" if key is not None else
+                  "unsigned: checksums only (set SAMPAN_BUNDLE_KEY or --key-file to sign it "
+                  "for a server that requires signed bundles)", highlight=False)

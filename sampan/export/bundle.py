@@ -22,8 +22,11 @@ from sampan.bundle import (  # noqa: F401  (Bundle and the digests: importable f
     MANIFEST,
     MODEL_FILES,
     Bundle,
+    BundleKey,
+    as_key,
     manifest_digest,
     sha256,
+    sign_manifest,
 )
 from sampan.data.pipeline import PIPELINE_FILE
 from sampan.embedding.collection import EmbeddingCollection
@@ -45,8 +48,13 @@ def _versions() -> dict[str, str]:
 
 def export_run(run_dir: str | Path, out: str | Path, fmt: str = "onnx",
                parity_rows: int = 256, overwrite: bool = False,
-               feature_tables: bool = True) -> Path:
+               feature_tables: bool = True,
+               key: BundleKey | bytes | str | None = None) -> Path:
     """Write the bundle of a finished run (best weights) to ``out`` and return its path.
+
+    With a bundle key (``key``, else the environment's: ``SAMPAN_BUNDLE_KEY`` or
+    ``SAMPAN_BUNDLE_KEY_FILE``, see :func:`sampan.bundle.bundle_key`) the manifest is signed,
+    so that a server holding the same key serves it and refuses it once edited.
 
     With ``feature_tables`` the run's data files are read again for the item and user
     tables the server joins to requests (:mod:`sampan.export.tables`).
@@ -60,6 +68,7 @@ def export_run(run_dir: str | Path, out: str | Path, fmt: str = "onnx",
 
     if fmt not in MODEL_FILES:
         raise ConfigError(f"unknown export format {fmt!r}; expected one of {list(MODEL_FILES)}")
+    key = as_key(key)  # a bad key setting fails before anything is exported
     out = Path(out)
     if out.exists():
         if not overwrite:
@@ -79,7 +88,7 @@ def export_run(run_dir: str | Path, out: str | Path, fmt: str = "onnx",
     tmp.mkdir(parents=True)
     try:
         _write_bundle(art, model, schema, example, split, fmt, run_dir, tmp, frozen,
-                      feature_tables)
+                      feature_tables, key)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)  # nothing half-written is left
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -142,7 +151,7 @@ def _write_frozen_maps(frozen: dict[str, Any], pipeline_dir: Path) -> None:
 
 def _write_bundle(art: Any, model: Any, schema: Any, example: Any, split: str, fmt: str,
                   run_dir: str | Path, tmp: Path, frozen: dict[str, Any],
-                  feature_tables: bool) -> None:
+                  feature_tables: bool, key: BundleKey | None = None) -> None:
     from sampan.export import graph
     from sampan.export.tables import write_feature_tables
 
@@ -193,7 +202,10 @@ def _write_bundle(art: Any, model: Any, schema: Any, example: Any, split: str, f
         "versions": _versions(),
         "files": {p.relative_to(tmp).as_posix(): sha256(p) for p in files},
     }
-    manifest["manifest_sha256"] = manifest_digest(manifest)
+    if key is not None:  # manifest_sha256, and its HMAC
+        sign_manifest(manifest, key)
+    else:
+        manifest["manifest_sha256"] = manifest_digest(manifest)
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
 
 
