@@ -3,24 +3,29 @@ how good their scores are.
 
 For each run:
 
-* ``curves.png``: train loss over steps (each logged value and a moving average),
-  validation AUC and LogLoss at every evaluation (the best marked), the learning rate;
+* ``curves.png``: train loss over steps (each logged value and a moving average), at every
+  evaluation the validation metric early stopping followed (the best marked; a retrieval
+  or next-item run's popularity baseline dashed) and every other validation metric the run
+  logged (LogLoss, GAUC, Recall / NDCG / HitRate@K, MRR), the learning rate;
 * ``roc.png``: the ROC curve on the chosen split, with its AUC;
 * ``calibration.png``: the reliability curve (mean predicted probability against the
   observed positive rate in ten equal-count bins, with the expected calibration error) over
   the histogram of scores, positives and negatives apart;
-* the HTML page: the split's metrics with the AUC's 95 % bootstrap interval, every
-  feature's ids and OOV share, and the rows rejected by reason.
+* the HTML page: the split's metrics with their 95 % bootstrap intervals (the AUC's over
+  the rows; a next-item run's ranking metrics over the queries; a two-tower run's have
+  none), every feature's ids and OOV share, and the rows rejected by reason.
 
 Several runs are also drawn together (``compare_curves.png``, ``compare_roc.png``) with one
 metric table. Figures are drawn with matplotlib's Agg backend (no display needed).
-Retrieval runs have no ROC or calibration (they rank a corpus); their curves still show.
+Retrieval and next-item runs have no ROC or calibration (they rank items: every row of a
+next-item split is a positive); their curves and ranking metrics show.
 """
 
 from __future__ import annotations
 
 import html
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +35,39 @@ import numpy as np
 from sampan.errors import MissingPathError
 
 BINS = 10
+# the validation metrics a run logs (sampan.metrics, sampan.tasks): the rest of a record
+# (rows, queries, ctr, counts of unknown ids, pop_* baselines, best) is not drawn as one
+_METRIC = re.compile(r"(?P<f>auc|logloss)(?:_(?P<t>\d+))?|(?P<g>gauc|mrr)"
+                     r"|(?P<r>recall|ndcg|hitrate)@(?P<k>\d+)")
+_ORDER = ("auc", "gauc", "logloss", "recall", "ndcg", "hitrate", "mrr")
+_NAMES = {"auc": "AUC", "gauc": "GAUC", "logloss": "LogLoss", "mrr": "MRR",
+          "recall": "Recall", "ndcg": "NDCG", "hitrate": "HitRate"}
+
+
+def _metric_order(name: str) -> tuple[int, int, int]:
+    m = _METRIC.fullmatch(name)
+    if m is None:
+        return len(_ORDER), 0, 0
+    return _ORDER.index(m["f"] or m["g"] or m["r"]), int(m["t"] or -1), int(m["k"] or 0)
+
+
+def metric_names(records: Any) -> list[str]:
+    """The metrics among the keys of ``records`` (dicts), in table order: AUC, GAUC,
+    LogLoss (per label after the first's), Recall@K, NDCG@K, HitRate@K (by K), MRR."""
+    found = {k for r in records for k, v in r.items()
+             if _METRIC.fullmatch(k) and isinstance(v, int | float)}
+    return sorted(found, key=_metric_order)
+
+
+def metric_label(name: str) -> str:
+    """``recall@10`` -> ``Recall@10``, ``auc_1`` -> ``AUC (label 1)``."""
+    m = _METRIC.fullmatch(name)
+    if m is None:
+        return name
+    if m["r"]:
+        return f"{_NAMES[m['r']]}@{m['k']}"
+    family = m["f"] or m["g"]
+    return _NAMES[family] + (f" (label {m['t']})" if m["t"] else "")
 
 
 @dataclass
@@ -45,12 +83,31 @@ class RunReport:
     split: str
     probs: np.ndarray | None  # the split's probabilities of the first label
     labels: np.ndarray | None
-    auc_ci95: list[float] | None
+    intervals: dict[str, list[float]]  # metric -> its 95 % bootstrap interval on the split
+    kind: str | None = None  # the model's task: binary, retrieval, next_item (None: training)
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        """The split's metrics as the run wrote them (``results.json``)."""
+        return self.results.get(self.split, {})
+
+    @property
+    def auc_ci95(self) -> list[float] | None:
+        return self.intervals.get("auc")
+
+    def tracked(self) -> str | None:
+        """The validation metric early stopping followed: the one equal to ``best`` at
+        every evaluation that set it (ties: the first in table order)."""
+        logged = metric_names(self.evals)
+        hits = [e for e in self.evals if "best" in e and e.get("best_step") == e["step"]]
+        same = [m for m in logged if hits and all(e.get(m) == e["best"] for e in hits)]
+        return (same or logged or [None])[0]
 
 
 def load_run(path: str | Path, split: str = "test", resamples: int = 500) -> RunReport:
     """Read a finished run: its logs, data manifest, and its best model's scores on
-    ``split`` (the AUC's bootstrap interval from ``resamples`` resamples)."""
+    ``split`` with the 95 % bootstrap intervals of its metrics from ``resamples`` resamples
+    (the AUC's over the rows; a next-item model's ranking metrics over the queries)."""
     import torch
 
     from sampan.metrics import auc_bootstrap
@@ -65,21 +122,27 @@ def load_run(path: str | Path, split: str = "test", resamples: int = 500) -> Run
         run / "results.json").is_file() else {}
     manifest = run / "data" / "manifest.json"
     data = json.loads(manifest.read_text()) if manifest.is_file() else {}
-    probs = labels = ci = None
+    probs = labels = None
+    intervals: dict[str, list[float]] = {}
     art = RunArtifacts(run) if results else None  # still training: its curves only
-    if art is not None and getattr(art.model, "task", "binary") != "retrieval":
+    kind = getattr(art.model, "task", "binary") if art is not None else None
+    if kind == "binary":  # a retrieval or next-item split's rows are all positives
         arrays = art.labelled(split)
         logits = art.evaluator.predict_logits(arrays)
         probs = probabilities(logits)[:, 0]
         labels = np.asarray(arrays.labels[:, 0], dtype=np.float64)
         b = auc_bootstrap(logits[:, 0], torch.from_numpy(labels.astype(np.float32)), resamples)
         b = b[~b.isnan()]
-        ci = [float(torch.quantile(b, 0.025)), float(torch.quantile(b, 0.975))] if len(
-            b) else None
+        if len(b):
+            intervals["auc"] = [float(torch.quantile(b, 0.025)),
+                                float(torch.quantile(b, 0.975))]
+    elif kind == "next_item" and resamples:  # the queries (users) resampled
+        m = art.evaluate(split, bootstrap=resamples)
+        intervals = {k.removesuffix("_ci95"): v for k, v in m.items() if k.endswith("_ci95")}
     return RunReport(name=run.name if run.name not in ("", ".") else str(run), path=run,
                      results=results, train=[r for r in rows if r.get("split") == "train"],
                      evals=[r for r in rows if r.get("split") == "valid"], data=data,
-                     split=split, probs=probs, labels=labels, auc_ci95=ci)
+                     split=split, probs=probs, labels=labels, intervals=intervals, kind=kind)
 
 
 def roc_curve(probs: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
@@ -129,26 +192,24 @@ def _smooth(x: np.ndarray, k: int) -> np.ndarray:
     return np.r_[head, (c[k:] - c[:-k]) / k]
 
 
-def _metric(r: RunReport) -> str:
-    return next((m for m in ("auc", "recall@50", "logloss") if any(m in e for e in r.evals)),
-                "auc")
-
-
 def draw_curves(runs: list[RunReport], out: Path) -> Path:
-    """Train loss, validation metric, validation LogLoss and learning rate over steps; the
-    dense gradient norm and the embedding row norm (log scale: vanishing or exploding
-    gradients) where the runs logged them."""
+    """Train loss, the validation metric early stopping followed, the other validation
+    metrics the runs logged, and the learning rate over steps; the dense gradient norm and
+    the embedding row norm (log scale: vanishing or exploding gradients) where the runs
+    logged them."""
     plt = _plt()
     norms = any("grad_norm" in t for r in runs for t in r.train)
     fig, axes = plt.subplots(3 if norms else 2, 2, figsize=(11, 10.5 if norms else 7),
                              constrained_layout=True)
-    (ax_loss, ax_metric), (ax_ll, ax_lr) = axes[:2]
+    (ax_loss, ax_metric), (ax_other, ax_lr) = axes[:2]
     panels = []
     if norms:
         ax_g, ax_e = axes[2]
         panels = [(ax_g, "dense gradient norm (logged steps)", "L2 norm"),
                   (ax_e, "embedding row norm (mean)", "L2 norm")]
-    m = _metric(runs[0])  # one metric on the shared axis (a run without it is not drawn)
+    # one metric on the shared axis (a run without it is not drawn there)
+    m = next((t for r in runs if (t := r.tracked()) is not None), None)
+    others = [k for k in metric_names(e for r in runs for e in r.evals) if k != m]
     for i, r in enumerate(runs):
         color = f"C{i}"
         label = r.name if len(runs) > 1 else None
@@ -167,26 +228,25 @@ def draw_curves(runs: list[RunReport], out: Path) -> Path:
                 ax_lr.plot(steps, lr, color=color, lw=2, label=label)
             if norms:
                 _norm_lines(r, ax_g, ax_e, color, label)
-        ev = [e for e in r.evals if m in e]
-        if ev:
-            x = [e["step"] for e in ev]
-            ax_metric.plot(x, [e[m] for e in ev], "o-", color=color, lw=2,
-                           label=label or f"valid {m}")
-            best = r.results.get("best_step")
-            hit = [e for e in ev if e["step"] == best]
-            if hit:
-                ax_metric.plot([best], [hit[0][m]], "*", color=color, ms=16,
-                               label=None if label else f"best (step {best})")
-            ll = [e for e in r.evals if "logloss" in e]
-            if ll:
-                ax_ll.plot([e["step"] for e in ll], [e["logloss"] for e in ll], "o-",
-                           color=color, lw=2, label=label)
+        if m is not None:
+            _tracked_line(r, m, ax_metric, color, label)
+        for j, name in enumerate(others):
+            ev = [e for e in r.evals if name in e]
+            if ev:  # one run: a colour per metric; several: the run's colour, a line style
+                ax_other.plot([e["step"] for e in ev], [e[name] for e in ev], marker="o",
+                              lw=2, ms=4, color=color if label else f"C{j}",
+                              ls=("-", "--", ":", "-.")[j % 4] if label else "-",
+                              label=(f"{label}: " if label else "") + metric_label(name)
+                              if len(others) > 1 else label)
     last = max((t["step"] for r in runs for t in [*r.train, *r.evals]), default=1)
     for ax in axes.flat:  # one step axis for all four
         ax.set_xlim(0, last * 1.03)
+    name = metric_label(m) if m else "metric"
     for ax, title, y in ((ax_loss, "train loss", "loss"),
-                         (ax_metric, f"validation {m}", m),
-                         (ax_ll, "validation LogLoss", "logloss"),
+                         (ax_metric, f"validation {name}", name),
+                         (ax_other, f"validation {metric_label(others[0])}"
+                          if len(others) == 1 else "other validation metrics",
+                          metric_label(others[0]) if len(others) == 1 else "value"),
                          (ax_lr, "learning rate", "lr"), *panels):
         ax.set_title(title)
         ax.set_xlabel("step")
@@ -201,6 +261,25 @@ def draw_curves(runs: list[RunReport], out: Path) -> Path:
     fig.savefig(out, dpi=90)
     plt.close(fig)
     return out
+
+
+def _tracked_line(r: RunReport, m: str, ax: Any, color: str, label: str | None) -> None:
+    """``m`` at every evaluation of ``r``, its best marked (when ``m`` is what the run's
+    early stopping followed) and the popularity baseline a ranking task logs beside it."""
+    ev = [e for e in r.evals if m in e]
+    if not ev:
+        return
+    ax.plot([e["step"] for e in ev], [e[m] for e in ev], "o-", color=color, lw=2,
+            label=label or f"valid {metric_label(m)}")
+    best = r.results.get("best_step", ev[-1].get("best_step"))
+    hit = [e for e in ev if e["step"] == best]
+    if hit and r.tracked() == m:
+        ax.plot([best], [hit[0][m]], "*", color=color, ms=16,
+                label=None if label else f"best (step {best})")
+    pop = [e[f"pop_{m}"] for e in ev if f"pop_{m}" in e]
+    if pop:  # the same items ranked by training popularity: what the model has to beat
+        ax.axhline(pop[-1], color=color, ls="--", lw=1,
+                   label=None if label else f"popularity baseline {pop[-1]:.4f}")
 
 
 def _norm_lines(r: RunReport, ax_g: Any, ax_e: Any, color: str, label: str | None) -> None:
@@ -272,25 +351,76 @@ def _table(head: list[str], rows: list[list[Any]]) -> str:
 
 
 def _metrics_rows(runs: list[RunReport]) -> tuple[list[str], list[list[Any]]]:
-    keys = [k for k in ("auc", "logloss", "gauc", "mrr", "ndcg@10", "hitrate@10",
-                        "recall@50", "ndcg@50") if any(k in r.results.get(r.split, {})
-                                                       for r in runs)]
-    head = ["run", *keys, "AUC 95 % interval", "rows", "steps (best)"]
+    """One row per run: every metric any of the runs has on its split, each with its 95 %
+    interval in brackets where one was taken."""
+    keys = metric_names(r.metrics for r in runs)
+    head = ["run", *map(metric_label, keys), "rows", "steps (best)"]
     rows = []
     for r in runs:
-        m = r.results.get(r.split, {})
-        ci = f"[{r.auc_ci95[0]:.4f}, {r.auc_ci95[1]:.4f}]" if r.auc_ci95 else "-"
-        rows.append([r.name, *[m.get(k, "-") for k in keys], ci,
-                     f"{int(m.get('rows', 0)):,}",
+        m = r.metrics
+        cells: list[Any] = []
+        for k in keys:
+            v, ci = m.get(k), r.intervals.get(k)
+            cells.append("-" if v is None else f"{v:.4f} [{ci[0]:.4f}, {ci[1]:.4f}]" if ci
+                         else v)
+        rows.append([r.name, *cells, f"{int(m.get('rows', 0)):,}",
                      f"{r.results.get('steps', '?')} ({r.results.get('best_step', '?')})"])
     return head, rows
 
 
+def _intervals_note(runs: list[RunReport], resamples: int) -> str:
+    """What the brackets of the metric table are, for the kinds of runs in it."""
+    kinds = {r.kind for r in runs}
+    said = []
+    if any(r.intervals for r in runs):
+        over = [w for k, w in (("binary", "of the split's rows for the AUC"),
+                               ("next_item", "of its users for a next-item run's ranking "
+                                "metrics")) if k in kinds]
+        said.append("In brackets: the 95 % interval (the 2.5 and 97.5 percentiles over "
+                    f"{resamples} bootstrap resamples {', '.join(over)}).")
+    if "retrieval" in kinds:
+        said.append("A two-tower run's ranking metrics have no interval here.")
+    if kinds & {"retrieval", "next_item"}:
+        said.append("Ranking metrics are means over the queries (users with a positive "
+                    "in the split); the curves show the popularity baseline of the one "
+                    "early stopping followed.")
+    return f"<p>{' '.join(said)}</p>" if said else ""
+
+
+@dataclass
+class Report:
+    """A written report: its page, the runs drawn on it (a study's defaults and best trial
+    among them) and its studies."""
+
+    page: Path
+    runs: list[RunReport]
+    studies: list[Any]  # sampan.tune.plots.StudySection
+
+    @property
+    def notes(self) -> list[str]:
+        """What a reader must know before trusting a picture (also on the page)."""
+        return [n for s in self.studies for n in s.notes]
+
+    def describe(self) -> str:
+        """``study tiny (5 completed and 1 pruned trials), 2 runs``: what the page shows
+        (a study's runs are its defaults and its best trial)."""
+        parts = [f"study {s.name} ({s.complete} completed and {s.pruned} pruned trials)"
+                 for s in self.studies]
+        n = len(self.runs)
+        return ", ".join([*parts, f"{n} run{'s' * (n != 1)}"])
+
+
 def write_report(paths: list[str | Path], out: str | Path, split: str = "test",
                  resamples: int = 500, refresh: float | None = None) -> Path:
-    """Write ``out/index.html`` and its PNGs for the runs at ``paths``; returns the page.
-    A ``sampan tune`` study folder among them adds its study section, and its defaults and
-    best runs."""
+    """Write ``out/index.html`` and its PNGs for the runs at ``paths``; returns the page
+    (:func:`build_report` returns what it holds too)."""
+    return build_report(paths, out, split, resamples, refresh).page
+
+
+def build_report(paths: list[str | Path], out: str | Path, split: str = "test",
+                 resamples: int = 500, refresh: float | None = None) -> Report:
+    """Write ``out/index.html`` and its PNGs for the runs at ``paths``. A ``sampan tune``
+    study folder among them adds its study section, and its defaults and best runs."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     studies, run_paths = [], []
@@ -298,9 +428,9 @@ def write_report(paths: list[str | Path], out: str | Path, split: str = "test",
         from sampan.tune.plots import is_study, study_section
 
         if is_study(p):
-            section, study_runs = study_section(Path(p), out, _plt(), _table)
+            section = study_section(Path(p), out, _plt(), _table)
             studies.append(section)
-            run_paths += study_runs
+            run_paths += section.runs
         else:
             run_paths.append(p)
     runs = [load_run(p, split, resamples) for p in run_paths]
@@ -311,10 +441,9 @@ def write_report(paths: list[str | Path], out: str | Path, split: str = "test",
     head, rows = _metrics_rows(runs)
     parts = [f"<h1>Sampan report: {html.escape(', '.join(Path(p).name or str(p) for p in paths))}"
              "</h1>",
-             *studies,
+             *(s.html for s in studies),
              f"<h2>Metrics on the {html.escape(split)} split</h2>", _table(head, rows),
-             "<p>The interval is the 2.5 and 97.5 percentiles of the AUC over "
-             f"{resamples} bootstrap resamples of the split's rows.</p>"]
+             _intervals_note(runs, resamples)]
     if len(runs) > 1:
         draw_curves(runs, out / "compare_curves.png")
         parts.append('<h2>Curves together</h2><img src="compare_curves.png">')
@@ -352,4 +481,4 @@ def write_report(paths: list[str | Path], out: str | Path, split: str = "test",
     page.write_text(f"<!doctype html><html><head><meta charset='utf-8'>{reload}<title>Sampan "
                     f"report</title><style>{style}</style></head><body>{''.join(parts)}"
                     "</body></html>")
-    return page
+    return Report(page=page, runs=runs, studies=studies)
