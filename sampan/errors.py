@@ -74,3 +74,10 @@ class RequestError(SampanError, ValueError):
 
     def to_json(self) -> dict[str, object]:
         return {"error": str(self), "field": self.field, "record": self.record}
+
+
+class ConflictError(RequestError):
+    """A request this server's set-up cannot take (HTTP 409, gRPC FAILED_PRECONDITION): a
+    route the served bundles do not support (ranking without an item feature, recommending
+    without a retrieval model, events without live histories), or events for per-worker
+    memory."""

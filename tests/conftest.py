@@ -55,6 +55,7 @@ class Served:
     def __init__(self, args: list[str], env: dict | None = None, grpc: bool = True):
         import subprocess
         import sys
+        import threading
         import time
 
         import httpx
@@ -67,6 +68,11 @@ class Served:
         self.proc = subprocess.Popen(cmd, env={**os.environ, **(env or {})},
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True)
+        # read as it comes: a server that logs more than a pipe holds must not block on it
+        self._out: list[str] = []
+        self._reader = threading.Thread(target=lambda: self._out.extend(self.proc.stdout),
+                                        daemon=True)
+        self._reader.start()
         for _ in range(600):
             try:
                 if httpx.get(f"{self.url}/readyz").status_code == 200:
@@ -74,15 +80,21 @@ class Served:
             except httpx.HTTPError:
                 pass
             if self.proc.poll() is not None:
-                pytest.fail(f"server exited: {self.proc.stdout.read()}")
+                pytest.fail(f"server exited: {self.output()}")
             time.sleep(0.1)
         self.proc.kill()
-        pytest.fail(f"server did not become ready: {self.proc.stdout.read()}")
+        pytest.fail(f"server did not become ready: {self.output()}")
+
+    def output(self) -> str:
+        """What the server printed so far (all of it once it has exited)."""
+        if self.proc.poll() is not None:
+            self._reader.join(timeout=10)
+        return "".join(self._out)
 
     def stop(self) -> str:
         self.proc.terminate()
-        out, _ = self.proc.communicate(timeout=20)
-        return out
+        self.proc.wait(timeout=20)
+        return self.output()
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 import typer.core
 
-from sampan.cli.base import app, console, fail
+from sampan.cli.base import KeyFileOpt, app, console, fail
 
 
 @app.command()
@@ -40,6 +40,7 @@ def serve(
         "--set", "-s", metavar="KEY=VALUE", help="Override a serve config value, e.g. --set "
         "feedback.dir=feedback/ --set max_batch_rows=4096. Values are parsed as YAML. "
         "Repeatable; applied after --config.")] = None,
+    key_file: KeyFileOpt = None,
 ) -> None:
     """Serve a bundle over HTTP (FastAPI under uvicorn) and optionally gRPC.
 
@@ -50,12 +51,22 @@ def serve(
     feedback log), `GET /healthz`, `GET /readyz`, `GET /metrics` (Prometheus), and the admin
     routes `POST /v1/admin/reload`, `/v1/admin/rollback` and `/v1/admin/weights` (they need
     the bearer token from `admin_token` or `SAMPAN_ADMIN_TOKEN`). API docs at `/docs`.
+
+    With a bundle key (`--key-file`, `SAMPAN_BUNDLE_KEY` or `SAMPAN_BUNDLE_KEY_FILE`; the
+    key `sampan export` signed with) every bundle is refused unless its signature verifies:
+    at start, on reload, the retrieval bundle, each arm and each watched version. Without
+    one, bundles are checked for accidental damage only (their sha256s).
     """
     import os
 
     import uvicorn
 
+    from sampan.bundle import KEY_FILE_ENV, bundle_key, verification_note
     from sampan.config import load_serve_config
+
+    signing = bundle_key(key_file)  # a bad key setting fails here, before anything is loaded
+    if key_file is not None:  # every bundle this process (and its workers) opens: checked
+        os.environ[KEY_FILE_ENV] = str(Path(key_file).resolve())
 
     overrides = list(set_ or [])
     for key, value in (("bundle", bundle), ("host", host), ("port", port),
@@ -97,6 +108,7 @@ def serve(
         os.makedirs(f"{shared}/metrics")  # every worker's Prometheus metrics, added up
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = f"{shared}/metrics"
         os.environ["SAMPAN_GRPC_IN_WORKER"] = "1"
+        console.print(verification_note(signing), highlight=False)
         console.print(f"serving {cfg.bundle} on {where} with {cfg.workers} workers")
         joiner = None
         if cfg.feedback.dir is not None:  # the workers journal; this process joins
@@ -104,16 +116,20 @@ def serve(
 
             joiner = JoinerProcess(cfg.feedback).start()
         try:
+            from sampan.serving.http import JSONErrorsProtocol
+
             uvicorn.run("sampan.serving.workers:app_from_env", factory=True, host=cfg.host,
-                        port=cfg.port, workers=cfg.workers, log_level="warning")
+                        port=cfg.port, workers=cfg.workers, log_level="warning",
+                        http=JSONErrorsProtocol)
         finally:
             if joiner is not None:
                 joiner.stop()
             shutil.rmtree(shared, ignore_errors=True)
         return
-    from sampan.serving.http import create_app
+    from sampan.serving.http import JSONErrorsProtocol, create_app
     from sampan.serving.service import ServerState
 
+    console.print(verification_note(signing), highlight=False)
     state = ServerState(cfg)
     grpc_server = None
     if cfg.grpc_port is not None:
@@ -128,7 +144,8 @@ def serve(
         console.print(f"serving {label}{p.bundle.manifest.get('model')} ({p.version}){share} "
                       f"on {where}", highlight=False)
     try:
-        uvicorn.run(create_app(state), host=cfg.host, port=cfg.port, log_level="warning")
+        uvicorn.run(create_app(state), host=cfg.host, port=cfg.port, log_level="warning",
+                    http=JSONErrorsProtocol)
     finally:
         if grpc_server is not None:
             grpc_server.stop(grace=1)

@@ -49,6 +49,10 @@ class MemoryTables:
         """The key columns (e.g. ``user_id``, ``item_id``) the store can join on."""
         return list(self.tables)
 
+    def provides(self) -> dict[str, list[str]]:
+        """The columns each key brings (``{"item_id": ["price", "brand"]}``)."""
+        return {by: list(t.values) for by, t in self.tables.items()}
+
     def size(self, by: str) -> int:
         return len(self.tables[by].keys)
 
@@ -111,6 +115,9 @@ class RedisTables:
     def keys(self) -> list[str]:
         return list(self.table_columns)
 
+    def provides(self) -> dict[str, list[str]]:
+        return {by: list(cols) for by, cols in self.table_columns.items()}
+
     def size(self, by: str) -> int:
         return sum(1 for _ in self.client.scan_iter(f"{self.prefix}:{by}:*", count=1000))
 
@@ -147,6 +154,13 @@ class FeatureStore:
         if self.live is not None and self.live.key not in keys:
             keys.append(self.live.key)
         return keys
+
+    def provides(self) -> dict[str, list[str]]:
+        """The columns each key brings: a table's, and the live histories by the user."""
+        out = self.tables.provides() if self.tables is not None else {}
+        if self.live is not None:
+            out[self.live.key] = [*out.get(self.live.key, []), *self.live.columns]
+        return out
 
     def columns(self, by: str, keys: pa.Array) -> tuple[dict[str, pa.Array], pa.Array]:
         out: dict[str, pa.Array] = {}

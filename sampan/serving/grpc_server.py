@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from sampan.errors import RequestError
+from sampan.errors import ConflictError, RequestError
 from sampan.serving.metrics import release_memory
 
 PROTO = "sampan_scoring.proto"
@@ -72,7 +72,6 @@ def start_grpc(state: Any, host: str, port: int, threads: int = 16):  # type: ig
     import grpc
     from google.protobuf.message import DecodeError
 
-    from sampan.serving.service import ConflictError
 
     pb, _ = stubs()
 

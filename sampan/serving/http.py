@@ -15,8 +15,9 @@ from typing import Any
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 
+from sampan.errors import ConflictError, RequestError
 from sampan.serving.metrics import release_memory
-from sampan.serving.predictor import RequestError
+from sampan.serving.openapi import merge, request_examples, request_schemas, rollback_arms
 from sampan.serving.schemas import (
     ErrorBody,
     EventsRequest,
@@ -32,12 +33,7 @@ from sampan.serving.schemas import (
     ReloadRequest,
     WeightsRequest,
 )
-from sampan.serving.service import (
-    ROUTES,
-    ConflictError,
-    ServerState,
-    ServingBundleError,
-)
+from sampan.serving.service import ROUTES, ServerState, ServingBundleError
 
 # the routes whose work is admitted against max_inflight / max_inflight_bytes
 ADMITTED = frozenset({"/v1/predict", "/v1/rank", "/v1/recommend", "/v1/events",
@@ -66,6 +62,32 @@ def error(status: int, message: str, field: str | None = None,
 
 
 MAX_ERROR_CHARS = 2000
+
+
+try:  # uvicorn's HTTP/1.1 parser: httptools when installed (uvicorn[standard]), else h11
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _HTTPProtocol
+except ImportError:  # pragma: no cover - without httptools
+    from uvicorn.protocols.http.h11_impl import H11Protocol as _HTTPProtocol
+
+
+class JSONErrorsProtocol(_HTTPProtocol):  # type: ignore[misc, valid-type]
+    """uvicorn's HTTP protocol, answering a request it cannot parse (a malformed request
+    line or header, a Content-Length that does not match the body, Content-Length twice
+    or with Transfer-Encoding, a URL or headers too long to parse) with the same JSON error
+    body as every other refusal, instead of a plain-text line. The application never sees
+    such a request: it is not counted in ``sampan_requests_total``, and the connection
+    is closed."""
+
+    def send_400_response(self, msg: str) -> None:
+        body = json.dumps({"error": "the request is not valid HTTP/1.1 (a malformed request "
+                                    "line or header, a Content-Length that does not match "
+                                    "the body or is given with Transfer-Encoding, or a URL "
+                                    "or headers too long to parse)",
+                           "field": None, "record": None}).encode()
+        self.transport.write(b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n"
+                             b"content-length: %d\r\nconnection: close\r\n\r\n%s"
+                             % (len(body), body))
+        self.transport.close()
 
 
 class _BodyTooLarge(Exception):
@@ -244,54 +266,6 @@ def _depth(body: bytes) -> int:
     return deepest
 
 
-def _value_of(vocab: Any, i: int = 0) -> str | None:
-    return str(vocab[i].as_py()) if vocab is not None and len(vocab) > i else None
-
-
-def request_examples(state: ServerState | None) -> dict[str, dict[str, Any]]:
-    """Request bodies for the served bundle's own features (what ``/docs`` and the OpenAPI
-    document show): a record with every raw column (a value of its vocabulary, a typical
-    number), a context without the item's columns, candidates and events of real ids."""
-    predictor = state.arms[state.control].predictor if state is not None else None
-    if predictor is None:  # no bundle (the reference page): the generic examples
-        return {}
-    pipe = predictor.pipeline
-    value: dict[str, Any] = {}
-    for e in pipe.categorical:
-        for c in e.spec.cross or [e.spec.column or e.spec.name]:
-            value[c] = _value_of(getattr(e, "vocab_", None)) if not e.spec.cross else "a"
-            if e.spec.bucketize != "none":
-                value[c] = 1.0
-    for n in pipe.numeric:
-        value[n.spec.column or n.spec.name] = round(float(n.fill_ or 0.0), 4)
-    for li in pipe.lists:
-        for c in li.spec.flags or [li.spec.column or li.spec.name]:
-            first = _value_of(getattr(li.vocab, "vocab_", None))
-            value[c] = 1.0 if li.spec.flags else [first] if first is not None else []
-    record = {c: value.get(c) for c in predictor.columns if c not in predictor.optional}
-    item_key, unit_key = state.cfg.item_key, state.cfg.unit_key
-    items = next((getattr(e, "vocab_", None) for e in pipe.categorical
-                  if (e.spec.column or e.spec.name) == item_key), None)
-    tables = state.store.tables if state.store is not None else None
-    item_columns = set(tables.tables[item_key].columns) \
-        if tables is not None and item_key in tables.keys else set()
-    context = {c: v for c, v in record.items() if c != item_key and c not in item_columns}
-    user = context.get(unit_key) or (str(tables.tables[unit_key].keys[0].as_py())
-                                     if tables is not None and unit_key in tables.keys
-                                     else "user-1" if state.live is not None
-                                     and state.live.key == unit_key else None)
-    out: dict[str, dict[str, Any]] = {"PredictRequest": {"records": [record]}}
-    if items is not None and len(items) > 1:
-        out["RankRequest"] = {"context": context, "candidates": [
-            _value_of(items, 0), _value_of(items, 1)], "k": 2}
-        if user is not None and state.live is not None and state.live.key == unit_key:
-            out["EventsRequest"] = {"events": [{unit_key: user, item_key: _value_of(items)}]}
-    out["RecommendRequest"] = {"context": {unit_key: user} if user is not None and (
-        state.retrieval_store is None or unit_key in state.retrieval_store.keys) else context,
-        "n": 100, "k": 10}
-    return out
-
-
 def create_app(state: ServerState):  # type: ignore[no-untyped-def]
     from fastapi import FastAPI
     from fastapi.concurrency import run_in_threadpool
@@ -329,13 +303,22 @@ def create_app(state: ServerState):  # type: ignore[no-untyped-def]
     generic_openapi = app.openapi
 
     def openapi() -> dict[str, Any]:
-        """FastAPI's document, with request examples of the served bundle's features."""
+        """FastAPI's document, written for the served bundles (see
+        :mod:`sampan.serving.openapi`)."""
         if app.openapi_schema is None:
             doc = generic_openapi()
             schemas = doc.get("components", {}).get("schemas", {})
+            for name, more in request_schemas(state).items():
+                if name in schemas:
+                    merge(schemas[name], more)
             for name, body in request_examples(state).items():
                 if name in schemas:
                     schemas[name]["examples"] = [body]
+            arms = rollback_arms(state)
+            for p in doc["paths"].get("/v1/admin/rollback", {}).get("post", {}).get(
+                    "parameters", []) if arms else []:
+                if p["name"] == "variant":
+                    p["schema"] = {"anyOf": [{"enum": arms}, {"type": "null"}]}
             app.openapi_schema = doc
         return app.openapi_schema
 
@@ -377,7 +360,8 @@ def create_app(state: ServerState):  # type: ignore[no-untyped-def]
 
     @app.exception_handler(RequestError)
     async def bad_request(_: Request, exc: RequestError):  # type: ignore
-        return error(400, str(exc), exc.field, exc.record)
+        return error(409 if isinstance(exc, ConflictError) else 400, str(exc), exc.field,
+                     exc.record)
 
     errors = {400: {"model": ErrorBody, "description": "a bad request, naming the field"},
               413: {"model": ErrorBody, "description": "a body over max_body_bytes"},
@@ -478,7 +462,8 @@ def create_app(state: ServerState):  # type: ignore[no-untyped-def]
         return {"probabilities": scores.tolist(), "labels": sub.predictor.labels,
                 "model_version": sub.predictor.version, **served(response, rid, sub.arm)}
 
-    @app.post("/v1/rank", **doc(RankResponse))
+    @app.post("/v1/rank", **doc(RankResponse, {409: {
+        "model": ErrorBody, "description": "the model has no item feature (item_key)"}}))
     async def rank(req: RankRequest, request: Request, response: Response) -> dict[str, Any]:
         """A context and candidate item ids -> the k best candidates, best first."""
         sub = await run_in_threadpool(state.rank_future, req.context, req.candidates,
@@ -491,7 +476,8 @@ def create_app(state: ServerState):  # type: ignore[no-untyped-def]
                 "warnings": state.context_warnings(req.context),
                 **served(response, rid, sub.arm)}
 
-    @app.post("/v1/recommend", **doc(RecommendResponse))
+    @app.post("/v1/recommend", **doc(RecommendResponse, {409: {
+        "model": ErrorBody, "description": "no retrieval model is served"}}))
     async def recommend(req: RecommendRequest, request: Request,
                         response: Response) -> dict[str, Any]:
         """A context (the user) -> n candidates from the retrieval model's index, ranked
@@ -531,7 +517,8 @@ def create_app(state: ServerState):  # type: ignore[no-untyped-def]
 
     @app.post("/v1/events", **doc(EventsResponse, {
         401: {"model": ErrorBody, "description": "events_token is set and not given"},
-        409: {"model": ErrorBody, "description": "per-worker memory with --workers N"}}))
+        409: {"model": ErrorBody, "description": "no served model reads behaviour "
+              "histories, or per-worker memory with --workers N"}}))
     async def events(req: EventsRequest, request: Request):  # type: ignore
         """Behaviour events -> appended to each user's live histories, which the next
         request of that user reads (same encoding and max_len as training)."""
@@ -598,15 +585,13 @@ def create_app(state: ServerState):  # type: ignore[no-untyped-def]
 
     @app.post("/v1/admin/reload", **example(
         {"status": "reloaded", "model": "din", "version": "din@2026-12-01T22:28:29+0000"},
-        more={**admin, 409: {"model": ErrorBody, "description": "an arm other than "
-                             "control with --workers N"}}))
+        more={**admin, 404: {"model": ErrorBody, "description": "no bundle at that path"},
+              409: {"model": ErrorBody, "description": "an arm other than control with "
+                    "--workers N"}}))
     async def reload(req: ReloadRequest, request: Request):  # type: ignore
         """Swap in other bundles between two model calls (bearer token)."""
         if (denied := admin_denied(request, "reload")) is not None:
             return denied
-        if req.bundle is None and req.retrieval_bundle is None:
-            return error(422, "give bundle (the ranking model) and/or retrieval_bundle",
-                         "bundle")
         if req.variant is not None and req.variant not in state.arms:
             return error(400, f"variant {req.variant!r} is not an arm of this server; its "
                               f"arms: {list(state.arms)}", "variant")
@@ -625,7 +610,7 @@ def create_app(state: ServerState):  # type: ignore[no-untyped-def]
                 out["workers"] = state.cfg.workers
         except ServingBundleError as e:  # the old bundles keep serving; say which one failed
             state.reloads.labels("failed").inc()
-            return error(400, str(e), e.field)
+            return error(404 if e.missing else 400, str(e), e.field)
         if predictor is not None:
             out.update(model=predictor.bundle.manifest.get("model"), version=predictor.version)
         if retriever is not None:

@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 
 from sampan.data.entities import History
 from sampan.data.joins import KeyedTable, key_text
-from sampan.errors import RequestError
+from sampan.errors import ConflictError, RequestError
 
 LIST = pa.list_(pa.string())
 
@@ -246,7 +246,7 @@ def append_events(live: Any, events: list[dict[str, Any]], tables: list[Any],
     from sampan.serving.predictor import check_objects
 
     if live is None:
-        raise RequestError("no served model reads behaviour histories (sequence "
+        raise ConflictError("no served model reads behaviour histories (sequence "
                            "features sharing an item vocabulary), so there is nothing "
                            "for events to update", "events")
     check_objects(events, "event", max_records)
@@ -267,8 +267,13 @@ def append_events(live: Any, events: list[dict[str, Any]], tables: list[Any],
         i = users.to_pylist().index(None)
         raise RequestError(f"event {i} has no {live.key!r}", live.key, i)
     values = {c: table.column(c).combine_chunks() for c in fields[1:]}
-    if all(v.null_count == len(v) for v in values.values()):
-        raise RequestError(f"the events give none of {fields[1:]}", fields[1])
+    given = np.zeros(len(events), bool)
+    for v in values.values():
+        given |= v.is_valid().to_numpy(zero_copy_only=False)
+    if not given.all():
+        i = int(np.argmin(given))
+        raise RequestError(f"event {i} gives none of {fields[1:]}: say what the user did "
+                           f"(e.g. {{{live.key!r}: ..., {fields[1]!r}: ...}})", fields[1], i)
     values = _derive(values, tables)
     out = {h.column: pc.fill_null(values[h.event], "").to_pylist() for h in hist}
     live.append(users.to_pylist(), out)

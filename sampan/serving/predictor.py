@@ -16,12 +16,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sampan.bundle import Bundle
+from sampan.bundle import Bundle, BundleKey
 from sampan.data.io.lines import CellError, records_table
 from sampan.data.rejects import RejectLog
 from sampan.data.roles import ColumnRoles
 from sampan.data.validate import validate_table
-from sampan.errors import RequestError
+from sampan.errors import ConflictError, RequestError
 
 
 class Predictor:
@@ -34,8 +34,15 @@ class Predictor:
     """
 
     def __init__(self, bundle: str | Path | Bundle, max_records: int = 10_000,
-                 threads: int | None = None):
-        self.bundle = bundle if isinstance(bundle, Bundle) else Bundle(bundle)
+                 threads: int | None = None, key: BundleKey | bytes | str | None = None,
+                 json_types: bool = False):
+        """``key``: open only a bundle signed with it (None: the environment's key,
+        ``SAMPAN_BUNDLE_KEY`` or ``SAMPAN_BUNDLE_KEY_FILE``, when one is set; see
+        :mod:`sampan.bundle`). ``json_types``: numeric features must be numbers (the HTTP
+        and gRPC contract, as the server's OpenAPI document says); without it, a string is
+        typed as the same text in a CSV file would be (``"42"`` is 42)."""
+        self.json_types = json_types
+        self.bundle = bundle if isinstance(bundle, Bundle) else Bundle(bundle, key=key)
         self.pipeline = self.bundle.pipeline()
         self.roles = self.pipeline.roles(with_labels=False, with_extra=False)
         self.columns = list(self.roles.all)
@@ -86,8 +93,7 @@ class Predictor:
                                    f"(differs in {diff}); send every feature in every "
                                    "record, null for a missing value", diff[0], i)
         given = [c for c in known if c in keys]
-        t = _records_table(records, ColumnRoles(categorical=given, lists=[
-            c for c in given if c in self.roles.lists]), "records")
+        t = _records_table(records, self._roles_of(given), "records")
         cols = {c: t.column(c).combine_chunks() for c in given}
         return self._validated(self._complete(cols, store))
 
@@ -95,11 +101,17 @@ class Predictor:
                    absent: set[str]) -> pa.Table:
         """One validated row from ``context`` (+ the feature store), with the columns in
         ``absent`` (e.g. item features for a user tower) as missing values."""
-        t = _records_table([context], ColumnRoles(
-            categorical=list(context), lists=[c for c in context if c in self.roles.lists]),
-            "context")
+        t = _records_table([context], self._roles_of(context), "context")
         cols = {c: t.column(c).combine_chunks() for c in context}
         return self._validated(self._complete(cols, store, absent))
+
+    def _roles_of(self, given: Any) -> ColumnRoles:
+        """The roles of the request keys ``given``: list features may come as arrays, the
+        rest as scalars; with ``json_types``, numeric features as numbers (or null)."""
+        numeric = [c for c in given if c in self.roles.numeric and c not in self.roles.lists
+                   ] if self.json_types else []
+        return ColumnRoles(numeric=numeric, categorical=[c for c in given if c not in numeric],
+                           lists=[c for c in given if c in self.roles.lists])
 
     def _complete(self, cols: dict[str, pa.Array], store: Any,
                   absent: set[str] = frozenset()) -> pa.Table:
@@ -171,7 +183,7 @@ class Predictor:
         if not isinstance(context, dict):
             raise RequestError("context must be an object of raw features", "context")
         if item_key not in self.known(store):
-            raise RequestError(f"{self.name} has no feature {item_key!r} to put candidates "
+            raise ConflictError(f"{self.name} has no feature {item_key!r} to put candidates "
                                f"in; its raw features are {self.columns}", "candidates")
         if item_key in context:
             raise RequestError(f"{item_key!r} comes from candidates, not from context",
@@ -182,9 +194,7 @@ class Predictor:
             [{item_key: c} for c in candidates], ColumnRoles(categorical=[item_key]),
             "candidates").column(item_key).combine_chunks()}
         if context:
-            one = _records_table([context], ColumnRoles(
-                categorical=list(context), lists=[c for c in context if c in self.roles.lists]),
-                "context")
+            one = _records_table([context], self._roles_of(context), "context")
             zeros = pa.array(np.zeros(n, np.int64))
             for c in context:
                 cols[c] = pc.take(one.column(c).combine_chunks(), zeros)

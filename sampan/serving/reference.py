@@ -62,8 +62,13 @@ def markdown() -> str:
     lines = ["# REST API reference", "",
              f"Generated from the server's OpenAPI document (`{COMMAND}`); a running "
              "`sampan serve` serves it at `/openapi.json`, and an interactive page at "
-             "`/docs`. Every error is a JSON body `{\"error\": ..., \"field\": ...}` naming "
-             "what was wrong.", ""]
+             "`/docs`. A running server's document is written for the bundles it serves: "
+             "each body names the model's own features, with the JSON types the server "
+             "takes (a numeric feature is a JSON number), which of them a request must "
+             "give (the rest come from the feature tables and live histories), and the "
+             "experiment's arms; a client generated from it sends what the model reads. "
+             "Every error is a JSON body `{\"error\": ..., \"field\": ...}` naming what was "
+             "wrong, a request that is not valid HTTP/1.1 included.", ""]
     body_schemas = []
     for path, ops in doc["paths"].items():
         for method, op in ops.items():

@@ -18,27 +18,29 @@ from typing import Any
 
 import numpy as np
 
-from sampan.bundle import Bundle, session_options
+from sampan.bundle import Bundle, BundleKey, session_options
 from sampan.errors import BundleError
 from sampan.serving.predictor import Predictor, RequestError
 
 
 class Retriever:
     def __init__(self, bundle: str | Path, max_records: int = 10_000,
-                 predictor: Predictor | None = None):
-        """``predictor``: the bundle's, when it is served as the ranking model too."""
+                 predictor: Predictor | None = None,
+                 key: BundleKey | bytes | str | None = None):
+        """``predictor``: the bundle's, when it is served as the ranking model too; ``key``:
+        open only a bundle signed with it (None: the environment's, as :class:`Bundle`)."""
         import faiss
         import onnxruntime as ort
         import pyarrow.parquet as pq
 
-        self.bundle = predictor.bundle if predictor is not None else Bundle(bundle)
+        self.bundle = predictor.bundle if predictor is not None else Bundle(bundle, key=key)
         info = self.bundle.manifest.get("retrieval")
         if not info:
             raise BundleError(f"{bundle} is not a retrieval bundle (export a two_tower or a "
                               "next-item run: sasrec, hstu)")
         self.info = info
         if predictor is None:
-            predictor = Predictor(self.bundle, max_records=max_records)
+            predictor = Predictor(self.bundle, max_records=max_records, json_types=True)
             predictor.name = f"retrieval model {self.bundle.manifest.get('model', '?')!r}"
         self.predictor = predictor
         # one user per call: a single thread, which does not spin (see session_options)

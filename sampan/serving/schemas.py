@@ -3,9 +3,31 @@ shows for every route."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictInt,
+    StrictStr,
+    field_validator,
+    model_validator,
+)
+
+
+def _json_number(v: Any) -> Any:
+    """A JSON number as JSON Schema reads one: true/false and "5" are not numbers (pydantic
+    alone would take them as 1/0 and 5)."""
+    if isinstance(v, (bool, str)):
+        raise ValueError(f"expected a number, got {type(v).__name__} {str(v)[:40]!r}")
+    return v
+
+
+# integers and numbers of a request body: 10 and 10.0 are integers, true and "10" are not
+JsonInt = Annotated[int, BeforeValidator(_json_number)]
+JsonFloat = Annotated[float, BeforeValidator(_json_number)]
 
 
 def _examples(*examples: Any) -> ConfigDict:
@@ -38,8 +60,8 @@ class RankRequest(BaseModel):
     candidates: list[StrictStr | StrictInt] = Field(
         min_length=1, description="item ids (strings or integers); one named twice is "
         "ranked once")
-    k: int = Field(10, ge=1, description="items returned")
-    task: int = Field(0, ge=0, description="which label's probability ranks (multi-task)")
+    k: JsonInt = Field(10, ge=1, description="items returned")
+    task: JsonInt = Field(0, ge=0, description="which label's probability ranks (multi-task)")
     variant: str | None = Field(None, description="QA: serve with this arm (the request is "
                                 "marked forced and left out of the analysis; the header "
                                 "X-Sampan-Variant does the same)")
@@ -53,9 +75,9 @@ class RecommendRequest(BaseModel):
     model_config = _examples({"context": {"user_id": "1000011"}, "n": 100, "k": 10})
     context: dict[str, Any] = Field(min_length=1, description="the user (its id, for the user "
                                     "tower and the live history) and any request-time feature")
-    n: int = Field(100, ge=1, description="candidates retrieved by the ANN index")
-    k: int = Field(10, ge=1, description="items returned after ranking")
-    task: int = Field(0, ge=0, description="which label's probability ranks (multi-task)")
+    n: JsonInt = Field(100, ge=1, description="candidates retrieved by the ANN index")
+    k: JsonInt = Field(10, ge=1, description="items returned after ranking")
+    task: JsonInt = Field(0, ge=0, description="which label's probability ranks (multi-task)")
     variant: str | None = Field(None, description="QA: serve with this arm (the request is "
                                 "marked forced and left out of the analysis; the header "
                                 "X-Sampan-Variant does the same)")
@@ -163,7 +185,9 @@ class WeightsRequest(BaseModel):
     """New relative weights of the experiment's arms, every arm named."""
 
     model_config = _examples({"weights": {"control": 80, "candidate": 20}})
-    weights: dict[str, float] = Field(min_length=1, description="every arm's new relative weight")
+    weights: dict[str, JsonFloat] = Field(
+        min_length=1, description="every arm's new relative weight",
+        json_schema_extra={"additionalProperties": {"type": "number", "minimum": 0}})
 
     @field_validator("weights")
     @classmethod
@@ -180,14 +204,30 @@ class EventsResponse(BaseModel):
     users: int = Field(description="users whose histories they changed")
 
 
+# a path without control characters, not all blank (what ReloadRequest's check takes)
+PLAIN_PATH = r"^[^\x00-\x1f\x7f]*[^\s\x00-\x1f\x7f][^\x00-\x1f\x7f]*$"
+
+
 class ReloadRequest(BaseModel):
     """``{"bundle": ranking bundle}`` and/or ``{"retrieval_bundle": two-tower bundle}``."""
 
-    model_config = _examples({"bundle": "bundles/din-2026-12-01"})
-    bundle: str | None = Field(None, description="the ranking bundle to serve")
-    retrieval_bundle: str | None = Field(None, description="the two-tower bundle of /v1/recommend")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={
+        "examples": [{"bundle": "bundles/din-2026-12-01"}],
+        "anyOf": [{"required": [k], "properties": {k: {"type": "string"}}}
+                  for k in ("bundle", "retrieval_bundle")]})
+    bundle: str | None = Field(None, description="the ranking bundle to serve",
+                               json_schema_extra={"pattern": PLAIN_PATH})
+    retrieval_bundle: str | None = Field(None, description="the two-tower bundle of "
+                                         "/v1/recommend", json_schema_extra={
+                                             "pattern": PLAIN_PATH})
     variant: str | None = Field(None, description="the arm whose bundle this is (default: "
                                 "control, the only one without an experiment)")
+
+    @model_validator(mode="after")
+    def _one_bundle(self) -> ReloadRequest:
+        if self.bundle is None and self.retrieval_bundle is None:
+            raise ValueError("give bundle (the ranking model) and/or retrieval_bundle")
+        return self
 
     @field_validator("bundle", "retrieval_bundle")
     @classmethod

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from sampan.config import ServeConfig
-from sampan.errors import BundleError, ConfigError
+from sampan.errors import BundleError, ConfigError, ConflictError
 from sampan.serving.feature_store import bundle_tables
 from sampan.serving.live import live_spec
 from sampan.serving.predictor import Predictor, RequestError, top_k
@@ -44,17 +44,25 @@ def _short(text: str, limit: int = 200) -> str:
     characters (a reply never echoes a client's megabyte back)."""
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
 
-class ConflictError(RequestError):
-    """A request the server's set-up cannot take (HTTP 409), e.g. events for per-worker
-    memory."""
+def _no_bundle_at(path: str | None) -> bool:
+    """Whether ``path`` holds no bundle at all (no manifest.json; a name the system cannot
+    even look up, such as one too long)."""
+    if not path:
+        return False
+    try:
+        return not (Path(path) / "manifest.json").is_file()
+    except (OSError, ValueError):
+        return True
 
 
 class ServingBundleError(BundleError):
-    """A bundle that cannot be served; ``field`` says which (bundle / retrieval_bundle)."""
+    """A bundle that cannot be served; ``field`` says which (bundle / retrieval_bundle);
+    ``missing``: there is no bundle at that path (HTTP 404), rather than a bundle that
+    cannot be served (400)."""
 
-    def __init__(self, field: str, message: str):
+    def __init__(self, field: str, message: str, missing: bool = False):
         super().__init__(message)
-        self.field = field
+        self.field, self.missing = field, missing
 
 
 
@@ -352,7 +360,7 @@ class ServerState:
         field = "bundle"
         try:
             if bundle is not None:
-                predictor = Predictor(bundle, max_records=self.cfg.max_records,
+                predictor = Predictor(bundle, max_records=self.cfg.max_records, json_types=True,
                                       threads=self._threads(retrieval_bundle))
                 if check is not None:
                     check(predictor)
@@ -374,7 +382,8 @@ class ServerState:
         except Exception as e:  # noqa: BLE001 - reported with the bundle that failed
             path = {"bundle": bundle, "retrieval_bundle": retrieval_bundle}.get(field)
             what = f"{field} {path!r}" if path else "the live user histories"
-            raise ServingBundleError(field, f"cannot load {what}: {e}") from e
+            raise ServingBundleError(field, f"cannot load {what}: {e}",
+                                     _no_bundle_at(path)) from e
         store = FeatureStore(tables, live)
         rstore = FeatureStore(rtables, live)
         with self._lock:
@@ -580,7 +589,7 @@ class ServerState:
         with self._lock:
             retriever, store = self.retriever, self.retrieval_store
         if retriever is None:
-            raise RequestError("no retrieval bundle is configured (serve with --set "
+            raise ConflictError("no retrieval bundle is configured (serve with --set "
                                "retrieval_bundle=PATH of an exported two_tower run, or "
                                "reload one)", "retrieval_bundle")
         return retriever.search_with_notes(context, n, store)

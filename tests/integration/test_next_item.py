@@ -145,8 +145,10 @@ def test_export_and_serve_top_k_from_the_live_history(sasrec_run, tmp_path) -> N
                 body = schemas[name]["examples"][0]
                 r = httpx.post(f"{served.url}/v1/{route}", json=body)
                 assert r.status_code == 200, (name, body, r.text)
+            # the history comes from the live state by the user: the user is what a
+            # record gives
             assert set(schemas["PredictRequest"]["examples"][0]["records"][0]) == {
-                "item_id", "hist_item_id"}
+                "item_id", "user_id"}
             odd = c.recommend({"hist_item_id": ["i5", "never-seen"]}, n=20, k=20)
             check(odd, ["i5", "never-seen"])
             assert odd.warnings == ["1 item(s) of the history 'hist_item_id' are unknown to "

@@ -129,7 +129,11 @@ def test_request_errors(server):
     r = httpx.post(f"{url}/v1/predict", json={"records": [
         {"user_id": "u1", "item_id": "i1", "age": "old"}]})
     assert r.status_code == 400 and r.json()["field"] == "age"
-    assert "unparsable number" in r.json()["error"]
+    assert "is a string ('old'); expected a number" in r.json()["error"]
+    # a JSON number is expected, as the OpenAPI document says: "42" is refused too
+    r = httpx.post(f"{url}/v1/predict", json={"records": [
+        {"user_id": "u1", "item_id": "i1", "age": "42"}]})
+    assert r.status_code == 400 and r.json()["field"] == "age"
     r = httpx.post(f"{url}/v1/rank", json={"context": {"user_id": "u1"}, "candidates": []})
     assert r.status_code == 422 and r.json()["field"] == "candidates"
     r = httpx.post(f"{url}/v1/rank", json={"context": {"user_id": "u1"},
@@ -379,8 +383,8 @@ def test_reload_reaches_every_worker(bundles):
         # a bundle that does not load is refused by the worker that takes the request and
         # never published: every worker keeps serving dcn_v2
         r = httpx.post(f"{url}/v1/admin/reload", json={"bundle": str(bundles[0]) + "-nope"},
-                       headers=auth, timeout=60)
-        assert r.status_code == 400 and r.json()["field"] == "bundle"
+                       headers=auth, timeout=60)  # no bundle there: 404
+        assert r.status_code == 404 and r.json()["field"] == "bundle"
         r = httpx.post(f"{url}/v1/admin/reload", json={"bundle": str(bundles[1]),
                                                        "retrieval_bundle": str(bundles[0])},
                        headers=auth, timeout=60)  # a ranking bundle is no retrieval bundle
@@ -900,7 +904,7 @@ def test_a_killed_server_loses_at_most_one_flush_interval_of_served_rows(bundles
     stop.set()
     for t in threads:
         t.join()
-    srv.proc.stdout.close()
+    srv.output()
     saved: Counter = Counter()
     for path in (log_dir / JOURNAL).glob("*.jsonl"):
         for line in path.read_bytes().split(b"\n"):
@@ -1023,7 +1027,7 @@ def test_thousands_of_unread_context_keys_get_a_few_warnings(server):
     assert warnings[-1].startswith("... and 4,980 more context features")
     r = httpx.post(f"{url}/v1/admin/reload", json={"bundle": "/nowhere/" + "x" * 100_000},
                    headers={"authorization": f"Bearer {TOKEN}"})
-    assert r.status_code in (400, 422) and len(r.text) < 3000, r.text[:300]
+    assert r.status_code == 404 and len(r.text) < 3000, r.text[:300]
 
 
 def test_recommend_warns_about_a_user_the_retrieval_model_never_saw(server):
@@ -1154,7 +1158,19 @@ def test_openapi_examples_are_the_bundles_and_codes_are_complete(server):
     routes = {"PredictRequest": "/v1/predict", "RankRequest": "/v1/rank",
               "RecommendRequest": "/v1/recommend"}  # events: no live history here
     record = schemas["PredictRequest"]["examples"][0]["records"][0]
-    assert set(record) == {"user_id", "item_id", "age", "city", "price", "brand"}
+    # what a record must give: the user and the item (their tables bring age, city, price
+    # and brand), typed as the server takes them
+    assert set(record) == {"user_id", "item_id"}
+    items = schemas["PredictRequest"]["properties"]["records"]["items"]
+    assert set(items["required"]) == {"user_id", "item_id"}
+    assert items["additionalProperties"] is False
+    assert items["properties"]["user_id"]["type"] == ["string", "number", "boolean", "null"]
+    context = schemas["RankRequest"]["properties"]["context"]
+    assert context["required"] == ["user_id"] and context["additionalProperties"] is True
+    # a record may still give what a table brings (it overrides the table)
+    r = httpx.post(f"{url}/v1/predict", json={"records": [
+        {**record, "age": 30, "city": "c1", "price": 9.5, "brand": "b1"}]})
+    assert r.status_code == 200, r.text
     for name, route in routes.items():
         body = schemas[name]["examples"][0]
         r = httpx.post(f"{url}{route}", json=body)
@@ -1166,3 +1182,45 @@ def test_openapi_examples_are_the_bundles_and_codes_are_complete(server):
     for route in ("/v1/predict", "/v1/rank", "/v1/recommend", "/v1/events"):
         assert {"413", "503"} <= codes[route], route
     assert "503" in paths["/readyz"]["get"]["responses"]
+
+
+def _raw_http(url: str, request: bytes) -> bytes:
+    """Send bytes as they are and read until the server closes the connection."""
+    import socket
+
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        try:
+            s.sendall(request)
+        except OSError:  # the server may answer and close before taking all of it
+            pass
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+    return out
+
+
+def test_requests_that_are_not_http_get_a_json_error(server):
+    """Issue 45 item 10: uvicorn answered these with text/plain "Invalid HTTP request
+    received."; every error the server sends is JSON."""
+    url, _ = server
+    head = b"POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    cases = {
+        "two Content-Lengths": head + b"Content-Length: 2\r\nContent-Length: 9\r\n\r\n{}",
+        "Content-Length and chunked": head + b"Content-Length: 2\r\nTransfer-Encoding: "
+                                             b"chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+        "a garbled request line": b"GET\x00/ HTTP/1.1\r\nHost: x\r\n\r\n",
+        "a 1 MB URL": b"GET /" + b"a" * 1_000_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+        "a body longer than its Content-Length": head + b"Content-Length: 2\r\n\r\n{}"
+                                                        b"garbage that is no request\r\n\r\n",
+    }
+    for what, request in cases.items():
+        reply = _raw_http(url, request)
+        # the last answer (to the part that is not HTTP): a status line after a body
+        starts = [m.start() for m in re.finditer(rb"HTTP/1\.1 \d{3} ", reply)]
+        last = reply[starts[-1]:]
+        status, _, rest = last.partition(b"\r\n")
+        headers, _, body = rest.partition(b"\r\n\r\n")
+        assert status.startswith(b"HTTP/1.1 4"), (what, reply[:300])
+        assert b"content-type: application/json" in headers.lower(), (what, reply[:300])
+        assert json.loads(body)["error"], what

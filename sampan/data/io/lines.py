@@ -188,15 +188,19 @@ def records_table(records: list[dict[str, Any]], roles: ColumnRoles,
     it becomes a list column.
 
     Raises :class:`CellError` for a string that is not valid Unicode (a lone surrogate,
-    which JSON's ``\\ud800`` escape can carry) and, with ``scalars``, for an array or object
-    where a single value is expected (a request's categorical feature), instead of turning
-    it into text that no vocabulary holds."""
+    which JSON's ``\\ud800`` escape can carry) and, with ``scalars`` (a request's values),
+    for an array or object where a single value is expected (a categorical feature),
+    instead of turning it into text that no vocabulary holds, and for a string given for a
+    numeric feature (a JSON number is expected)."""
     cols = {}
     for c in roles.all:
         values = [r.get(c) for r in records]
         as_list = c in roles.lists and any(isinstance(v, list) for v in values)
         if scalars:
             for i, v in enumerate(values):
+                if isinstance(v, str) and c in roles.numeric:
+                    raise CellError(f"is a string ({_json_text(v)[:40]!r}); expected a "
+                                    "number or null", c, i)
                 if isinstance(v, dict) or (isinstance(v, list) and not as_list) or (
                         as_list and isinstance(v, list) and any(
                             isinstance(x, (dict, list)) for x in v)):

@@ -1,0 +1,113 @@
+"""Schemathesis against a real ``sampan serve``, from the server's own OpenAPI document, all
+checks on, the admin routes with the token: a DeepFM bundle (numeric and categorical
+features, ranking by one of them) and a DIN bundle with feature tables and live histories.
+
+Every generated request the document describes must be answered as documented (status,
+content type, headers, body schema), every request it does not describe must be refused,
+and no request may fail the server. The bounded run takes ``SAMPAN_FUZZ_EXAMPLES`` cases an
+operation (150 unless set); ``pytest -m long_fuzz`` runs 20 times as many."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from rich.console import Console
+
+from sampan.config import load_config
+from sampan.export import export_run
+from sampan.train.experiment import run_experiment
+from tests.conftest import Served
+from tests.fuzz import EXAMPLES, fuzz
+
+schemathesis = pytest.importorskip("schemathesis", reason="Schemathesis is in the dev extra")
+
+TOKEN = "schemathesis-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def _deepfm(root):  # type: ignore[no-untyped-def]
+    cfg = load_config(raw={"output_dir": str(root), "preset": "criteo", "data": {
+        "format": "synthetic", "synthetic": {"rows": 3000}},
+        "model": {"name": "deepfm", "embedding_dim": 4, "mlp": [8]},
+        "train": {"epochs": 1, "progress": False, "tensorboard": False}})
+    run = run_experiment(cfg, run_dir=root / "run-deepfm", console=Console(quiet=True))
+    return export_run(run["run_dir"], root / "bundle-deepfm")
+
+
+def _din(root):  # type: ignore[no-untyped-def]
+    """DIN on a behaviour log: user and item tables, histories kept live from events."""
+    from sampan.data.behaviour import BuildOptions, build_sequences
+
+    rng = random.Random(0)
+    lines = []
+    for t in range(4000):
+        u, c = rng.randrange(60), rng.randrange(10)
+        i = c + 10 * rng.randrange(12)
+        lines.append(f"u{u},i{i},c{i % 10},pv,{1000 + t}\n")
+    (root / "log.csv").write_text("".join(lines))
+    build_sequences(str(root / "log.csv"), root / "samples.parquet", BuildOptions(
+        columns=["user_id", "item_id", "category_id", "behavior", "timestamp"], header=False,
+        targets="positive", negatives=1, max_len=5))
+    cfg = load_config(raw={
+        "output_dir": str(root), "data": {"train": str(root / "samples.parquet"), "split": {
+            "method": "time", "column": "timestamp", "train": 0.8, "valid": 0.1, "test": 0.1}},
+        "features": {"label": "label", "group": "user_id",
+                     "categorical": ["user_id", "item_id", "category_id"],
+                     "lists": [{"name": "hist_item_id", "share": "item_id", "max_len": 5},
+                               {"name": "hist_category_id", "share": "category_id",
+                                "max_len": 5}]},
+        "model": {"name": "din", "target": "item_id", "history": "hist_item_id",
+                  "embedding_dim": 4, "mlp": [8]},
+        "train": {"epochs": 1, "batch_size": 256, "progress": False, "tensorboard": False}})
+    run = run_experiment(cfg, run_dir=root / "run-din", console=Console(quiet=True))
+    return export_run(run["run_dir"], root / "bundle-din")
+
+
+def _served(bundle, *more):  # type: ignore[no-untyped-def]
+    return Served([str(bundle), "--set", "max_records=50", "--set", "max_body_bytes=200000",
+                   *more], env={"SAMPAN_ADMIN_TOKEN": TOKEN}, grpc=False)
+
+
+@pytest.fixture(scope="module")
+def deepfm_api(tmp_path_factory):  # type: ignore[no-untyped-def]
+    srv = _served(_deepfm(tmp_path_factory.mktemp("st-deepfm")), "--set", "item_key=C1")
+    yield schemathesis.openapi.from_url(f"{srv.url}/openapi.json")
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def din_api(tmp_path_factory):  # type: ignore[no-untyped-def]
+    srv = _served(_din(tmp_path_factory.mktemp("st-din")))
+    yield schemathesis.openapi.from_url(f"{srv.url}/openapi.json")
+    srv.stop()
+
+
+deepfm = schemathesis.pytest.from_fixture("deepfm_api")
+din = schemathesis.pytest.from_fixture("din_api")
+
+
+@deepfm.parametrize()
+@fuzz(EXAMPLES)
+def test_deepfm_server_answers_as_documented(case):  # type: ignore[no-untyped-def]
+    case.call_and_validate(headers=AUTH)
+
+
+@din.parametrize()
+@fuzz(EXAMPLES)
+def test_din_server_with_live_state_answers_as_documented(case):  # type: ignore
+    case.call_and_validate(headers=AUTH)
+
+
+@pytest.mark.long_fuzz
+@deepfm.parametrize()
+@fuzz(EXAMPLES * 20)
+def test_deepfm_server_long(case):  # type: ignore[no-untyped-def]
+    case.call_and_validate(headers=AUTH)
+
+
+@pytest.mark.long_fuzz
+@din.parametrize()
+@fuzz(EXAMPLES * 20)
+def test_din_server_long(case):  # type: ignore[no-untyped-def]
+    case.call_and_validate(headers=AUTH)
