@@ -41,6 +41,45 @@ def shared_data() -> Path:
     return SHARED_DATA
 
 
+def din_live_bundle(root: Path) -> Path:
+    """A DIN bundle on a behaviour log where each user keeps to a few categories (item
+    ``i<n>`` has category ``c<n % 10>``), with user and item tables and live histories."""
+    import random
+
+    from rich.console import Console
+
+    from sampan.config import load_config
+    from sampan.data.behaviour import BuildOptions, build_sequences
+    from sampan.export import export_run
+    from sampan.train.experiment import run_experiment
+
+    rng = random.Random(0)
+    lines = []
+    for t in range(6000):
+        u = rng.randrange(80)
+        c = (u + rng.choice([0, 0, 1])) % 10 if rng.random() < 0.8 else rng.randrange(10)
+        i = c + 10 * rng.randrange(12)  # item i has category i % 10
+        lines.append(f"u{u},i{i},c{i % 10},pv,{1000 + t}\n")
+    (root / "log.csv").write_text("".join(lines))
+    samples = root / "samples.parquet"
+    build_sequences(str(root / "log.csv"), samples, BuildOptions(
+        columns=["user_id", "item_id", "category_id", "behavior", "timestamp"], header=False,
+        targets="positive", negatives=1, max_len=5))
+    cfg = load_config(raw={
+        "output_dir": str(root), "data": {"train": str(samples), "split": {
+            "method": "time", "column": "timestamp", "train": 0.8, "valid": 0.1, "test": 0.1}},
+        "features": {"label": "label", "group": "user_id",
+                     "categorical": ["user_id", "item_id", "category_id"],
+                     "lists": [{"name": "hist_item_id", "share": "item_id", "max_len": 5},
+                               {"name": "hist_category_id", "share": "category_id",
+                                "max_len": 5}]},
+        "model": {"name": "din", "target": "item_id", "history": "hist_item_id",
+                  "embedding_dim": 8, "mlp": [16]},
+        "train": {"epochs": 1, "batch_size": 256, "progress": False, "tensorboard": False}})
+    run = run_experiment(cfg, run_dir=root / "run", console=Console(quiet=True))["run_dir"]
+    return export_run(run, root / "bundle")
+
+
 def free_port() -> int:
     import socket
 

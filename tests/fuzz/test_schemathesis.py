@@ -9,15 +9,13 @@ operation (150 unless set); ``pytest -m long_fuzz`` runs 20 times as many."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
 from rich.console import Console
 
 from sampan.config import load_config
 from sampan.export import export_run
 from sampan.train.experiment import run_experiment
-from tests.conftest import Served
+from tests.conftest import Served, din_live_bundle
 from tests.fuzz import EXAMPLES, fuzz
 
 schemathesis = pytest.importorskip("schemathesis", reason="Schemathesis is in the dev extra")
@@ -35,35 +33,6 @@ def _deepfm(root):  # type: ignore[no-untyped-def]
     return export_run(run["run_dir"], root / "bundle-deepfm")
 
 
-def _din(root):  # type: ignore[no-untyped-def]
-    """DIN on a behaviour log: user and item tables, histories kept live from events."""
-    from sampan.data.behaviour import BuildOptions, build_sequences
-
-    rng = random.Random(0)
-    lines = []
-    for t in range(4000):
-        u, c = rng.randrange(60), rng.randrange(10)
-        i = c + 10 * rng.randrange(12)
-        lines.append(f"u{u},i{i},c{i % 10},pv,{1000 + t}\n")
-    (root / "log.csv").write_text("".join(lines))
-    build_sequences(str(root / "log.csv"), root / "samples.parquet", BuildOptions(
-        columns=["user_id", "item_id", "category_id", "behavior", "timestamp"], header=False,
-        targets="positive", negatives=1, max_len=5))
-    cfg = load_config(raw={
-        "output_dir": str(root), "data": {"train": str(root / "samples.parquet"), "split": {
-            "method": "time", "column": "timestamp", "train": 0.8, "valid": 0.1, "test": 0.1}},
-        "features": {"label": "label", "group": "user_id",
-                     "categorical": ["user_id", "item_id", "category_id"],
-                     "lists": [{"name": "hist_item_id", "share": "item_id", "max_len": 5},
-                               {"name": "hist_category_id", "share": "category_id",
-                                "max_len": 5}]},
-        "model": {"name": "din", "target": "item_id", "history": "hist_item_id",
-                  "embedding_dim": 4, "mlp": [8]},
-        "train": {"epochs": 1, "batch_size": 256, "progress": False, "tensorboard": False}})
-    run = run_experiment(cfg, run_dir=root / "run-din", console=Console(quiet=True))
-    return export_run(run["run_dir"], root / "bundle-din")
-
-
 def _served(bundle, *more):  # type: ignore[no-untyped-def]
     return Served([str(bundle), "--set", "max_records=50", "--set", "max_body_bytes=200000",
                    *more], env={"SAMPAN_ADMIN_TOKEN": TOKEN}, grpc=False)
@@ -78,7 +47,7 @@ def deepfm_api(tmp_path_factory):  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="module")
 def din_api(tmp_path_factory):  # type: ignore[no-untyped-def]
-    srv = _served(_din(tmp_path_factory.mktemp("st-din")))
+    srv = _served(din_live_bundle(tmp_path_factory.mktemp("st-din")))
     yield schemathesis.openapi.from_url(f"{srv.url}/openapi.json")
     srv.stop()
 

@@ -2,7 +2,6 @@
 events that append to users' histories (memory and a real redis-server), the TTL, and the
 events route of a real server with its token, through the Python client."""
 
-import random
 import subprocess
 import time
 from pathlib import Path
@@ -10,48 +9,18 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from rich.console import Console
 
 from sampan.client import Client, GrpcClient, ServingError
-from sampan.config import load_config, load_serve_config
-from sampan.data.behaviour import BuildOptions, build_sequences
+from sampan.config import load_serve_config
 from sampan.errors import RequestError
-from sampan.export import export_run
 from sampan.serving import Predictor
 from sampan.serving.service import ConflictError, ServerState
-from sampan.train.experiment import run_experiment
-from tests.conftest import Served
+from tests.conftest import Served, din_live_bundle
 
 
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory):
-    """DIN on a behaviour log where each user keeps to a few categories."""
-    root = tmp_path_factory.mktemp("live")
-    rng = random.Random(0)
-    lines = []
-    for t in range(6000):
-        u = rng.randrange(80)
-        c = (u + rng.choice([0, 0, 1])) % 10 if rng.random() < 0.8 else rng.randrange(10)
-        i = c + 10 * rng.randrange(12)  # item i has category i % 10
-        lines.append(f"u{u},i{i},c{i % 10},pv,{1000 + t}\n")
-    (root / "log.csv").write_text("".join(lines))
-    samples = root / "samples.parquet"
-    build_sequences(str(root / "log.csv"), samples, BuildOptions(
-        columns=["user_id", "item_id", "category_id", "behavior", "timestamp"], header=False,
-        targets="positive", negatives=1, max_len=5))
-    cfg = load_config(raw={
-        "output_dir": str(root), "data": {"train": str(samples), "split": {
-            "method": "time", "column": "timestamp", "train": 0.8, "valid": 0.1, "test": 0.1}},
-        "features": {"label": "label", "group": "user_id",
-                     "categorical": ["user_id", "item_id", "category_id"],
-                     "lists": [{"name": "hist_item_id", "share": "item_id", "max_len": 5},
-                               {"name": "hist_category_id", "share": "category_id",
-                                "max_len": 5}]},
-        "model": {"name": "din", "target": "item_id", "history": "hist_item_id",
-                  "embedding_dim": 8, "mlp": [16]},
-        "train": {"epochs": 1, "batch_size": 256, "progress": False, "tensorboard": False}})
-    run = run_experiment(cfg, run_dir=root / "run", console=Console(quiet=True))["run_dir"]
-    return export_run(run, root / "bundle")
+    return din_live_bundle(tmp_path_factory.mktemp("live"))
 
 
 def histories(bundle):

@@ -15,20 +15,25 @@ from sampan.data.synthetic import interaction_samples
 from tests.integration.test_learning import TRAIN, markov_lines, run
 
 
-@pytest.fixture(scope="module")
-def sasrec_run(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("sasrec")
-    samples = tmp / "samples.parquet"
-    build_sequences(str(markov_lines(tmp / "seq.txt", users=300)), samples,
-                    BuildOptions(format="sequence_lines", max_len=10))
-    run(tmp, {
+def sasrec_raw(samples) -> dict:  # type: ignore[no-untyped-def]
+    """A small SASRec experiment on ``samples`` (sequence lines), leave-one-out."""
+    return {
         "data": {"train": str(samples),
                  "split": {"method": "leave_one_out", "column": "user_id",
                            "order": "timestamp"}},
         "features": {"label": "label", "group": "user_id", "categorical": ["item_id"],
                      "lists": [{"name": "hist_item_id", "share": "item_id", "max_len": 10}]},
         "model": {"name": "sasrec", "embedding_dim": 16, "dropout": 0.1},
-        "train": {**TRAIN, "epochs": 3, "batch_size": 64, "lr": 0.005, "embedding_l2": 0.0}})
+        "train": {**TRAIN, "epochs": 3, "batch_size": 64, "lr": 0.005, "embedding_l2": 0.0}}
+
+
+@pytest.fixture(scope="module")
+def sasrec_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("sasrec")
+    samples = tmp / "samples.parquet"
+    build_sequences(str(markov_lines(tmp / "seq.txt", users=300)), samples,
+                    BuildOptions(format="sequence_lines", max_len=10))
+    run(tmp, sasrec_raw(samples))
     return tmp / "run-sasrec"
 
 

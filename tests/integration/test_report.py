@@ -166,6 +166,7 @@ def ranking_runs(tmp_path_factory):
     from sampan.data.behaviour import BuildOptions, build_sequences
     from sampan.data.synthetic import interaction_samples
     from tests.integration.test_learning import TRAIN, markov_lines
+    from tests.integration.test_next_item import sasrec_raw
 
     root = tmp_path_factory.mktemp("ranking")
     clicks = root / "clicks.parquet"
@@ -179,14 +180,7 @@ def ranking_runs(tmp_path_factory):
         "features": {"group": "user_id", "categorical": ["user_id", "item_id"]},
         "model": {"name": "two_tower", "item_features": ["item_id"], "embedding_dim": 8,
                   "k": 10},
-        "train": {**TRAIN, "epochs": 2, "batch_size": 128}}, "sasrec": {
-        "data": {"train": str(samples),
-                 "split": {"method": "leave_one_out", "column": "user_id",
-                           "order": "timestamp"}},
-        "features": {"label": "label", "group": "user_id", "categorical": ["item_id"],
-                     "lists": [{"name": "hist_item_id", "share": "item_id", "max_len": 10}]},
-        "model": {"name": "sasrec", "embedding_dim": 16, "dropout": 0.1},
-        "train": {**TRAIN, "epochs": 3, "batch_size": 64, "lr": 0.005, "embedding_l2": 0.0}}}
+        "train": {**TRAIN, "epochs": 2, "batch_size": 128}}, "sasrec": sasrec_raw(samples)}
     for name, raw in raws.items():
         run_experiment(load_config(raw={"output_dir": str(root), **raw}),
                        run_dir=root / name, console=Console(quiet=True))
