@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 
 from sampan.errors import ConflictError, RequestError
 from sampan.serving.metrics import release_memory
-from sampan.serving.openapi import merge, request_examples, request_schemas, rollback_arms
+from sampan.serving.openapi import merge, request_examples, request_schemas
 from sampan.serving.schemas import (
     ErrorBody,
     EventsRequest,
@@ -314,7 +314,7 @@ def create_app(state: ServerState):  # type: ignore[no-untyped-def]
             for name, body in request_examples(state).items():
                 if name in schemas:
                     schemas[name]["examples"] = [body]
-            arms = rollback_arms(state)
+            arms = list(state.arms) if state is not None and state.arms else None
             for p in doc["paths"].get("/v1/admin/rollback", {}).get("post", {}).get(
                     "parameters", []) if arms else []:
                 if p["name"] == "variant":

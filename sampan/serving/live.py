@@ -60,6 +60,12 @@ class LiveHistories:
     def columns(self) -> list[str]:
         return list(self.histories)
 
+    @property
+    def event_values(self) -> list[str]:
+        """What an event gives besides the user: the values the histories append
+        (``item_id``, ``category_id``)."""
+        return list(dict.fromkeys(h.event for h in self.histories.values()))
+
     def _expired(self, last: float, now: float) -> bool:
         """Whether a history last written at ``last`` is past the TTL at ``now``."""
         return bool(self.ttl) and last + self.ttl < now
@@ -162,6 +168,7 @@ class RedisLiveHistories:
         self.histories = {h.column: h for h in histories}
 
     columns = LiveHistories.columns
+    event_values = LiveHistories.event_values
     extend = LiveHistories.extend
 
     @property
@@ -251,7 +258,7 @@ def append_events(live: Any, events: list[dict[str, Any]], tables: list[Any],
                            "for events to update", "events")
     check_objects(events, "event", max_records)
     hist = list(live.histories.values())
-    fields = [live.key, *dict.fromkeys(h.event for h in hist)]
+    fields = [live.key, *live.event_values]
     for i, e in enumerate(events):
         unknown = [k for k in e if k not in fields]
         if unknown:

@@ -102,7 +102,7 @@ def request_schemas(state: ServerState | None) -> dict[str, dict[str, Any]]:
     else:  # 409 whatever the context: only the arm is checked first
         out["RecommendRequest"] = {"properties": {"variant": arms}}
     if state.live is not None:
-        fields = [*dict.fromkeys(h.event for h in state.live.histories.values())]
+        fields = state.live.event_values
         event = {state.live.key: {"type": SCALAR, "description": "the user"},
                  **{f: {"type": [*SCALAR, "null"]} for f in fields}}
         out["EventsRequest"] = {"properties": {"events": {
@@ -120,11 +120,6 @@ def request_schemas(state: ServerState | None) -> dict[str, dict[str, Any]]:
             "anyOf": [{"properties": {a: {"exclusiveMinimum": 0}}} for a in names],
             "description": "every arm's new relative weight (at least one above 0)"}}}
     return out
-
-
-def rollback_arms(state: ServerState | None) -> list[str] | None:
-    """The arms ``/v1/admin/rollback?variant=`` takes (None: no bundle, any text)."""
-    return list(state.arms) if state is not None and state.arms else None
 
 
 def merge(schema: dict[str, Any], more: dict[str, Any]) -> None:
