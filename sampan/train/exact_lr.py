@@ -29,6 +29,11 @@ to scikit-learn's LR on the same rows without the twins; with its own L2 the twi
 is worth on large worlds with non-linear numbers (fresh_7963_2: +0.011 over that LR) and gives
 way elsewhere.
 
+``seconds`` bounds the search's time (the warm start gives it a share of the training it
+precedes): each solve gets the passes that fit what is left (timed from the first pass), and
+the walk ends, keeping the best ``C`` so far, when fewer than :data:`MIN_PASSES` fit (a
+solve cut short says so in its path entry).
+
 It applies when everything fits the design in memory: one process, fitted vocabularies (no
 dynamic tables), a binary task, and at most :data:`MAX_NONZEROS` ids over the training rows.
 Otherwise the warm start trains its LR by SGD (:mod:`sampan.train.warm_start`).
@@ -37,6 +42,7 @@ Otherwise the warm start trains its LR by SGD (:mod:`sampan.train.warm_start`).
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -58,6 +64,8 @@ BINNED_L2 = (1.0, 10.0, 100.0, 1000.0)
 # L-BFGS iterations per C, each solve starting from the best C's solution so far: near
 # enough for the validation metric (more moved it by < 3e-4 AUC on the built-in data)
 MAX_ITER = 40
+# a solve given fewer passes than this (under a time bound) is not started
+MIN_PASSES = 5
 
 
 def _csr(crow: torch.Tensor, col: torch.Tensor, val: torch.Tensor,
@@ -66,6 +74,25 @@ def _csr(crow: torch.Tensor, col: torch.Tensor, val: torch.Tensor,
     memory of int64)."""
     index = torch.int32 if max(shape) < 2**31 and len(col) < 2**31 else torch.int64
     return csr(crow.to(index), col.to(index), val, shape)
+
+
+def _transposed(crow: torch.Tensor, col: torch.Tensor, val: torch.Tensor,
+                shape: tuple[int, int], width: int | None = None) -> torch.Tensor:
+    """``X^T`` in CSR for ``X`` given by ``crow``, ``col``, ``val`` (``width``: every row
+    has that many entries): its entries in column order by one stable sort of the column
+    indices (a third of the time ``x.t().to_sparse_csr()`` takes on 34 M entries)."""
+    rows, cols = shape
+    small = cols < 2**31 and rows < 2**31 and len(col) < 2**31
+    index = torch.int32 if small else torch.int64
+    order = torch.sort(col.to(index), stable=True).indices
+    if width:  # entry e is row e // width's
+        row_of = torch.div(order, width, rounding_mode="floor").to(index)
+    else:
+        row_of = torch.repeat_interleave(torch.arange(rows, dtype=index), crow.diff(),
+                                         output_size=len(col))[order]
+    t_crow = torch.zeros(cols + 1, dtype=torch.int64)
+    torch.cumsum(torch.bincount(col, minlength=cols), 0, out=t_crow[1:])
+    return _csr(t_crow, row_of, val[order], (cols, rows))
 
 
 @dataclass
@@ -102,16 +129,17 @@ def design(data: SplitArrays, fe: FeatureEmbedding, transpose: bool) -> Design:
     rows, table = int(data.sparse.shape[0]), fe.embedding
     blocks = []
 
-    def add(crow: torch.Tensor, col: torch.Tensor, val: torch.Tensor) -> None:
+    def add(crow: torch.Tensor, col: torch.Tensor, val: torch.Tensor,
+            width: int | None = None) -> None:
         x = _csr(crow, col, val, (rows, table.num_rows))
-        xt = x.t().to_sparse_csr() if transpose else None
+        xt = _transposed(crow, col, val, (rows, table.num_rows), width) if transpose else None
         blocks.append((x, xt))
 
     ids = torch.from_numpy(np.array(data.sparse, dtype=np.int64))
     if ids.shape[1]:
         f = ids.shape[1]
         add(torch.arange(0, rows * f + 1, f), (ids + table.offsets.cpu()).reshape(-1),
-            torch.ones(rows * f))
+            torch.ones(rows * f), width=f)
     for s in fe.schema.sequences:
         seq = torch.from_numpy(np.array(data.sequences[s.name], dtype=np.int64))
         real = seq != 0  # padding is not an id
@@ -196,11 +224,14 @@ class _Objective:
         return value, grad
 
 
-def _solve(obj: _Objective, theta: torch.Tensor, max_iter: int) -> tuple[torch.Tensor, int]:
-    """L-BFGS (strong Wolfe line search) from ``theta``; returns the solution and the
-    number of objective evaluations."""
+def _solve(obj: _Objective, theta: torch.Tensor, max_iter: int,
+           max_eval: int | None = None) -> tuple[torch.Tensor, int]:
+    """L-BFGS (strong Wolfe line search) from ``theta``, at most ``max_iter`` iterations
+    and ``max_eval`` objective evaluations (torch's default: 1.25 x ``max_iter``); returns
+    the solution and the number of objective evaluations."""
     theta = theta.clone().requires_grad_(True)
-    opt = torch.optim.LBFGS([theta], lr=1.0, max_iter=max_iter, history_size=10,
+    opt = torch.optim.LBFGS([theta], lr=1.0, max_iter=max_iter, max_eval=max_eval,
+                            history_size=10,
                             tolerance_grad=1e-9, tolerance_change=1e-9,
                             line_search_fn="strong_wolfe")
     calls = 0
@@ -218,11 +249,17 @@ def _solve(obj: _Objective, theta: torch.Tensor, max_iter: int) -> tuple[torch.T
 
 def fit_exact_lr(fe: FeatureEmbedding, train: SplitArrays, valid: SplitArrays,
                  score: Callable[[torch.Tensor], tuple[float, dict[str, float]]],
-                 log: Callable[[str], None] | None = None) -> dict[str, Any]:
+                 log: Callable[[str], None] | None = None,
+                 seconds: float | None = None) -> dict[str, Any]:
     """Fit ``fe``'s first-order terms (bias, each row's weight per label, the numeric
     weights) as the L2-regularised LR on ``train``, ``C`` chosen on ``valid``, and write
     them into ``fe``. ``score(valid logits)`` returns ``(value, metrics)``, higher value
-    better (the run's early-stopping metric, signed). Returns what the run reports."""
+    better (the run's early-stopping metric, signed). ``seconds``: the time the search may
+    take, counted from this call (the design matrices included); ``None``: no bound.
+    Returns what the run reports; ``cut``, where the bound ended it early: ``search`` (the
+    kept solve ran its iterations, later ones were cut or skipped) or ``solution`` (the kept
+    solve itself was cut short)."""
+    t0 = time.perf_counter()
     d_train, d_valid = design(train, fe, transpose=True), design(valid, fe, transpose=False)
     rows, tasks = fe.embedding.num_rows, fe.tasks
     obj = _Objective(d_train, rows, tasks, binned_rows(fe))
@@ -232,27 +269,44 @@ def fit_exact_lr(fe: FeatureEmbedding, train: SplitArrays, valid: SplitArrays,
     _, _, b = obj.unpack(theta)
     b.copy_(torch.logit(base.clamp(1e-6, 1 - 1e-6)))
     path: list[dict[str, Any]] = []
-    # (valid value, C, binned L2, solution, valid metrics) of the best solve so far
-    best: tuple[float, float, float, torch.Tensor, dict[str, float]] | None = None
-    evals = 0
+    # (valid value, C, binned L2, solution, valid metrics, its path entry) of the best
+    # solve so far
+    best: tuple[float, float, float, torch.Tensor, dict[str, float], dict[str, Any]] | None \
+        = None
+    evals, cut = 0, False
+    if seconds is not None:  # one pass timed: what a solve's passes cost
+        tp = time.perf_counter()
+        obj(theta)
+        pass_seconds = time.perf_counter() - tp
 
     def solve(c: float, start: torch.Tensor, binned_l2: float = 1.0) -> bool:
         """Solve at ``c`` (and ``binned_l2``) from ``start``; True when it beats the best
-        so far."""
-        nonlocal best, evals
+        so far. Under a time bound, the passes that fit what is left; none (False, and
+        ``cut`` set) when fewer than ``MIN_PASSES`` fit."""
+        nonlocal best, evals, cut
+        max_iter, max_eval = MAX_ITER, None
+        if seconds is not None:
+            left = int((seconds - (time.perf_counter() - t0)) / max(pass_seconds, 1e-9))
+            if left < MIN_PASSES and best is not None:
+                cut = True
+                return False
+            max_eval = min(max(left, MIN_PASSES), MAX_ITER * 5 // 4)
+            max_iter = min(MAX_ITER, max_eval)
         obj.lam, obj.binned_l2 = 1.0 / (c * n), binned_l2
-        theta, calls = _solve(obj, start, MAX_ITER)
+        theta, calls = _solve(obj, start, max_iter, max_eval)
         evals += calls
+        short = max_eval is not None and max_eval < MAX_ITER * 5 // 4 and calls >= max_eval
+        cut = cut or short  # stopped by the bound before its iterations were done
         value, metrics = score(d_valid.logits(*obj.unpack(theta)))
         extra = {} if obj.binned is None else {"binned_l2": binned_l2}
-        path.append({"C": c, **extra, "evals": calls,
+        path.append({"C": c, **extra, "evals": calls, **({"cut": True} if short else {}),
                      **{k: metrics[k] for k in ("auc", "logloss") if k in metrics}})
         if log is not None:
             log(f"C {c:g}" + (f", binned L2 x{binned_l2:g}" if extra else "")
                 + f": {calls} passes, valid " + " ".join(
                     f"{k} {metrics[k]:.4f}" for k in ("auc", "logloss") if k in metrics))
         if best is None or (not math.isnan(value) and value > best[0]):
-            best = (value, c, binned_l2, theta, metrics)
+            best = (value, c, binned_l2, theta, metrics, path[-1])
             return True
         return False
 
@@ -281,7 +335,7 @@ def fit_exact_lr(fe: FeatureEmbedding, train: SplitArrays, valid: SplitArrays,
         if best[2] != 1.0:  # type: ignore[index]
             walk_c(C_PATH.index(c0), best[2], first=False)  # type: ignore[index]
     assert best is not None
-    _, c, binned_l2, theta, metrics = best
+    _, c, binned_l2, theta, metrics, entry = best
     w, wd, b = obj.unpack(theta)
     with torch.no_grad():
         weight = fe.embedding.weight
@@ -292,4 +346,5 @@ def fit_exact_lr(fe: FeatureEmbedding, train: SplitArrays, valid: SplitArrays,
     return {"solver": "lbfgs", "C": c,
             **({} if obj.binned is None else {"binned_l2": binned_l2}),
             "passes": evals, "path": path,
+            **({"cut": "solution" if entry.get("cut") else "search"} if cut else {}),
             "valid": {k: metrics[k] for k in ("auc", "logloss") if k in metrics}}

@@ -36,8 +36,17 @@ How the LR is fitted (``train.first_order_solver``):
   launch it trains data-parallel like the model, its table replicated, and a row-sharded
   model takes the rows it holds.
 
-Either way its weights are in ``<run>/first_order/checkpoints/best.pt``. ``auto`` turns the
-warm start on only with a validation split.
+Either way its weights are in ``<run>/first_order/checkpoints/best.pt``.
+
+Its time is bounded by the training it precedes: a third (:data:`BUDGET_SHARE`) of that
+training's estimated time, so at most a quarter of the two together, and at least
+:data:`BUDGET_FLOOR` seconds (:func:`training_estimate`: a few training steps timed, and
+undone, times the steps of a run that improves for two epochs). The exact fit then ends
+its ``C`` search with the best ``C`` so far (its id weights keep training when that solve
+itself was cut short), an SGD fit stops at its next evaluation; the run header says what
+the warm start cost against that budget, and ``results.json`` keeps both. The ``lr``
+model has no bound: there the exact fit is the model, and its training only refines it.
+``auto`` turns the warm start on only with a validation split.
 
 After an exact fit, the ids' first-order weights stay the LR's (``train.first_order_frozen``,
 the default; the sparse optimizer keeps those columns of the table, and its checkpointed
@@ -55,6 +64,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import numpy as np
 import torch
 from rich.console import Console
 from torch import nn
@@ -69,6 +79,11 @@ from sampan.train.exact_lr import MAX_NONZEROS, fit_exact_lr, nonzeros
 from sampan.train.trainer import Trainer
 
 DIRNAME = "first_order"
+# the warm start's time: at most this share of the main training's estimate (a third: at
+# most a quarter of the two together), and at least BUDGET_FLOOR seconds (where the whole
+# run takes seconds, a cut LR is not worth what it saves)
+BUDGET_SHARE = 1 / 3
+BUDGET_FLOOR = 2.0
 
 
 def copy_first_order(source: FeatureEmbedding, model: nn.Module) -> None:
@@ -131,6 +146,30 @@ def exact_fit_blocker(trainer: Trainer) -> str | None:
     return None
 
 
+def training_estimate(trainer: Trainer) -> tuple[float, int]:
+    """The main training's expected seconds and the steps they count: with early stopping,
+    two epochs and the patience past them (a run that improves through its second epoch,
+    as all but a few runs of the defaults benchmark do, is at least that long); else every
+    planned step. Each step
+    takes what :meth:`~sampan.train.trainer.Trainer.step_seconds` measures, and each
+    evaluation what scoring the validation rows takes (timed on its first rows)."""
+    tc, per_epoch = trainer.tc, len(trainer.loader)
+    steps = trainer.total_steps
+    every = tc.eval_every_steps or per_epoch
+    valid = trainer.valid_data
+    if valid is not None and tc.early_stopping.enabled:
+        steps = min(steps, 2 * per_epoch + int(tc.early_stopping.patience) * every)
+    seconds = trainer.step_seconds() * steps
+    if valid is not None and len(valid):
+        sample = valid.take(np.arange(min(len(valid), tc.eval_batch_size)))
+        was_training, t0 = trainer.model.training, time.perf_counter()
+        trainer.predict_logits(sample)
+        per_row = (time.perf_counter() - t0) / len(sample)
+        trainer.model.train(was_training)
+        seconds += (steps // max(every, 1) + 1) * per_row * len(valid)
+    return seconds, steps
+
+
 def fit_first_order(trainer: Trainer) -> dict[str, Any] | None:
     """Fit an LR with ``trainer``'s config and rows and copy it into ``trainer.model``,
     before ``trainer.fit()``: the fit then keeps the LR's output bias and evaluates the
@@ -156,41 +195,58 @@ def fit_first_order(trainer: Trainer) -> dict[str, Any] | None:
                               f"{blocker or 'train.first_order_solver: sgd'})")
         return None
     t0 = time.perf_counter()
+    budget = None
+    if not only_lr:  # the lr model's exact fit is the model: not cut short
+        estimate, steps = training_estimate(trainer)
+        budget = max(BUDGET_FLOOR, BUDGET_SHARE * estimate)
     torch_state = torch.get_rng_state()  # the model's own run draws what it would have drawn
     lr_model = LR.Config(embedding_init_std=trainer.cfg.model.embedding_init_std)
     lr = LR(target.schema, lr_model)
+    left = None if budget is None else budget - (time.perf_counter() - t0)
     if solver != "sgd" and blocker is None:
-        out = fit_exact(trainer, lr)
+        out = fit_exact(trainer, lr, left)
         how = f"exact L2 optimum, C {out['C']:g}" + (
             f" (binned numbers' L2 x{out['binned_l2']:g})" if "binned_l2" in out else "") + \
-            f" chosen on validation, {out['passes']} passes"
+            f" chosen on validation, {out['passes']} passes" + {
+                "search": "; the time budget ended its C search",
+                "solution": "; the time budget cut its solve short, its id weights train on",
+            }.get(out.get("cut", ""), "")
     else:
-        out = fit_sgd(trainer, lr, lr_model)
-        how = f"SGD, best at step {out['best_step']:,} of {out['steps']:,}"
+        out = fit_sgd(trainer, lr, lr_model, left)
+        how = f"SGD, best at step {out['best_step']:,} of {out['steps']:,}" + (
+            "; the time budget stopped it" if out.get("cut") else "")
         if solver == "auto" and blocker is not None:
             how += f"; not exact: {blocker}"
     torch.set_rng_state(torch_state)
     copy_first_order(lr.features.to(trainer.device), trainer.model)
+    # a solution the budget cut short is not the optimum: its weights keep training
     if out.get("solver") == "lbfgs" and trainer.tc.first_order_frozen and \
+            out.get("cut") != "solution" and \
             isinstance(target, FeatureEmbedding) and not only_lr and \
             trainer.sparse_opt is not None:  # kept in the optimizer's state: a resume keeps it
         trainer.sparse_opt.freeze_columns(target.embedding, target.tasks)
         out["frozen"] = True
         how += "; its id weights stay"
     out["seconds"] = round(time.perf_counter() - t0, 2)
+    cost = f"{out['seconds']:.1f} s"
+    if budget is not None:
+        out["budget_seconds"] = round(budget, 2)
+        out["training_estimate"] = {"seconds": round(estimate, 2), "steps": steps}
+        cost += (f" of its {budget:.1f} s budget (a third of the training's estimated "
+                 f"{estimate:.1f} s over {steps:,} steps, at least {BUDGET_FLOOR:g} s)")
     shown = " ".join(f"{k} {v:.4f}" for k, v in out["valid"].items())
     where = "the model's linear terms" if isinstance(target, FeatureEmbedding) else \
         "the model (its vectors' first columns, read by its output layer)"
     trainer.console.print(f"first-order warm start: an LR on the same rows ({how}; valid "
-                          f"{shown}, {out['seconds']:.0f} s) starts {where}")
+                          f"{shown}) starts {where}; it took {cost}")
     trainer.warm_start = out
     return out
 
 
-def fit_exact(trainer: Trainer, lr: LR) -> dict[str, Any]:
+def fit_exact(trainer: Trainer, lr: LR, seconds: float | None = None) -> dict[str, Any]:
     """``lr`` fitted by :func:`~sampan.train.exact_lr.fit_exact_lr` on the trainer's rows, its
-    C chosen by the run's early-stopping metric; written to ``first_order/checkpoints/
-    best.pt`` as an SGD fit's best checkpoint is."""
+    C chosen by the run's early-stopping metric, within ``seconds`` (``None``: unbounded);
+    written to ``first_order/checkpoints/best.pt`` as an SGD fit's best checkpoint is."""
     valid = trainer.valid_data
     sign = 1.0 if trainer.maximize else -1.0
 
@@ -198,16 +254,18 @@ def fit_exact(trainer: Trainer, lr: LR) -> dict[str, Any]:
         m = trainer.task.evaluate(None, valid, lambda _model, _data: z)
         return sign * m.get(trainer.metric, float("nan")), m
 
-    out = fit_exact_lr(lr.features, trainer.train_data, valid, score)
+    out = fit_exact_lr(lr.features, trainer.train_data, valid, score, seconds=seconds)
     ckpt.save_atomic({"model": lr.state_dict(), "step": 0, "metrics": out["valid"],
                       "first_order": {k: v for k, v in out.items() if k != "valid"}},
                      trainer.run_dir / DIRNAME / "checkpoints" / "best.pt")
     return out
 
 
-def fit_sgd(trainer: Trainer, lr: LR, lr_model: LR.Config) -> dict[str, Any]:
+def fit_sgd(trainer: Trainer, lr: LR, lr_model: LR.Config,
+            seconds: float | None = None) -> dict[str, Any]:
     """``lr`` trained by a Trainer of its own in ``<run>/first_order/``, with the run's
-    settings but its own length (until its validation stops improving)."""
+    settings but its own length (until its validation stops improving, or at the first
+    evaluation past ``seconds``)."""
     cfg = trainer.cfg
     lr_cfg = cfg.model_copy(update={
         "model": lr_model,
@@ -221,10 +279,16 @@ def fit_sgd(trainer: Trainer, lr: LR, lr_model: LR.Config) -> dict[str, Any]:
     sub = Trainer(lr, lr_cfg, trainer.run_dir / DIRNAME, trainer.train_data,
                   trainer.valid_data, console=Console(quiet=True),
                   strategy=trainer.strategy)  # data-parallel as the model is
+    if seconds is not None:
+        deadline = time.perf_counter() + seconds
+        # every rank decides alike: by rank 0's clock
+        sub.should_stop = lambda *_: "time budget" if sub.strategy.broadcast(
+            time.perf_counter() > deadline) else None
     state = sub.fit()
     # the LR's validation metrics at its kept (best) step: recorded when it was evaluated
     valid = next((r for r in state.history if r["split"] == "valid"
                   and r["step"] == state.best_step), {})
     return {"solver": "sgd", "steps": state.step, "best_step": state.best_step,
+            **({"cut": True} if sub.stopped_by == "time budget" else {}),
             "valid": {k: v for k, v in valid.items() if k in ("auc", "logloss")}}
 

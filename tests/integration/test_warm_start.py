@@ -17,10 +17,18 @@ from sampan.layers.embed import first_order_part, lr_start_part
 from sampan.models import build_model, get_model_class
 from sampan.schema import DataSchema, SparseFeatureSpec
 from sampan.train import checkpoint as ckpt
+from sampan.train import warm_start
 from sampan.train.experiment import run_experiment
 from sampan.train.plan import plan_training
 from sampan.train.trainer import Trainer
-from sampan.train.warm_start import DIRNAME, copy_first_order, fit_first_order
+from sampan.train.warm_start import (
+    BUDGET_FLOOR,
+    BUDGET_SHARE,
+    DIRNAME,
+    copy_first_order,
+    fit_first_order,
+    training_estimate,
+)
 from tests.integration.test_defaults import small_csv
 
 SCHEMA = DataSchema(dense=["x"], sparse=[SparseFeatureSpec("a", 60), SparseFeatureSpec("b", 30)])
@@ -314,3 +322,52 @@ def test_patience_counts_from_the_trained_models_own_best(tmp_path, aucs, evals,
     assert state.stopped_early
     assert state.best_step == state.history[best_at]["step"]
     assert state.best == aucs[best_at]
+
+
+@pytest.mark.parametrize("solver", ["lbfgs", "sgd"])
+def test_its_time_is_bounded_by_the_training_it_precedes(tmp_path, solver, monkeypatch):
+    trainer, _ = warm_trainer(tmp_path / "roomy", "fm", solver)
+    # the estimate: a run that improves for two epochs and stops its patience later
+    estimate, steps = training_estimate(trainer)
+    tc = trainer.tc
+    assert steps == min(trainer.total_steps, 2 * len(trainer.loader)
+                        + tc.early_stopping.patience * tc.eval_every_steps) and estimate > 0
+    report = fit_first_order(trainer)
+    assert report["budget_seconds"] == pytest.approx(
+        max(BUDGET_FLOOR, BUDGET_SHARE * report["training_estimate"]["seconds"]), abs=0.01)
+    assert report["training_estimate"]["steps"] == steps and "cut" not in report
+    # a budget it cannot meet: the exact fit keeps its first C, the SGD fit stops at its
+    # first evaluation past it; both say so
+    monkeypatch.setattr(warm_start, "BUDGET_FLOOR", 0.0)
+    monkeypatch.setattr(warm_start, "BUDGET_SHARE", 0.0)
+    tight, _ = warm_trainer(tmp_path / "tight", "fm", solver)
+    tight.console = Console(record=True, width=200)
+    cut = fit_first_order(tight)
+    assert cut["cut"] and cut["budget_seconds"] < report["budget_seconds"]
+    shown = " ".join(tight.console.export_text().split())
+    assert "the time budget" in shown and f"of its {cut['budget_seconds']:.1f} s budget" in \
+        shown
+    if solver == "lbfgs":  # the solve cut short is no optimum: its weights train on
+        assert cut["cut"] == "solution" and len(cut["path"]) == 1 < len(report["path"])
+        assert "frozen" not in cut and report["frozen"]
+    else:
+        assert cut["steps"] == tight.tc.eval_every_steps < report["steps"]
+    # the lr model's exact fit is the model: not bounded
+    lr, _ = warm_trainer(tmp_path / "lr", "lr", "lbfgs")
+    assert "budget_seconds" not in fit_first_order(lr)
+
+
+def test_timing_training_steps_leaves_the_run_as_it_was(tmp_path):
+    # the estimate takes real steps (both optimizers, Adam's moments) and undoes them: a
+    # run that timed them trains exactly as one that did not
+    timed, _ = warm_trainer(tmp_path / "timed", "deepfm", "lbfgs", max_steps=20)
+    plain, _ = warm_trainer(tmp_path / "plain", "deepfm", "lbfgs", max_steps=20)
+    before = {k: v.clone() for k, v in timed.model.state_dict().items()}
+    assert timed.step_seconds() > 0
+    after = timed.model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert not timed.sparse_opt.state and not timed.dense_opt.state
+    timed.fit(), plain.fit()
+    for (k, a), b in zip(timed.model.state_dict().items(),
+                         plain.model.state_dict().values(), strict=True):
+        assert torch.equal(a, b), k

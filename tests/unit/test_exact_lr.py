@@ -17,6 +17,7 @@ from sampan.train.exact_lr import (
     BINNED_L2,
     C_PATH,
     C_START,
+    MIN_PASSES,
     _Objective,
     _solve,
     binned_rows,
@@ -214,3 +215,25 @@ def test_the_binned_rows_l2_is_chosen_on_validation(effect):
                                                auc_score(rows(1000, 5)))
     else:  # only the bins can follow it: they keep the common L2
         assert out["binned_l2"] == 1
+
+
+def test_a_time_bound_ends_the_c_search_with_the_best_so_far():
+    train, valid = rows(3000, 4), rows(1500, 5)
+    free = fit_exact_lr(LR(SCHEMA, LR.Config()).features, train, valid, auc_score(valid))
+    assert "cut" not in free and len(free["path"]) > 2
+    # a bound the search cannot meet: the first solve still runs, on the fewest passes, and
+    # is kept, and the report says it was cut
+    fe = LR(SCHEMA, LR.Config()).features
+    out = fit_exact_lr(fe, train, valid, auc_score(valid), seconds=0.0)
+    assert out["cut"] == "solution" and [p["C"] for p in out["path"]] == [C_START]
+    assert out["path"][0]["cut"]
+    assert MIN_PASSES <= out["passes"] < free["path"][0]["evals"]
+    fitted = LR(SCHEMA, LR.Config())
+    fitted.features = fe
+    z = design(valid, fe, transpose=False).logits(*unpacked(fitted))
+    assert auc_score(valid)(z)[0] == pytest.approx(out["valid"]["auc"], abs=1e-6)
+    assert out["valid"]["auc"] < free["valid"]["auc"]
+    # a bound it meets changes nothing
+    roomy = fit_exact_lr(LR(SCHEMA, LR.Config()).features, train, valid, auc_score(valid),
+                         seconds=600.0)
+    assert "cut" not in roomy and roomy["path"] == free["path"]
