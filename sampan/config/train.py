@@ -11,7 +11,7 @@ from pydantic import (
     field_validator,
 )
 
-from sampan.config.base import Auto, NonNegFloat, NonNegInt, PosInt, _Strict
+from sampan.config.base import Auto, NonNegFloat, NonNegInt, PosFloat, PosInt, _Strict
 
 # ---------------------------------------------------------------------------------- train
 
@@ -120,6 +120,12 @@ class TrainConfig(_Strict):
         True, description="after an exact (lbfgs) warm start, the ids' first-order weights "
         "keep the LR's values and only the rest of the model trains (an SGD start's, and the "
         "lr model's, keep training); false: they train with the rest")
+    first_order_seconds: PosFloat | Auto | None = Field(
+        "auto", description="the warm start's time budget in seconds: past it the exact "
+        "fit keeps the best C found so far and an SGD fit stops at its next evaluation; auto: "
+        "a third of the main training's estimated time (three steps timed), at least 2 s, "
+        "none for the lr model (its exact fit is the model); null: no bound, so that the "
+        "warm start, and the run, never depend on the machine's speed")
     checkpoint_every_steps: int | None = Field(
         None, gt=0, description="write checkpoints/last.pt every this many steps too (it is "
         "always written at each epoch's end); null: at epoch ends only")

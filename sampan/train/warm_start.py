@@ -46,7 +46,9 @@ its ``C`` search with the best ``C`` so far (its id weights keep training when t
 itself was cut short), an SGD fit stops at its next evaluation; the run header says what
 the warm start cost against that budget, and ``results.json`` keeps both. The ``lr``
 model has no bound: there the exact fit is the model, and its training only refines it.
-``auto`` turns the warm start on only with a validation split.
+``train.first_order_seconds`` sets the budget instead (``null``: none, so that the warm
+start never depends on the machine's speed). ``auto`` turns the warm start on only with
+a validation split.
 
 After an exact fit, the ids' first-order weights stay the LR's (``train.first_order_frozen``,
 the default; the sparse optimizer keeps those columns of the table, and its checkpointed
@@ -195,10 +197,13 @@ def fit_first_order(trainer: Trainer) -> dict[str, Any] | None:
                               f"{blocker or 'train.first_order_solver: sgd'})")
         return None
     t0 = time.perf_counter()
-    budget = None
-    if not only_lr:  # the lr model's exact fit is the model: not cut short
+    budget, estimate, steps = None, None, None
+    given = trainer.tc.first_order_seconds
+    if given == "auto" and not only_lr:  # the lr model's exact fit is the model: not cut
         estimate, steps = training_estimate(trainer)
         budget = max(BUDGET_FLOOR, BUDGET_SHARE * estimate)
+    elif given not in ("auto", None):
+        budget = float(given)
     torch_state = torch.get_rng_state()  # the model's own run draws what it would have drawn
     lr_model = LR.Config(embedding_init_std=trainer.cfg.model.embedding_init_std)
     lr = LR(target.schema, lr_model)
@@ -231,9 +236,13 @@ def fit_first_order(trainer: Trainer) -> dict[str, Any] | None:
     cost = f"{out['seconds']:.1f} s"
     if budget is not None:
         out["budget_seconds"] = round(budget, 2)
+        cost += f" of its {budget:.1f} s budget"
+    if estimate is not None:
         out["training_estimate"] = {"seconds": round(estimate, 2), "steps": steps}
-        cost += (f" of its {budget:.1f} s budget (a third of the training's estimated "
-                 f"{estimate:.1f} s over {steps:,} steps, at least {BUDGET_FLOOR:g} s)")
+        cost += (f" (a third of the training's estimated {estimate:.1f} s over {steps:,} "
+                 f"steps, at least {BUDGET_FLOOR:g} s)")
+    elif budget is not None:
+        cost += " (train.first_order_seconds)"
     shown = " ".join(f"{k} {v:.4f}" for k, v in out["valid"].items())
     where = "the model's linear terms" if isinstance(target, FeatureEmbedding) else \
         "the model (its vectors' first columns, read by its output layer)"

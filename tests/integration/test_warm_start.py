@@ -355,6 +355,13 @@ def test_its_time_is_bounded_by_the_training_it_precedes(tmp_path, solver, monke
     # the lr model's exact fit is the model: not bounded
     lr, _ = warm_trainer(tmp_path / "lr", "lr", "lbfgs")
     assert "budget_seconds" not in fit_first_order(lr)
+    # a budget of the user's, and none
+    given, _ = warm_trainer(tmp_path / "given", "fm", solver, first_order_seconds=300)
+    out = fit_first_order(given)
+    assert out["budget_seconds"] == 300 and "training_estimate" not in out
+    assert "cut" not in out
+    free, _ = warm_trainer(tmp_path / "free", "fm", solver, first_order_seconds=None)
+    assert "budget_seconds" not in fit_first_order(free)
 
 
 def test_timing_training_steps_leaves_the_run_as_it_was(tmp_path):
