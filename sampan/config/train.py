@@ -123,9 +123,10 @@ class TrainConfig(_Strict):
     first_order_seconds: PosFloat | Auto | None = Field(
         "auto", description="the warm start's time budget in seconds: past it the exact "
         "fit keeps the best C found so far and an SGD fit stops at its next evaluation; auto: "
-        "a third of the main training's estimated time (three steps timed), at least 2 s, "
-        "none for the lr model (its exact fit is the model); null: no bound, so that the "
-        "warm start, and the run, never depend on the machine's speed")
+        "for an exact fit a third of the main training's estimated time (three steps "
+        "timed), at least 3 s; none for an SGD fit (its early stopping bounds it, in steps) "
+        "or the lr model (its exact fit is the model); null: no bound, so that the warm "
+        "start, and the run, never depend on the machine's speed")
     checkpoint_every_steps: int | None = Field(
         None, gt=0, description="write checkpoints/last.pt every this many steps too (it is "
         "always written at each epoch's end); null: at epoch ends only")

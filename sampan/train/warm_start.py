@@ -38,17 +38,18 @@ How the LR is fitted (``train.first_order_solver``):
 
 Either way its weights are in ``<run>/first_order/checkpoints/best.pt``.
 
-Its time is bounded by the training it precedes: a third (:data:`BUDGET_SHARE`) of that
-training's estimated time, so at most a quarter of the two together, and at least
-:data:`BUDGET_FLOOR` seconds (:func:`training_estimate`: a few training steps timed, and
-undone, times the steps of a run that improves for two epochs). The exact fit then ends
-its ``C`` search with the best ``C`` so far (its id weights keep training when that solve
-itself was cut short), an SGD fit stops at its next evaluation; the run header says what
-the warm start cost against that budget, and ``results.json`` keeps both. The ``lr``
-model has no bound: there the exact fit is the model, and its training only refines it.
-``train.first_order_seconds`` sets the budget instead (``null``: none, so that the warm
-start never depends on the machine's speed). ``auto`` turns the warm start on only with
-a validation split.
+Its time is bounded by the training it precedes: an exact fit gets a third
+(:data:`BUDGET_SHARE`) of that training's estimated time, so at most a quarter of the two
+together, and at least :data:`BUDGET_FLOOR` seconds (:func:`training_estimate`: a few
+training steps timed, and undone, times the steps of a run that improves for two epochs).
+Past it the fit ends its ``C`` search with the best ``C`` so far (its id weights keep
+training when that solve itself was cut short); the run header says what the warm start
+cost against that budget, and ``results.json`` keeps both. An SGD fit is bounded by its
+own early stopping, in steps, so that a distributed run's processes and a rerun stop
+where one process does. The ``lr`` model has no bound: there the exact fit is the model,
+and its training only refines it. ``train.first_order_seconds`` sets a budget in seconds
+instead, for either fit (``null``: none, so that the warm start never depends on the
+machine's speed). ``auto`` turns the warm start on only with a validation split.
 
 After an exact fit, the ids' first-order weights stay the LR's (``train.first_order_frozen``,
 the default; the sparse optimizer keeps those columns of the table, and its checkpointed
@@ -85,7 +86,7 @@ DIRNAME = "first_order"
 # most a quarter of the two together), and at least BUDGET_FLOOR seconds (where the whole
 # run takes seconds, a cut LR is not worth what it saves)
 BUDGET_SHARE = 1 / 3
-BUDGET_FLOOR = 2.0
+BUDGET_FLOOR = 3.0
 
 
 def copy_first_order(source: FeatureEmbedding, model: nn.Module) -> None:
@@ -197,9 +198,13 @@ def fit_first_order(trainer: Trainer) -> dict[str, Any] | None:
                               f"{blocker or 'train.first_order_solver: sgd'})")
         return None
     t0 = time.perf_counter()
+    exact = solver != "sgd" and blocker is None
     budget, estimate, steps = None, None, None
     given = trainer.tc.first_order_seconds
-    if given == "auto" and not only_lr:  # the lr model's exact fit is the model: not cut
+    # auto bounds the exact fit; an SGD fit is bounded by its own early stopping (in steps:
+    # a distributed run's processes, and a rerun, stop where one process does); the lr
+    # model's exact fit is the model: not cut
+    if given == "auto" and exact and not only_lr:
         estimate, steps = training_estimate(trainer)
         budget = max(BUDGET_FLOOR, BUDGET_SHARE * estimate)
     elif given not in ("auto", None):
@@ -208,7 +213,7 @@ def fit_first_order(trainer: Trainer) -> dict[str, Any] | None:
     lr_model = LR.Config(embedding_init_std=trainer.cfg.model.embedding_init_std)
     lr = LR(target.schema, lr_model)
     left = None if budget is None else budget - (time.perf_counter() - t0)
-    if solver != "sgd" and blocker is None:
+    if exact:
         out = fit_exact(trainer, lr, left)
         how = f"exact L2 optimum, C {out['C']:g}" + (
             f" (binned numbers' L2 x{out['binned_l2']:g})" if "binned_l2" in out else "") + \

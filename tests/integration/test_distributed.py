@@ -273,10 +273,8 @@ def losses(run):
 def test_two_processes_follow_one(tmp_path, placements):
     # with the first-order warm start: the LR before the model is data-parallel too, and a
     # row-sharded table takes its rows of it
-    # (by SGD in both: one process's default, the exact LR, has no data-parallel form;
-    # without a time budget, which would stop the two at different steps)
-    cfg = write_cfg(tmp_path, epochs=2, first_order_warm_start=True, first_order_solver="sgd",
-                    first_order_seconds=None)
+    # (by SGD in both: one process's default, the exact LR, has no data-parallel form)
+    cfg = write_cfg(tmp_path, epochs=2, first_order_warm_start=True, first_order_solver="sgd")
     run_cli("train", str(cfg), "--run-dir", str(tmp_path / "one"))
     if "two" in placements:
         r = run_cli("train", str(cfg), "--nproc-per-node", "2", "--run-dir",

@@ -324,9 +324,8 @@ def test_patience_counts_from_the_trained_models_own_best(tmp_path, aucs, evals,
     assert state.best == aucs[best_at]
 
 
-@pytest.mark.parametrize("solver", ["lbfgs", "sgd"])
-def test_its_time_is_bounded_by_the_training_it_precedes(tmp_path, solver, monkeypatch):
-    trainer, _ = warm_trainer(tmp_path / "roomy", "fm", solver)
+def test_an_exact_fit_is_bounded_by_the_training_it_precedes(tmp_path, monkeypatch):
+    trainer, _ = warm_trainer(tmp_path / "roomy", "fm", "lbfgs")
     # the estimate: a run that improves for two epochs and stops its patience later
     estimate, steps = training_estimate(trainer)
     tc = trainer.tc
@@ -336,32 +335,42 @@ def test_its_time_is_bounded_by_the_training_it_precedes(tmp_path, solver, monke
     assert report["budget_seconds"] == pytest.approx(
         max(BUDGET_FLOOR, BUDGET_SHARE * report["training_estimate"]["seconds"]), abs=0.01)
     assert report["training_estimate"]["steps"] == steps and "cut" not in report
-    # a budget it cannot meet: the exact fit keeps its first C, the SGD fit stops at its
-    # first evaluation past it; both say so
+    # a budget it cannot meet: the first C's solve, cut short, is kept, and its weights
+    # train on (no optimum); the header says so
     monkeypatch.setattr(warm_start, "BUDGET_FLOOR", 0.0)
     monkeypatch.setattr(warm_start, "BUDGET_SHARE", 0.0)
-    tight, _ = warm_trainer(tmp_path / "tight", "fm", solver)
+    tight, _ = warm_trainer(tmp_path / "tight", "fm", "lbfgs")
     tight.console = Console(record=True, width=200)
     cut = fit_first_order(tight)
-    assert cut["cut"] and cut["budget_seconds"] < report["budget_seconds"]
+    assert cut["cut"] == "solution" and len(cut["path"]) == 1 < len(report["path"])
+    assert "frozen" not in cut and report["frozen"]
     shown = " ".join(tight.console.export_text().split())
-    assert "the time budget" in shown and f"of its {cut['budget_seconds']:.1f} s budget" in \
-        shown
-    if solver == "lbfgs":  # the solve cut short is no optimum: its weights train on
-        assert cut["cut"] == "solution" and len(cut["path"]) == 1 < len(report["path"])
-        assert "frozen" not in cut and report["frozen"]
-    else:
-        assert cut["steps"] == tight.tc.eval_every_steps < report["steps"]
+    assert "the time budget cut its solve short" in shown and \
+        f"of its {cut['budget_seconds']:.1f} s budget" in shown
     # the lr model's exact fit is the model: not bounded
     lr, _ = warm_trainer(tmp_path / "lr", "lr", "lbfgs")
     assert "budget_seconds" not in fit_first_order(lr)
-    # a budget of the user's, and none
+
+
+@pytest.mark.parametrize("solver", ["lbfgs", "sgd"])
+def test_a_budget_of_the_users_and_none(tmp_path, solver):
     given, _ = warm_trainer(tmp_path / "given", "fm", solver, first_order_seconds=300)
     out = fit_first_order(given)
     assert out["budget_seconds"] == 300 and "training_estimate" not in out
     assert "cut" not in out
     free, _ = warm_trainer(tmp_path / "free", "fm", solver, first_order_seconds=None)
     assert "budget_seconds" not in fit_first_order(free)
+    # auto bounds an SGD fit by its early stopping alone (in steps: reruns and a
+    # distributed run's processes stop alike); a number stops it at its next evaluation
+    if solver == "sgd":
+        auto, _ = warm_trainer(tmp_path / "auto", "fm", solver)
+        assert "budget_seconds" not in fit_first_order(auto)
+        tight, _ = warm_trainer(tmp_path / "tight", "fm", solver,
+                                first_order_seconds=1e-6)
+        tight.console = Console(record=True, width=200)
+        cut = fit_first_order(tight)
+        assert cut["cut"] and cut["steps"] == tight.tc.eval_every_steps < out["steps"]
+        assert "the time budget stopped it" in " ".join(tight.console.export_text().split())
 
 
 def test_timing_training_steps_leaves_the_run_as_it_was(tmp_path):
