@@ -100,15 +100,25 @@ def draw_history(study: Any, meta: dict[str, Any], defaults: float | None, out: 
 
 
 def _zoom(ax: Any, ys: list[float], keep: float | None = None) -> None:
-    """Limit the y axis to the values that matter (a diverged trial would flatten it),
-    ``keep`` (the defaults' value) in view."""
+    """Limit the y axis to the values that matter: a diverged trial, more than ten median
+    absolute deviations from the median (about seven standard deviations of normal noise),
+    would flatten the rest. Those are left off the axis and counted on the plot; every other
+    value is in view, and ``keep`` (the defaults' value) too."""
     ys = [y for y in ys if y is not None and math.isfinite(y)]
-    if len(ys) >= 2:
-        lo, hi = np.percentile(ys, [10, 100])
-        if keep is not None and math.isfinite(keep):
-            lo, hi = min(lo, keep), max(hi, keep)
-        pad = max(hi - lo, 1e-4) * 0.25
-        ax.set_ylim(lo - pad, hi + pad)
+    if len(ys) < 2:
+        return
+    mid = float(np.median(ys))
+    reach = 10 * max(float(np.median(np.abs(np.array(ys) - mid))), 1e-4)
+    inside = [y for y in ys if abs(y - mid) <= reach]
+    lo, hi = min(inside), max(inside)
+    if keep is not None and math.isfinite(keep):
+        lo, hi = min(lo, keep), max(hi, keep)
+    pad = max(hi - lo, 1e-4) * 0.25
+    ax.set_ylim(lo - pad, hi + pad)
+    if off := len(ys) - len(inside):
+        ax.text(0.01, 0.98, f"{off} value(s) off the axis, far from the rest: "
+                + ", ".join(f"{y:.4g}" for y in sorted(set(ys) - set(inside))[:3]),
+                transform=ax.transAxes, fontsize=8, va="top")
 
 
 def draw_curves(study: Any, meta: dict[str, Any], out: Path, plt: Any) -> Path:
