@@ -21,6 +21,12 @@ Usage::
     python benchmarks/train_throughput.py --memory --rows 10000000 --dim 64
     python benchmarks/train_throughput.py --device cuda --batch 16384
 
+``--isa avx2`` holds every contender (and the roofline's GEMMs) to AVX2 on a CPU that has
+more: ``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2``, so an
+AVX-512 Intel CPU runs PyTorch's CPU path as an AVX2-only one would (AMD CPUs: MKL already
+runs its AVX2 code). The JSON and the page's block record the ISA that took effect: ATen's
+capability and the ISA oneDNN reports, not only the CPU's flags.
+
 Prints a table with each ratio and writes JSON (``--out``). ``--readme
 docs/explanations/performance.md`` rewrites that page's tables from that JSON.
 """
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -492,6 +499,9 @@ def main() -> None:
     ap.add_argument("--log-every", type=int, default=5)
     ap.add_argument("--dim", type=int, default=DIM)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--isa", default="native", choices=["native", "avx2"],
+                    help="avx2: hold PyTorch's CPU libraries to AVX2 for every contender "
+                    "(ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA, MKL_ENABLE_INSTRUCTIONS)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--compile", default="din",
                     help="models whose Sampan run sets train.compile (torch.compile of the "
@@ -517,6 +527,10 @@ def main() -> None:
     ap.add_argument("--vocab", default=None)
     args = ap.parse_args()
 
+    if args.isa == "avx2" and any(os.environ.get(k) != v for k, v in AVX2_ENV.items()):
+        # the caps must be set before torch loads: this process again, with them (the
+        # contenders' processes inherit them)
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **AVX2_ENV})
     if args.render:
         report = json.loads(Path(args.render).read_text())
         print(markdown(report))
@@ -626,11 +640,30 @@ def summarise(results: dict) -> dict:
     return out
 
 
+AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+            "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+
+
+def onednn_isa() -> str | None:
+    """The ISA oneDNN reports for its first primitive in a fresh process with this
+    environment (``ONEDNN_VERBOSE``), e.g. ``Intel AVX2``."""
+    probe = ("import torch; torch.nn.functional.conv2d(torch.randn(2, 16, 32, 32), "
+             "torch.randn(16, 16, 3, 3))")
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                       env={**os.environ, "ONEDNN_VERBOSE": "1"}, timeout=120)
+    for line in (r.stdout + r.stderr).splitlines():
+        if ",isa:" in line:
+            return line.split(",isa:", 1)[1].strip()
+    return None
+
+
 def cpu_class(m: dict) -> str:
     """The README block (and results file) of a CPU: its widest vector ISA and its
     generation (family / model), since one ISA spans generations of very different speed
     (AVX-512 on a Zen 4 EPYC ran DeepFM's GEMMs at 161 GFLOP/s, on a Zen 5 at 415)."""
-    isa = "avx512" if "avx512f" in m["isa"] else "avx2"
+    isa = "avx512" if "avx512f" in m["isa"] and not m.get("isa_capped") else "avx2"
+    if m.get("isa_capped"):  # AVX2 emulated on a wider CPU: a block of its own
+        isa = "avx2emu"
     return f"{isa}_f{m['cpu_family']}m{m['cpu_model']}" if m.get("cpu_family") else isa
 
 
@@ -638,8 +671,12 @@ def machine() -> dict:
     import torch
 
     from benchmarks.accuracy import machine as cpu_machine
+    from sampan.layers.kernels import effective_isa
 
     m = cpu_machine()
+    capped = all(os.environ.get(k) == v for k, v in AVX2_ENV.items())
+    m.update(isa_capped=capped and "avx512f" in m["isa"], effective_isa=effective_isa(),
+             onednn_isa=onednn_isa())
     out = {**m, "date": time.strftime("%Y-%m-%d"), "cpu_class": cpu_class(m),
            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
     if out["cuda"]:
@@ -700,11 +737,15 @@ def markdown(report: dict) -> str:
                 f"{r['sampan']['samples_per_s']:,.0f} samples/s.")
     mc = report["machine"]
     cpu = mc.get("cuda") if a["device"] != "cpu" and mc.get("cuda") else \
-        f"{mc['cpu']} ({', '.join(mc.get('isa', [])) or 'no AVX2'})"
+        f"{mc['cpu']} ({', '.join(mc.get('isa', [])) or 'no AVX2'}" + (
+            f"; in effect: {mc['effective_isa']}; oneDNN runs {mc.get('onednn_isa') or '?'}"
+            if mc.get("effective_isa") else "") + ")"
     lines = [f"{mc.get('date', '')}, {cpu}, {mc['cores']} cores: batch {a['batch']}, dim "
              f"{a['dim']}, MLP 400-400-400, device {a['device']}, torch {mc['torch']}; median "
              f"of {a['rounds']} interleaved rounds (`python benchmarks/train_throughput.py "
-             f"--rounds {a['rounds']}`).", "",
+             f"--rounds {a['rounds']}"
+             + (f" --isa {a['isa']}" if a.get("isa", "native") != "native" else "")
+             + "`).", "",
              "| model | Sampan samples/s | plain PyTorch | DeepCTR-Torch | Sampan / plain | "
              "Sampan / DeepCTR | Sampan peak RSS |", "|---|---|---|---|---|---|---|"]
     def sps(r: dict, c: str) -> str:

@@ -92,15 +92,30 @@ def cpu_info() -> dict[str, Any]:
             "isa": [f for f in GEMM_ISA if f in flags]}
 
 
+# the variables that cap the ISA of PyTorch's CPU libraries below the CPU's own
+# (ATen's kernels, oneDNN, MKL): with avx2 / AVX2 / AVX2 an AVX-512 Intel CPU runs
+# PyTorch's CPU path as an AVX2-only one would
+ISA_CAPS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+
+
+def effective_isa() -> str:
+    """The ISA this process's libraries use: ATen's capability as it took effect, and the
+    oneDNN and MKL caps the environment sets (none named: the CPU's best)."""
+    caps = [f"aten {torch.backends.cpu.get_cpu_capability()}"]
+    caps += [f"{name.split('_')[0].lower()} {os.environ[name]}" for name in ISA_CAPS[1:]
+             if os.environ.get(name)]
+    return ", ".join(caps)
+
+
 def machine_key(threads: int | None = None) -> str:
-    """CPU model and generation, ISA flags that matter for GEMMs, torch version and thread
-    count."""
+    """CPU model and generation, ISA flags that matter for GEMMs, the ISA the libraries
+    are held to (:func:`effective_isa`), torch version and thread count."""
     info = cpu_info()
     cpu, isa = info["name"], info["isa"]
     # "per GEMM": the entries' layout (older versions of Sampan keep one time per library
     # under the key without it, and read only that)
-    return (f"{cpu} | {' '.join(isa) or 'no-avx2'} | torch {torch.__version__} | "
-            f"{threads or torch.get_num_threads()} threads | per GEMM")
+    return (f"{cpu} | {' '.join(isa) or 'no-avx2'} | {effective_isa()} | torch "
+            f"{torch.__version__} | {threads or torch.get_num_threads()} threads | per GEMM")
 
 
 def cache_file() -> Path:

@@ -153,3 +153,18 @@ def test_a_kernel_outside_the_libraries_is_refused():
         layer.kernel = "onednn/mkl"
     with pytest.raises(ValueError, match="expected one of"):
         layer.kernel = "blas"
+
+
+def test_the_cache_key_names_the_isa_the_libraries_are_held_to(monkeypatch):
+    # a kernel measured under an emulated AVX2 (oneDNN / MKL capped) is not the choice of
+    # the same CPU at its own ISA: the two are cached apart
+    from sampan.layers.kernels import effective_isa, machine_key
+
+    for name in ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS"):
+        monkeypatch.delenv(name, raising=False)
+    native = machine_key(threads=2)
+    assert f"aten {torch.backends.cpu.get_cpu_capability()}" in native
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    monkeypatch.setenv("MKL_ENABLE_INSTRUCTIONS", "AVX2")
+    assert effective_isa().endswith("onednn AVX2, mkl AVX2")
+    assert machine_key(threads=2) != native
