@@ -447,8 +447,11 @@ def create_app(state: ServerState):  # type: ignore[no-untyped-def]
         return {"request_id": request_id, "variant": arm}
 
     def forced(request: Request, body_variant: str | None) -> str | None:
-        """The arm a request forces (QA): the body's ``variant`` or the header."""
-        return body_variant or request.headers.get("x-sampan-variant") or None
+        """The arm a request forces (QA): the body's ``variant`` (an empty one too, which
+        names no arm and is refused) or the header."""
+        if body_variant is not None:
+            return body_variant
+        return request.headers.get("x-sampan-variant") or None
 
     @app.post("/v1/predict", **doc(PredictResponse))
     async def predict(req: PredictRequest, request: Request,

@@ -153,9 +153,9 @@ def training_estimate(trainer: Trainer) -> tuple[float, int]:
     """The main training's expected seconds and the steps they count: with early stopping,
     two epochs and the patience past them (a run that improves through its second epoch,
     as all but a few runs of the defaults benchmark do, is at least that long); else every
-    planned step. Each step
-    takes what :meth:`~sampan.train.trainer.Trainer.step_seconds` measures, and each
-    evaluation what scoring the validation rows takes (timed on its first rows)."""
+    planned step. Each step takes what :meth:`~sampan.train.trainer.Trainer.step_seconds`
+    measures, and each evaluation what scoring the validation rows takes (timed on its
+    first rows)."""
     tc, per_epoch = trainer.tc, len(trainer.loader)
     steps = trainer.total_steps
     every = tc.eval_every_steps or per_epoch

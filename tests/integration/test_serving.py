@@ -763,9 +763,10 @@ def test_an_experiment_keeps_each_user_in_one_arm(bundles, tmp_path):
                                                    "candidates": ["i1", "i2"]},
                        headers={"X-Sampan-Variant": "candidate"})
         assert r.json()["variant"] == "candidate"
-        bad = httpx.post(f"{srv.url}/v1/rank", json={"context": {"user_id": u},
-                                                     "candidates": ["i1"], "variant": "nope"})
-        assert bad.status_code == 400 and bad.json()["field"] == "variant"
+        for name in ("nope", ""):  # an empty name is no arm either, not "no variant"
+            bad = httpx.post(f"{srv.url}/v1/rank", json={"context": {"user_id": u},
+                                                         "candidates": ["i1"], "variant": name})
+            assert bad.status_code == 400 and bad.json()["field"] == "variant"
         metrics = httpx.get(f"{srv.url}/metrics").text
         assert 'sampan_variant_requests_total{forced="true",variant="candidate"} 1.0' in metrics
         # 50/50 -> 20/80: 3,000 buckets move from control to candidate, none back
