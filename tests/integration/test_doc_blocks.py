@@ -18,6 +18,14 @@ from tests.conftest import ROOT
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs" / "tutorials").glob("*.md"))]
 SKIP = re.compile(r"<!-- doc-test: skip (.+?) -->")
+# a page too long for the default run says so, and why: it runs under `pytest -m heavy`
+HEAVY = re.compile(r"<!-- doc-test: heavy (.+?) -->")
+
+
+def page_param(page: Path):  # type: ignore[no-untyped-def]
+    heavy = HEAVY.search(page.read_text())
+    return pytest.param(page, id=page.name,
+                        marks=[pytest.mark.heavy] if heavy else [])
 
 
 def blocks(path: Path) -> list[tuple[str, str, str | None]]:
@@ -47,7 +55,7 @@ def test_the_pages_have_blocks_and_say_why_one_cannot_run():
 
 
 @pytest.mark.realdata
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+@pytest.mark.parametrize("page", [page_param(p) for p in PAGES])
 def test_the_blocks_of_a_page_run_as_written(page, shared_data, tmp_path):
     runnable = [(lang, code) for lang, code, why in blocks(page) if why is None]
     if not runnable:
