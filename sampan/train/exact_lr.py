@@ -80,7 +80,7 @@ def _transposed(crow: torch.Tensor, col: torch.Tensor, val: torch.Tensor,
                 shape: tuple[int, int], width: int | None = None) -> torch.Tensor:
     """``X^T`` in CSR for ``X`` given by ``crow``, ``col``, ``val`` (``width``: every row
     has that many entries): its entries in column order by one stable sort of the column
-    indices (a third of the time ``x.t().to_sparse_csr()`` takes on 34 M entries)."""
+    indices (about half the time ``x.t().to_sparse_csr()`` takes on 34 M entries)."""
     rows, cols = shape
     small = cols < 2**31 and rows < 2**31 and len(col) < 2**31
     index = torch.int32 if small else torch.int64
