@@ -12,13 +12,19 @@ Three parts, in this order:
 * **memory** (run first, before the other parts allocate): ``--stream`` (100 M) distinct
   new ids, each in two successive batches, mixed with a Zipf-popular head, through a
   capacity of ``--stream-capacity`` (1 M) rows with admission at two sightings; resident
-  memory printed as it goes, which must stay flat.
+  memory printed as it goes, which must stay flat;
+* **fields**: DeepFM training steps on the built-in Criteo-shaped data at
+  ``--fields-batch`` (128) rows, its 26 categorical fields as dynamic tables (one key map
+  for all of them, each table as many rows as the field has values) against the same
+  fields with fitted vocabularies: the median step of ``--fields-steps`` (300) steps,
+  the two interleaved ``--fields-rounds`` (3) times (``--parts fields`` alone).
 
 Usage::
 
     python benchmarks/dynamic_embedding.py                  # the full sizes (a few minutes)
     python benchmarks/dynamic_embedding.py --quick          # 1 M live, 10 M streamed
     python benchmarks/dynamic_embedding.py --device cuda
+    python benchmarks/dynamic_embedding.py --parts fields   # dynamic fields vs vocabularies
 
 Prints the machine (CPU model, ISA flags, threads) first; writes JSON with ``--out``.
 """
@@ -160,6 +166,53 @@ def memory(args: argparse.Namespace, dev: str) -> dict:
             "rss_max_mb": max(t["rss_mb"] for t in trace), "trace": trace}
 
 
+def fields(args: argparse.Namespace, dev: str) -> dict:
+    """Median DeepFM step with the built-in data's 26 categorical fields as vocabularies
+    and as dynamic tables (interleaved rounds)."""
+    import tempfile
+
+    from rich.console import Console
+
+    from sampan.config import load_config
+    from sampan.data.store import build_store
+    from sampan.data.synthetic import VOCAB_SIZES
+    from sampan.models import build_model
+    from sampan.train.trainer import Trainer
+
+    trainers = {}
+    tmp = Path(tempfile.mkdtemp(prefix="sampan_fields_"))
+    for kind in ("vocab", "dynamic"):
+        cats: list = [f"C{i + 1}" for i in range(len(VOCAB_SIZES))]
+        if kind == "dynamic":
+            cats = [{"name": c, "dynamic": {"capacity": v}}
+                    for c, v in zip(cats, VOCAB_SIZES, strict=True)]
+        raw = {"name": f"fields-{kind}", "seed": 1,
+               "data": {"format": "synthetic", "synthetic": {"rows": args.fields_rows}},
+               "features": {"label": "label", "categorical": cats,
+                            "numeric": [f"I{i}" for i in range(1, 14)]},
+               "model": {"name": "deepfm"},
+               "train": {"batch_size": args.fields_batch, "device": dev,
+                         "progress": False, "tensorboard": False}}
+        cfg = load_config(raw=raw)
+        store = build_store(cfg, tmp / kind / "data")
+        torch.manual_seed(1)
+        model = build_model(cfg.model, store.schema)
+        trainers[kind] = Trainer(model, cfg, tmp / kind, store.split("train"), None,
+                                 console=Console(quiet=True), log_metrics=False)
+    times: dict[str, list[float]] = {k: [] for k in trainers}
+    for r in range(args.fields_rounds):
+        for kind, tr in trainers.items():
+            times[kind].append(tr.step_seconds(args.fields_steps))
+            print(f"  round {r + 1} {kind:<8} {1000 * times[kind][-1]:6.2f} ms a step "
+                  f"({args.fields_batch / times[kind][-1]:,.0f} rows/s)", flush=True)
+    best = {k: min(v) for k, v in times.items()}
+    return {"batch": args.fields_batch, "fields": len(VOCAB_SIZES), "steps": args.fields_steps,
+            "step_ms": {k: [round(1000 * t, 3) for t in v] for k, v in times.items()},
+            "rows_per_s": {k: args.fields_batch / t for k, t in best.items()},
+            "dynamic_over_vocab": best["dynamic"] / best["vocab"],
+            "amp": trainers["vocab"].tc.amp}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--live", type=int, default=10_000_000)
@@ -170,39 +223,57 @@ def main() -> None:
     ap.add_argument("--stream-capacity", type=int, default=1_000_000)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--quick", action="store_true", help="1 M live keys, 10 M streamed")
+    ap.add_argument("--fields-batch", type=int, default=128)
+    ap.add_argument("--fields-steps", type=int, default=300)
+    ap.add_argument("--fields-rounds", type=int, default=3)
+    ap.add_argument("--fields-rows", type=int, default=100_000)
+    ap.add_argument("--parts", default="memory,throughput,evictions,fields",
+                    help="a comma list of memory, throughput, evictions, fields")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    parts = set(args.parts.split(","))
+    result: dict = {}
     if args.quick:
         args.live, args.stream, args.rounds = 1_000_000, 10_000_000, 20
     m = machine()
     print(f"machine: {m['cpu']} ({', '.join(m['isa'])}), {m['cores']} cores, torch "
           f"{m['torch']} with {m['threads']} threads, device {args.device}")
     # memory first, in a process that holds nothing else yet
-    print(f"memory: {args.stream:,} distinct ids through a capacity of "
-          f"{args.stream_capacity:,} rows")
-    mem = memory(args, args.device)
-    print(f"  RSS {mem['rss_first_mb']:.0f} MB at the start, {mem['rss_max_mb']:.0f} MB at most, "
-          f"{mem['rss_last_mb']:.0f} MB at the end; {mem['evicted']:,} rows evicted; "
-          f"{mem['ids_per_s'] / 1e6:.2f} M ids/s with admission and eviction")
-    tp = throughput(args, args.device)
-    print(f"map of {tp['live_keys']:,} live keys, batches of {tp['batch']:,} ids "
-          f"({tp['new_share']:.0%} never seen):")
-    print(f"  fill (inserts only)        {tp['fill_ids_per_s'] / 1e6:8.2f} M ids/s")
-    print(f"  admit, every key known     {tp['admit_known_ids_per_s'] / 1e6:8.2f} M ids/s")
-    print(f"  admit (lookup + insert)    {tp['admit_ids_per_s'] / 1e6:8.2f} M ids/s   "
-          f"dict baseline {tp['dict_admit_ids_per_s'] / 1e6:6.2f} M ids/s "
-          f"(x{tp['admit_ids_per_s'] / tp['dict_admit_ids_per_s']:.1f})")
-    print(f"  find (read-only lookup)    {tp['find_ids_per_s'] / 1e6:8.2f} M ids/s   "
-          f"dict baseline {tp['dict_find_ids_per_s'] / 1e6:6.2f} M ids/s "
-          f"(x{tp['find_ids_per_s'] / tp['dict_find_ids_per_s']:.1f})")
-    ev = evictions(args, args.device)
-    for policy, r in ev.items():
-        print(f"  evict {policy:<4} {r['rows_per_call']:,} rows of {args.live:,}: "
-              f"{r['rows_per_s'] / 1e6:6.2f} M rows/s ({r['per_call_ms']:.0f} ms a call)")
+    if "memory" in parts:
+        print(f"memory: {args.stream:,} distinct ids through a capacity of "
+              f"{args.stream_capacity:,} rows")
+        mem = result["memory"] = memory(args, args.device)
+        print(f"  RSS {mem['rss_first_mb']:.0f} MB at the start, {mem['rss_max_mb']:.0f} MB at "
+              f"most, {mem['rss_last_mb']:.0f} MB at the end; {mem['evicted']:,} rows evicted; "
+              f"{mem['ids_per_s'] / 1e6:.2f} M ids/s with admission and eviction")
+    if "throughput" in parts:
+        tp = result["throughput"] = throughput(args, args.device)
+        print(f"map of {tp['live_keys']:,} live keys, batches of {tp['batch']:,} ids "
+              f"({tp['new_share']:.0%} never seen):")
+        print(f"  fill (inserts only)        {tp['fill_ids_per_s'] / 1e6:8.2f} M ids/s")
+        print(f"  admit, every key known     {tp['admit_known_ids_per_s'] / 1e6:8.2f} M ids/s")
+        print(f"  admit (lookup + insert)    {tp['admit_ids_per_s'] / 1e6:8.2f} M ids/s   "
+              f"dict baseline {tp['dict_admit_ids_per_s'] / 1e6:6.2f} M ids/s "
+              f"(x{tp['admit_ids_per_s'] / tp['dict_admit_ids_per_s']:.1f})")
+        print(f"  find (read-only lookup)    {tp['find_ids_per_s'] / 1e6:8.2f} M ids/s   "
+              f"dict baseline {tp['dict_find_ids_per_s'] / 1e6:6.2f} M ids/s "
+              f"(x{tp['find_ids_per_s'] / tp['dict_find_ids_per_s']:.1f})")
+    if "evictions" in parts:
+        ev = result["evictions"] = evictions(args, args.device)
+        for policy, r in ev.items():
+            print(f"  evict {policy:<4} {r['rows_per_call']:,} rows of {args.live:,}: "
+                  f"{r['rows_per_s'] / 1e6:6.2f} M rows/s ({r['per_call_ms']:.0f} ms a call)")
+    if "fields" in parts:
+        print(f"fields: DeepFM steps at batch {args.fields_batch}, 26 categorical fields as "
+              "vocabularies and as dynamic tables")
+        f = result["fields"] = fields(args, args.device)
+        print(f"  best of {args.fields_rounds} rounds: vocabularies "
+              f"{f['rows_per_s']['vocab']:,.0f} rows/s, dynamic tables "
+              f"{f['rows_per_s']['dynamic']:,.0f} rows/s: dynamic steps take "
+              f"{f['dynamic_over_vocab']:.2f}x the time (amp {f['amp']})")
     if args.out:
-        Path(args.out).write_text(json.dumps({"machine": m, "device": args.device,
-                                              "throughput": tp, "evictions": ev,
-                                              "memory": mem}, indent=1))
+        Path(args.out).write_text(json.dumps({"machine": m, "device": args.device, **result},
+                                             indent=1))
 
 
 if __name__ == "__main__":

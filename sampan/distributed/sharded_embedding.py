@@ -74,13 +74,15 @@ def return_grads(grads: torch.Tensor, route: _Route) -> tuple[torch.Tensor, torc
     return route.served, back
 
 
-def admit_global_batch(index: KeyIndex, keys: torch.Tensor, step: int
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A dynamic table's training lookup in a data-parallel run: every process admits the
-    keys of the whole global batch (gathered in rank order), so every process's key -> row
-    map stays the same; returns this process's keys' rows and the rows freed."""
-    _, freed = index.admit(all_gather_rows(keys), step)
-    return index.find(keys), freed
+def admit_global_batch(index: KeyIndex, keys: torch.Tensor, tables: torch.Tensor | None,
+                       step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A key map's training lookup in a data-parallel run: every process admits the keys
+    (of ``tables``) of the whole global batch (gathered in rank order), so every process's
+    key -> row map stays the same; returns this process's keys' rows and the index rows
+    freed."""
+    _, freed = index.admit(all_gather_rows(keys), step,
+                           None if tables is None else all_gather_rows(tables))
+    return index.find(keys, tables), freed
 
 
 class ReplicatedCollection(EmbeddingCollection):
@@ -95,8 +97,9 @@ class ReplicatedCollection(EmbeddingCollection):
         self.weight = plain.weight if not plain.deferred else nn.Parameter(
             plain.initial_rows(), requires_grad=False)
 
-    def _admit(self, index: KeyIndex, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return admit_global_batch(index, keys, int(self.dynamic_step))
+    def _admit(self, index: KeyIndex, keys: torch.Tensor, tables: torch.Tensor | None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        return admit_global_batch(index, keys, tables, int(self.dynamic_step))
 
     def pop_lookups(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Every process's ``(row ids, gradients)`` merged: the same on every process (a
@@ -128,7 +131,8 @@ class RowShardedCollection(EmbeddingCollection):
         # a state dict that holds the whole table: this process keeps its rows
         key = prefix + "weight"
         if key in state_dict and state_dict[key].shape[0] == self.num_rows:
-            state_dict = {**state_dict, key: state_dict[key][self.lo: self.hi]}
+            # in place, as the base class rewrites old key maps (its children read the dict)
+            state_dict[key] = state_dict[key][self.lo: self.hi]
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def _gather(self, flat: torch.Tensor) -> torch.Tensor:
@@ -142,8 +146,9 @@ class RowShardedCollection(EmbeddingCollection):
     # global batch's keys, as a replicated table does: the map is small next to the rows it
     # points to); its rows are sharded like any other, and each process renews the freed
     # rows it holds.
-    def _admit(self, index: KeyIndex, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return admit_global_batch(index, keys, int(self.dynamic_step))
+    def _admit(self, index: KeyIndex, keys: torch.Tensor, tables: torch.Tensor | None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        return admit_global_batch(index, keys, tables, int(self.dynamic_step))
 
     def _renew(self, rows: torch.Tensor) -> None:
         fresh = self._fresh_rows(rows)  # all of them: the draw is the plain table's

@@ -145,13 +145,16 @@ class EmbeddingCollection(nn.Module):
     them to give each process only the rows it keeps.
 
     **Dynamic tables.** A table whose spec has ``dynamic`` is looked up by 64-bit keys, not
-    ids: its :class:`~sampan.embedding.dynamic.KeyIndex` (in ``self.dynamic[name]``) maps
-    them to its rows, admitting and evicting keys in training lookups and only reading in
-    evaluation. Row 0 of such a table is the default row of every key without one (and of
-    key 0, padding); it is never updated. A row freed by eviction is drawn again from the
-    initial distribution before its new key uses it, and :meth:`pop_reset_rows` tells the
-    sparse optimizer to reset its state. The step of admission and eviction advances at
-    every :meth:`pop_lookups` (one per optimizer step).
+    ids: a :class:`~sampan.embedding.dynamic.KeyIndex` maps them to its rows, admitting and
+    evicting keys in training lookups and only reading in evaluation. Tables with the same
+    admission and eviction settings share one map (``self.dynamic``, named by its tables
+    joined with ``+``; :meth:`key_index` finds a table's), each with its own rows and
+    eviction, so a batch's keys of all of them are one call. Row 0 of such a table is the
+    default row of every key without one (and of key 0, padding); it is never updated. A
+    row freed by eviction is drawn again from the initial distribution before its new key
+    uses it, and :meth:`pop_reset_rows` tells the sparse optimizer to reset its state. The
+    step of admission and eviction advances at every :meth:`pop_lookups` (one per
+    optimizer step).
     """
 
     def __init__(self, tables: list[TableSpec], init_std: float = 0.01,
@@ -189,42 +192,88 @@ class EmbeddingCollection(nn.Module):
         self._lookups: list[tuple[Any, ...]] = []
 
     def _dynamic_tables(self, offsets: torch.Tensor) -> None:
-        """A KeyIndex per dynamic table, and where its keys are: columns of ``ids``,
-        sequences by name."""
+        """The key maps of the dynamic tables: one :class:`KeyIndex` for every group of
+        tables with the same admission and eviction settings (usually one for all), so a
+        batch's keys of every table are one call; and where each table's keys are (columns
+        of ``ids``, sequences by name)."""
         self.dynamic = nn.ModuleDict()
-        self._dynamic_at: dict[str, tuple[int, list[int], list[str]]] = {}
-        col = 0
+        groups: dict[tuple[Any, ...], list[tuple[int, TableSpec]]] = {}
         for i, t in enumerate(self.tables):
             if t.dynamic is not None:
-                d = t.dynamic
-                if t.rows != d.capacity + 1:
+                if t.rows != t.dynamic.capacity + 1:
                     raise ValueError(f"dynamic table {t.name!r}: {t.rows} rows, expected its "
-                                     f"capacity + 1 = {d.capacity + 1} (row 0 is the default)")
-                self.dynamic[t.name] = KeyIndex(
-                    d.capacity, min_count=d.min_count, probability=d.probability,
-                    policy=d.policy, ttl_steps=d.ttl_steps,  # type: ignore[arg-type]
-                    evict_fraction=d.evict_fraction)
-                self._dynamic_at[t.name] = (int(offsets[i]), [col] if t.field else [],
-                                            list(t.features[1:] if t.field else t.features))
-            col += int(t.field)
+                                     f"capacity + 1 = {t.dynamic.capacity + 1} (row 0 is the "
+                                     "default)")
+                d = t.dynamic
+                groups.setdefault((d.min_count, d.probability, d.policy, d.ttl_steps,
+                                   d.evict_fraction), []).append((i, t))
+        # table name -> (its key map's name, its number there, its default row's offset)
+        self._dynamic_at: dict[str, tuple[str, int, int]] = {}
+        self._dynamic_groups: dict[str, _KeyGroup] = {}
+        fields = {i: n for n, i in enumerate(i for i, t in enumerate(self.tables) if t.field)}
+        for members in groups.values():
+            name = "+".join(t.name for _, t in members)
+            d = members[0][1].dynamic
+            assert d is not None
+            self.dynamic[name] = KeyIndex(
+                [t.dynamic.capacity for _, t in members],  # type: ignore[union-attr]
+                min_count=d.min_count, probability=d.probability,
+                policy=d.policy, ttl_steps=d.ttl_steps,  # type: ignore[arg-type]
+                evict_fraction=d.evict_fraction)
+            cols, col_tables, seqs = [], [], []
+            for n, (i, t) in enumerate(members):
+                self._dynamic_at[t.name] = (name, n, int(offsets[i]))
+                if t.field:
+                    cols.append(fields[i])
+                    col_tables.append(n)
+                seqs += [(f, n) for f in (t.features[1:] if t.field else t.features)]
+            self._dynamic_groups[name] = _KeyGroup(
+                torch.tensor(cols, dtype=torch.int64), torch.tensor(col_tables, dtype=torch.int64),
+                seqs, torch.tensor([int(offsets[i]) for i, _ in members], dtype=torch.int64))
         self.register_buffer("frozen_rows", torch.tensor(
-            [at for at, _, _ in self._dynamic_at.values()], dtype=torch.int64), persistent=False)
+            [at for _, _, at in self._dynamic_at.values()], dtype=torch.int64), persistent=False)
         if self._dynamic_at:
             self.register_buffer("dynamic_step", torch.zeros((), dtype=torch.int64))
         self._reset: list[torch.Tensor] = []
         # an exported graph takes rows: the served pipeline maps keys through a frozen map
         self.keys_are_rows = False
 
+    def key_index(self, table: str) -> tuple[KeyIndex, int]:
+        """Dynamic table ``table``'s key map and its number in that map."""
+        name, n, _ = self._dynamic_at[table]
+        return self.dynamic[name], n  # type: ignore[return-value]
+
+    @property
+    def dynamic_names(self) -> list[str]:
+        """The names of the dynamic tables."""
+        return list(self._dynamic_at)
+
+    def find_keys(self, table: str, keys: torch.Tensor) -> torch.Tensor:
+        """Dynamic table ``table``'s rows of ``keys`` (its own rows; 0: no row), on the
+        map's device; changes nothing."""
+        index, n = self.key_index(table)
+        keys = keys.to(index.row_key.device)
+        return index.find(keys, torch.full_like(keys, n) if index.tables > 1 else None)
+
+    def dynamic_summary(self) -> dict[str, dict[str, int]]:
+        """Each dynamic table's capacity, rows in use and rows evicted so far."""
+        return {t: self.key_index(t)[0].summary(self.key_index(t)[1]) for t in self._dynamic_at}
+
     def frozen_maps(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """Each dynamic table's live ``(keys, rows)``, sorted by key: the map an export
         freezes into the bundle's feature pipeline."""
         out = {}
-        for name, index in self.dynamic.items():
-            rows = index.live.nonzero().squeeze(1)
-            keys = index.row_key[rows]
+        for table in self._dynamic_at:
+            index, n = self.key_index(table)
+            keys, rows = index.table_live(n)
             order = torch.argsort(keys)
-            out[name] = (keys[order].cpu(), rows[order].cpu())
+            out[table] = (keys[order].cpu(), rows[order].cpu())
         return out
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any,
+                              **kwargs: Any) -> None:
+        _join_old_key_maps(self, state_dict, prefix)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def _copy_layout(self, other: EmbeddingCollection) -> None:
         """Take ``other``'s tables, offsets and initial values (for a module that replaces
@@ -236,6 +285,7 @@ class EmbeddingCollection(nn.Module):
         self._init_state = other._init_state
         self._lookups = []
         self.dynamic, self._dynamic_at = other.dynamic, other._dynamic_at
+        self._dynamic_groups = other._dynamic_groups
         self._reset, self.keys_are_rows = [], False
         self.register_buffer("frozen_rows", other.frozen_rows, persistent=False)
         if other._dynamic_at:
@@ -301,38 +351,55 @@ class EmbeddingCollection(nn.Module):
     def rows_of_keys(self, ids: torch.Tensor, sequences: dict[str, torch.Tensor] | None
                      ) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
         """``ids`` and ``sequences`` with every dynamic table's keys replaced by its rows
-        (one KeyIndex call per table for its columns and sequences together; admitting in
-        training, reading otherwise): 0 stays 0 (padding), a key without a row becomes -1
-        (it reads the default row, but is not padding), as the served pipeline gives them."""
+        (one KeyIndex call for all the tables of a key map, their columns and sequences
+        together; admitting in training, reading otherwise): 0 stays 0 (padding), a key
+        without a row becomes -1 (it reads the default row, but is not padding), as the
+        served pipeline gives them."""
         training = self.training and torch.is_grad_enabled()
         ids = ids.clone()
         seqs = dict(sequences or {})
-        for name, (offset, cols, names) in self._dynamic_at.items():
-            parts = [ids[:, c] for c in cols] + [seqs[n] for n in names if n in seqs]
+        b = ids.shape[0]
+        for name, g in self._dynamic_groups.items():
+            index = self.dynamic[name]
+            several = index.tables > 1
+            parts, tabs = [], []
+            if len(g.cols):
+                parts.append(ids.index_select(1, g.cols.to(ids.device)).reshape(-1))
+                if several:
+                    tabs.append(g.col_tables.to(ids.device).repeat(b))
+            here = [(s, n) for s, n in g.seqs if s in seqs]
+            for s, n in here:
+                parts.append(seqs[s].reshape(-1))
+                if several:
+                    tabs.append(torch.full_like(parts[-1], n))
             if not parts:
                 continue
-            keys = torch.cat([p.reshape(-1) for p in parts])
-            real = keys != 0  # padding reads the default row
-            rows = torch.zeros_like(keys)
-            index = self.dynamic[name]
+            keys = torch.cat(parts) if len(parts) > 1 else parts[0]
+            tables = (torch.cat(tabs) if len(tabs) > 1 else tabs[0]) if several else None
+            real = (keys != 0).nonzero().squeeze(1)  # padding reads the default row
+            k = keys.index_select(0, real)
+            t = tables.index_select(0, real) if tables is not None else None
             if training:
-                got, freed = self._admit(index, keys[real])
+                got, freed = self._admit(index, k, t)
                 if len(freed):
-                    self._renew(offset + freed)
+                    self._renew(g.offsets.to(freed.device).index_select(
+                        0, index.table_of(freed)) + index.local(freed))
             else:
-                got = index.find(keys[real])
-            rows[real] = torch.where(got > 0, got, -1)
+                got = index.find(k, t)
+            rows = torch.zeros_like(keys)
+            rows.index_copy_(0, real, torch.where(got > 0, got, -1))
             chunks = iter(rows.split([p.numel() for p in parts]))
-            for c in cols:
-                ids[:, c] = next(chunks)
-            for n in names:
-                if n in seqs:
-                    seqs[n] = next(chunks).view(seqs[n].shape)
+            if len(g.cols):
+                ids[:, g.cols.to(ids.device)] = next(chunks).view(b, len(g.cols))
+            for s, _ in here:
+                seqs[s] = next(chunks).view(seqs[s].shape)
         return ids, (seqs if sequences is not None else None)
 
-    def _admit(self, index: KeyIndex, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The training lookup of ``keys`` in a dynamic table: rows and rows freed."""
-        return index.admit(keys, int(self.dynamic_step))
+    def _admit(self, index: KeyIndex, keys: torch.Tensor, tables: torch.Tensor | None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The training lookup of ``keys`` (of ``tables``) in a key map: rows and the
+        index rows freed."""
+        return index.admit(keys, int(self.dynamic_step), tables)
 
     def _renew(self, rows: torch.Tensor) -> None:
         """Rows given to new keys: drawn again from the initial distribution, and their
@@ -411,10 +478,52 @@ class EmbeddingCollection(nn.Module):
 def dynamic_tables(model: nn.Module) -> list[str]:
     """Names of the dynamic tables of every collection in ``model``."""
     return sorted(name for m in model.modules() if isinstance(m, EmbeddingCollection)
-                  for name in m.dynamic)
+                  for name in m.dynamic_names)
 
 
 def dynamic_summary(model: nn.Module) -> dict[str, dict[str, int]]:
     """Each dynamic table's capacity, rows in use and rows evicted so far."""
-    return {name: index.summary() for m in model.modules() if isinstance(m, EmbeddingCollection)
-            for name, index in m.dynamic.items()}
+    return {name: d for m in model.modules() if isinstance(m, EmbeddingCollection)
+            for name, d in m.dynamic_summary().items()}
+
+
+class _KeyGroup(NamedTuple):
+    """Where a key map's keys are in a batch: ``cols`` of ``ids`` (with ``col_tables``, each
+    column's table number in the map), ``seqs`` (sequence name, table number), and each
+    table's default row in the fused weight (``offsets``)."""
+
+    cols: torch.Tensor
+    col_tables: torch.Tensor
+    seqs: list[tuple[str, int]]
+    offsets: torch.Tensor
+
+
+_MAP_STATE = ("row_key", "row_stamp", "free", "n_free", "sketch", "sketch_total",
+              "freed_total")
+
+
+def _join_old_key_maps(coll: EmbeddingCollection, state: dict[str, Any], prefix: str) -> None:
+    """A state dict from before tables with the same settings shared one key map (one map
+    per table, under the table's name), rewritten in place into the shared maps' layout:
+    the same keys in the same rows. The count-min sketches are not joined (each counted
+    with its own hashes): where admission counts sightings, counting starts again."""
+    for name, index in coll.dynamic.items():
+        tables = name.split("+")
+        old = [f"{prefix}dynamic.{t}." for t in tables]
+        if len(tables) == 1 or f"{old[0]}row_key" not in state \
+                or f"{prefix}dynamic.{name}.row_key" in state:
+            continue
+        assert isinstance(index, KeyIndex)
+        parts = {k: [state.pop(o + k) for o in old] for k in _MAP_STATE if old[0] + k in state}
+        new = f"{prefix}dynamic.{name}."
+        starts = index.starts_list
+        state[new + "row_key"] = torch.cat([parts["row_key"][0][:1]] +
+                                           [r[1:] for r in parts["row_key"]])
+        state[new + "row_stamp"] = torch.cat([parts["row_stamp"][0][:1]] +
+                                             [r[1:] for r in parts["row_stamp"]])
+        state[new + "free"] = torch.cat([f + a for f, a in zip(parts["free"], starts,
+                                                                strict=False)])
+        for k in ("n_free", "freed_total"):
+            state[new + k] = torch.stack([x.reshape(()) for x in parts[k]])
+        state[new + "sketch"] = index.sketch.clone()
+        state[new + "sketch_total"] = torch.zeros((), dtype=torch.int64)

@@ -55,6 +55,7 @@ _SKETCH_SALTS = (0, 0x5BD1E995, 0x27D4EB2F, 0x165667B1)  # one hash per count-mi
 _SKETCH_PER_ROW = 8  # counters per row of capacity (the sketch's width, before its bounds)
 _SKETCH_MIN = 1 << 12
 _SKETCH_FILL = 0.25  # counters in use above which all are halved
+_TABLE_SALT = 0x3C6EF372FE94F82B  # mixed with a table's number: its keys' salt
 
 
 def _srl(x: torch.Tensor, s: int) -> torch.Tensor:
@@ -101,6 +102,16 @@ class KeyIndex(nn.Module):
     Each row has a *stamp*, its eviction priority (lowest first): the step it was last seen
     (``lru``, ``ttl``), or its use count above the low 32 bits of that step (``lfu``).
 
+    **Several tables in one map.** ``capacity`` may be a list, one capacity per table: the
+    tables share every other setting, the map and the sketch, and a batch of all their keys
+    is one call. Keys then come with their table (``tables``, the same shape); each table's
+    keys are its own (key 7 of table 0 and key 7 of table 1 are two keys), and each table
+    has its own rows ``[1, capacity[t]]``, free rows and eviction (a full table evicts its
+    own rows only). Inside, the tables' rows follow one another, the *index rows* (table
+    ``t``'s are ``starts[t] + 1 .. starts[t + 1]``); the map holds each key XORed with its
+    table's salt (0 for table 0, so that a one-table index is the plain map) beside its
+    index row, and a slot is a key's only when that row is in the key's table.
+
     >>> idx = KeyIndex(capacity=2)
     >>> idx.admit(torch.tensor([10, 7, 10]), step=1)[0].tolist()  # new keys: rows in key order
     [2, 1, 2]
@@ -109,14 +120,20 @@ class KeyIndex(nn.Module):
     >>> rows, freed = idx.admit(torch.tensor([5]), step=2)  # full: the LFU row (7's) gives way
     >>> rows.tolist(), freed.tolist(), idx.find(torch.tensor([7, 10])).tolist()
     ([1], [1], [0, 2])
+    >>> two = KeyIndex(capacity=[2, 3])                  # two tables in one map
+    >>> two.admit(torch.tensor([7, 7]), step=1, tables=torch.tensor([0, 1]))[0].tolist()
+    [1, 1]
+    >>> two.find(torch.tensor([7, 8]), tables=torch.tensor([1, 1])).tolist(), len(two)
+    ([1, 0], 2)
     """
 
-    def __init__(self, capacity: int, *, min_count: int = 1, probability: float = 1.0,
-                 policy: Literal["lru", "lfu", "ttl"] = "lfu", ttl_steps: int | None = None,
-                 evict_fraction: float = 0.01, sketch_width: int = 1 << 20,
-                 device: str | torch.device | None = None):
+    def __init__(self, capacity: int | list[int], *, min_count: int = 1,
+                 probability: float = 1.0, policy: Literal["lru", "lfu", "ttl"] = "lfu",
+                 ttl_steps: int | None = None, evict_fraction: float = 0.01,
+                 sketch_width: int = 1 << 20, device: str | torch.device | None = None):
         super().__init__()
-        if capacity < 1:
+        caps = [capacity] if isinstance(capacity, int) else [int(c) for c in capacity]
+        if not caps or min(caps) < 1:
             raise ValueError(f"capacity must be 1 or more, got {capacity}")
         if policy not in ("lru", "lfu", "ttl"):
             raise ValueError(f"policy must be lru, lfu or ttl, got {policy!r}")
@@ -124,46 +141,99 @@ class KeyIndex(nn.Module):
             raise ValueError("policy ttl needs ttl_steps (steps a row may go unseen)")
         if not 0.0 < probability <= 1.0:
             raise ValueError(f"probability must be in (0, 1], got {probability}")
-        self.capacity, self.min_count, self.probability = capacity, min_count, probability
+        self.capacities = caps
+        self.capacity = sum(caps)  # every table's rows
+        self.min_count, self.probability = min_count, probability
         self.policy, self.ttl_steps = policy, ttl_steps
-        self.evict_batch = max(1, int(evict_fraction * capacity))
-        slots = 1 << max(4, (2 * capacity - 1).bit_length())  # at most half full when full
+        self.evict_batch = [max(1, int(evict_fraction * c)) for c in caps]
+        starts = [0]
+        for c in caps:
+            starts.append(starts[-1] + c)
+        self.starts_list = starts
+        slots = 1 << max(4, (2 * self.capacity - 1).bit_length())  # at most half full
         self.mask = slots - 1
         i64 = torch.int64
-        # the map (rebuilt from the rows when loaded, so not saved): [key, row] per slot
+        # the map (rebuilt from the rows when loaded, so not saved): [salted key, row] per slot
         self.register_buffer("slots", huge_full((slots, 2), 0, i64, device), persistent=False)
         self.used_slots = 0  # full + deleted
-        # per row: its key and its stamp; free rows, a stack popped from the top (1 first)
-        self.register_buffer("row_key", huge_full(capacity + 1, 0, i64, device))
-        self.register_buffer("row_stamp", huge_full(capacity + 1, _NEVER, i64, device))
-        self.register_buffer("free", torch.arange(capacity, 0, -1,
-                                                  out=huge_empty(capacity, i64, device)))
-        self.register_buffer("n_free", torch.tensor(capacity, dtype=i64))
-        want = min(sketch_width, max(_SKETCH_MIN, _SKETCH_PER_ROW * capacity))
+        # per index row: its key and its stamp; each table's free rows, a stack in its own
+        # segment free[starts[t]: starts[t + 1]] popped from the top (its row 1 first)
+        self.register_buffer("row_key", huge_full(self.capacity + 1, 0, i64, device))
+        self.register_buffer("row_stamp", huge_full(self.capacity + 1, _NEVER, i64, device))
+        free = huge_empty(self.capacity, i64, device)
+        for a, b in zip(starts[:-1], starts[1:], strict=True):
+            torch.arange(b, a, -1, out=free[a:b])
+        self.register_buffer("free", free)
+        self.register_buffer("n_free", torch.tensor(caps, dtype=i64))
+        want = min(sketch_width, max(_SKETCH_MIN, _SKETCH_PER_ROW * self.capacity))
         width = 1 << max(4, (want - 1).bit_length()) if min_count > 1 else 1
         self.register_buffer("sketch", huge_full((len(_SKETCH_SALTS), width), 0, torch.int32,
                                                  device))
         # sightings counted since the sketch's fill was last checked
         self.register_buffer("sketch_total", torch.tensor(0, dtype=i64))
-        self.register_buffer("freed_total", torch.tensor(0, dtype=i64))  # rows ever freed
+        self.register_buffer("freed_total", torch.zeros(len(caps), dtype=i64))  # ever freed
         self.register_buffer("_window", torch.arange(_LATE_WINDOW, device=device),
                              persistent=False)
         self.register_buffer("_salts", torch.tensor(_SKETCH_SALTS, dtype=i64, device=device),
                              persistent=False)
+        self.register_buffer("starts", torch.tensor(starts, dtype=i64, device=device),
+                             persistent=False)
+        # table t's keys are XORed with its salt in the map and the sketch (table 0's: 0)
+        salts = mix64(torch.arange(len(caps), dtype=i64) + _TABLE_SALT)
+        salts[0] = 0
+        self.register_buffer("table_salt", salts.to(device), persistent=False)
 
     # -------------------------------------------------------------------- queries
+    @property
+    def tables(self) -> int:
+        """How many tables share this map."""
+        return len(self.capacities)
+
     def __len__(self) -> int:
-        return self.capacity - int(self.n_free)
+        return self.capacity - int(self.n_free.sum())
 
     @property
     def live(self) -> torch.Tensor:
-        """Which rows hold a key (``[capacity + 1]`` bool)."""
+        """Which index rows hold a key (``[capacity + 1]`` bool)."""
         return self.row_stamp != _NEVER
 
     def seen(self, rows: torch.Tensor) -> torch.Tensor:
-        """The step each of ``rows`` was last seen (its low 32 bits with ``lfu``)."""
+        """The step each of ``rows`` (index rows) was last seen (its low 32 bits with
+        ``lfu``)."""
         st = self.row_stamp[rows]
         return st & _LOW32 if self.policy == "lfu" else st
+
+    def table_of(self, rows: torch.Tensor) -> torch.Tensor:
+        """The table of each of the index ``rows`` (1 or more)."""
+        if self.tables == 1:
+            return torch.zeros_like(rows)
+        return torch.searchsorted(self.starts[1:], rows)
+
+    def local(self, rows: torch.Tensor, tables: torch.Tensor | None = None) -> torch.Tensor:
+        """Index rows -> their table's own rows ``[1, capacity[t]]`` (0 stays 0);
+        ``tables``: theirs, when the caller knows them."""
+        if self.tables == 1:
+            return rows
+        t = self.table_of(rows) if tables is None else tables
+        return torch.where(rows > 0, rows - self.starts.index_select(0, t), 0)
+
+    def table_live(self, t: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Table ``t``'s live keys and their rows (its own, ascending)."""
+        a, b = self.starts_list[t], self.starts_list[t + 1]
+        rows = self.live[a + 1: b + 1].nonzero().squeeze(1) + a + 1
+        return self.row_key.index_select(0, rows), rows - a
+
+    def _salted(self, keys: torch.Tensor, tables: torch.Tensor | None) -> torch.Tensor:
+        """``keys`` of ``tables`` as the map and the sketch hold them (XOR: its own
+        inverse, so a salted key salted again is the key)."""
+        if tables is None or self.tables == 1:
+            return keys
+        return keys ^ self.table_salt.index_select(0, tables)
+
+    def _map_keys(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The salted keys of index ``rows`` and their tables (None with one table)."""
+        t = self.table_of(rows) if self.tables > 1 else None
+        return self._salted(self.row_key.index_select(0, rows), t), t
 
     def _window_of(self, pos: torch.Tensor, first_round: bool, width: int) -> torch.Tensor:
         """The slots a probe or insert round reads: the home slot alone in a large batch's
@@ -172,10 +242,13 @@ class KeyIndex(nn.Module):
             return pos[:, None]
         return (pos[:, None] + self._window[:width]) & self.mask
 
-    def _probe(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(slot, row)`` of each of the distinct ``keys``: the slot holding it and its row,
-        or ``(-1, 0)``. A key sits before the first empty slot of its probe sequence, so each
-        round stops a key at its own slot or at an empty one.
+    def _probe(self, keys: torch.Tensor, tables: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(slot, row)`` of each of the distinct salted ``keys`` (of ``tables``; None: one
+        table): the slot holding it and its index row, or ``(-1, 0)``. A key sits before the
+        first empty slot of its probe sequence, so each round stops a key at its own slot or
+        at an empty one; with several tables, a slot holding the key is its own only when
+        the row is in the key's table.
 
         In a large batch the first round reads the home slot alone (where most keys are: the
         map is at most half full); the keys still searching then read ``_WINDOW`` slots a
@@ -183,23 +256,29 @@ class KeyIndex(nn.Module):
         after such a round read ``_LATE_WINDOW`` slots a round. Gathers
         are ``index_select`` (several times faster than advanced indexing on CPU)."""
         pos = mix64(keys) & self.mask
+        lo = hi = None
+        if tables is not None and self.tables > 1:
+            lo, hi = self.starts.index_select(0, tables), self.starts.index_select(0, tables + 1)
         if len(keys) <= _SMALL_BATCH:  # few keys: rounds cost more than reads, all windows
             slot, row = torch.full_like(keys, -1), torch.zeros_like(keys)
             idx = torch.arange(len(keys), device=keys.device)
         else:
             kr = self.slots.index_select(0, pos)  # [n, 2]
             k0, r0 = kr.unbind(1)
-            hit = (k0 == keys) & (r0 > 0)
+            hit = (k0 == keys) & (r0 > 0 if lo is None else (r0 > lo) & (r0 <= hi))
             slot = torch.where(hit, pos, -1)
             row = torch.where(hit, r0, 0)
             idx = ((r0 != 0) & ~hit).nonzero().squeeze(1)  # not there, no empty slot yet
             keys, pos = keys.index_select(0, idx), (pos.index_select(0, idx) + 1) & self.mask
+            if lo is not None:
+                lo, hi = lo.index_select(0, idx), hi.index_select(0, idx)
         width = _WINDOW
         while len(idx):
             win = self._window_of(pos, False, width)  # [m, w]
             kr = self.slots.index_select(0, win.reshape(-1)).view(len(idx), width, 2)
             rw = kr[..., 1]
-            h = (kr[..., 0] == keys[:, None]) & (rw > 0)
+            h = (kr[..., 0] == keys[:, None]) & (
+                rw > 0 if lo is None else (rw > lo[:, None]) & (rw <= hi[:, None]))
             stop = h | (rw == 0)
             first = stop.to(torch.uint8).argmax(1, keepdim=True)
             found = h.gather(1, first).squeeze(1).nonzero().squeeze(1)
@@ -208,48 +287,125 @@ class KeyIndex(nn.Module):
             go = (~stop.any(1)).nonzero().squeeze(1)
             idx, keys = idx.index_select(0, go), keys.index_select(0, go)
             pos = (pos.index_select(0, go) + width) & self.mask
+            if lo is not None:
+                lo, hi = lo.index_select(0, go), hi.index_select(0, go)
             width = _LATE_WINDOW
         return slot, row
 
-    def find(self, keys: torch.Tensor) -> torch.Tensor:
-        """Rows of ``keys`` (any shape), 0 for keys without one; changes nothing."""
-        uniq, inv, _ = _unique(keys.reshape(-1))
-        return self._probe(uniq)[1].index_select(0, inv).view(keys.shape)
+    def _distinct(self, keys: torch.Tensor, tables: torch.Tensor | None
+                  ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor] | None:
+        """The distinct (table, key) pairs of the flat ``keys``: ``(salted keys, their
+        tables (None with one table), inverse, counts)``, by one sort of the salted keys.
+        None when keys of two tables meet at one salted value (for hashed keys a chance of
+        about 2**-64 a pair): the caller then takes each table alone."""
+        uniq, inv, cnt = _unique(self._salted(keys, tables))
+        if tables is None:
+            return uniq, None, inv, cnt
+        ut = torch.empty_like(uniq).scatter_(0, inv, tables)
+        if not torch.equal(ut.index_select(0, inv), tables):
+            return None
+        return uniq, ut, inv, cnt
+
+    @staticmethod
+    def _flat(keys: torch.Tensor, tables: torch.Tensor | None, n: int
+              ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if tables is not None and tables.shape != keys.shape:
+            raise ValueError(f"tables {tuple(tables.shape)}: expected the keys' shape "
+                             f"{tuple(keys.shape)}")
+        return keys.reshape(-1), None if tables is None or n == 1 else tables.reshape(-1)
+
+    def _per_table(self, fn: Any, keys: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
+        """``fn(keys, tables)`` -> rows, on each table's keys alone, put back in order."""
+        out = torch.zeros_like(keys)
+        for t in torch.unique(tables).tolist():
+            at = (tables == t).nonzero().squeeze(1)
+            out[at] = fn(keys.index_select(0, at), tables.index_select(0, at))
+        return out
+
+    def find(self, keys: torch.Tensor, tables: torch.Tensor | None = None) -> torch.Tensor:
+        """Rows of ``keys`` (any shape; with several tables, ``tables`` of the same shape
+        names each key's) in their tables, 0 for keys without one; changes nothing."""
+        flat, tab = self._flat(keys, tables, self.tables)
+        d = self._distinct(flat, tab)
+        if d is None:
+            return self._per_table(self.find, flat, tab).view(keys.shape)
+        uniq, ut, inv, _ = d
+        return self.local(self._probe(uniq, ut)[1], ut).index_select(0, inv).view(keys.shape)
 
     # -------------------------------------------------------------------- training
-    def admit(self, keys: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The training lookup: rows of ``keys`` (any shape; 0 where not admitted) after
-        counting them, admitting the new keys that pass and evicting rows to make room;
-        and the rows freed on the way (to re-initialise before use: some may be given to
-        new keys of this very batch)."""
-        uniq, inv, cnt = _unique(keys.reshape(-1))
-        rows = self._probe(uniq)[1]
+    def admit(self, keys: torch.Tensor, step: int, tables: torch.Tensor | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The training lookup: rows of ``keys`` (any shape; 0 where not admitted; with
+        several tables, ``tables`` of the same shape names each key's, and the rows are in
+        its table) after counting them, admitting the new keys that pass and evicting rows
+        to make room; and the index rows freed on the way (to re-initialise before use: some
+        may be given to new keys of this very batch; :meth:`table_of` and :meth:`local` say
+        whose they are)."""
+        flat, tab = self._flat(keys, tables, self.tables)
+        d = self._distinct(flat, tab)
+        if d is None:
+            freed: list[torch.Tensor] = []
+
+            def one_table(k: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+                rows, f = self.admit(k, step, t)
+                freed.append(f)
+                return rows
+
+            return self._per_table(one_table, flat, tab).view(keys.shape), torch.cat(freed)
+        uniq, ut, inv, cnt = d
+        rows = self._probe(uniq, ut)[1]
         hit = rows > 0
         at = hit.nonzero().squeeze(1)
         known = rows.index_select(0, at)
         self._stamp(known, cnt.index_select(0, at), step,
                     old=self.row_stamp.index_select(0, known))
-        freed = torch.empty(0, dtype=torch.long, device=keys.device)
+        out = [torch.empty(0, dtype=torch.long, device=keys.device)]
         if self.ttl_steps and step % max(1, self.ttl_steps // 8) == 0:
-            freed = self.expire(step)  # ttl: rows unseen too long go, full table or not
+            out.append(self.expire(step))  # ttl: rows unseen too long go, full table or not
         new = (~hit).nonzero().squeeze(1)
         if len(new):
-            new_keys, new_cnt = uniq.index_select(0, new), cnt.index_select(0, new)
-            ok = self._admitted(new_keys, new_cnt, step).nonzero().squeeze(1)
-            new, new_keys, new_cnt = (t.index_select(0, ok) for t in (new, new_keys, new_cnt))
-            short = len(new) - int(self.n_free)
-            if short > 0:  # never a row seen at this step, by this call or an earlier one
-                freed = torch.cat([freed, self.evict(max(short, self.evict_batch), step)])
-            take = min(len(new), int(self.n_free))  # the rest stay out this time
-            new, new_keys, new_cnt = new[:take], new_keys[:take], new_cnt[:take]
-            n = int(self.n_free)
-            got = self.free[n - take: n].flip(0)
-            self.n_free -= take
+            ok = self._admitted(uniq.index_select(0, new), cnt.index_select(0, new), step)
+            new = new.index_select(0, ok.nonzero().squeeze(1))
+        if len(new):
+            new_t = ut.index_select(0, new) if ut is not None else None
+            got, took = self._take_rows(new_t, len(new), step, out)
+            new = new.index_select(0, took)
+            new_keys = uniq.index_select(0, new)
             self._insert(new_keys, got)
-            self.row_key.index_copy_(0, got, new_keys)
-            self._stamp(got, new_cnt, step)
+            self.row_key.index_copy_(0, got, self._salted(
+                new_keys, new_t.index_select(0, took) if new_t is not None else None))
+            self._stamp(got, cnt.index_select(0, new), step)
             rows.index_copy_(0, new, got)
-        return rows.index_select(0, inv).view(keys.shape), freed
+        return self.local(rows, ut).index_select(0, inv).view(keys.shape), torch.cat(out)
+
+    def _take_rows(self, tables: torch.Tensor | None, n: int, step: int,
+                   freed: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows for ``n`` new keys (of ``tables``; None: one table), first come first
+        served in each table, evicting where a table has too few free (never a row seen at
+        this step, by this call or an earlier one; appended to ``freed``): ``(the index rows
+        given, which of the n keys got them)``; the rest stay out this time."""
+        if tables is None:
+            short = n - int(self.n_free[0])
+            if short > 0:
+                freed.append(self.evict(max(short, self.evict_batch[0]), step))
+            have = int(self.n_free[0])
+            take = min(n, have)
+            self.n_free[0] -= take
+            return self.free[have - take: have].flip(0), torch.arange(take,
+                                                                      device=self.free.device)
+        need = torch.bincount(tables, minlength=self.tables)
+        short = need - self.n_free
+        for t in (short > 0).nonzero().squeeze(1).tolist():
+            freed.append(self.evict(max(int(short[t]), self.evict_batch[t]), step, table=t))
+        order = torch.sort(tables, stable=True).indices  # by table, first come first
+        st = tables.index_select(0, order)
+        rank = torch.arange(n, device=tables.device) - (need.cumsum(0) - need).index_select(0, st)
+        have = self.n_free.index_select(0, st)
+        ok = (rank < have).nonzero().squeeze(1)
+        order, st, rank, have = (x.index_select(0, ok) for x in (order, st, rank, have))
+        got = self.free.index_select(0, self.starts.index_select(0, st) + have - 1 - rank)
+        self.n_free -= torch.bincount(st, minlength=self.tables)
+        return got, order
 
     def _stamp(self, rows: torch.Tensor, times: torch.Tensor, step: int,
                old: torch.Tensor | None = None) -> None:
@@ -320,23 +476,28 @@ class KeyIndex(nn.Module):
                 width = _LATE_WINDOW
             first_round = False
 
-    def evict(self, n: int, step: int, keep: torch.Tensor | None = None) -> torch.Tensor:
-        """Free up to ``n`` rows by the policy, never one of ``keep`` (by default the rows
-        seen at ``step``); returns them. They go on the free stack, their keys leave the
-        map."""
-        return self._free(self._lowest(n, step, keep))
+    def evict(self, n: int, step: int, keep: torch.Tensor | None = None,
+              table: int = 0) -> torch.Tensor:
+        """Free up to ``n`` rows of ``table`` by the policy, never one of ``keep`` (index
+        rows; by default the rows seen at ``step``); returns them (index rows). They go on
+        their table's free stack, their keys leave the map."""
+        return self._free(self._lowest(n, step, keep, table))
 
-    def _lowest(self, n: int, step: int, keep: torch.Tensor | None = None) -> torch.Tensor:
-        """Up to ``n`` live rows of lowest stamp (ties: the lowest rows first, so that a
-        table on a GPU evicts the same rows as on the CPU), none of ``keep`` (by default the
-        rows seen at ``step``).
+    def _lowest(self, n: int, step: int, keep: torch.Tensor | None = None,
+                table: int = 0) -> torch.Tensor:
+        """Up to ``n`` live index rows of ``table`` of lowest stamp (ties: the lowest rows
+        first, so that a table on a GPU evicts the same rows as on the CPU), none of
+        ``keep`` (by default the rows seen at ``step``).
 
         On a large table a threshold from a sample first keeps only the rows at or under it
         (one pass over the stamps), the rows to keep are dropped from those, and the lowest
         of the rest are taken: the same rows as a sort of the whole table would give. When
         the sample's threshold leaves too few, the whole table is sorted instead."""
-        stamps = self.row_stamp
+        base = self.starts_list[table] + 1  # the table's first index row
+        stamps = self.row_stamp[base: self.starts_list[table + 1] + 1]
         now = step & _LOW32 if self.policy == "lfu" else step
+        if keep is not None:
+            keep = keep - base
 
         def evictable(rows: torch.Tensor) -> torch.Tensor:
             st = stamps.index_select(0, rows)
@@ -353,30 +514,52 @@ class KeyIndex(nn.Module):
             cut = sample.kthvalue(k).values
             cand = evictable((stamps <= cut).nonzero().squeeze(1))
             if len(cand) >= n:
-                return _lowest_first(cand, stamps.index_select(0, cand), n)
+                return _lowest_first(cand, stamps.index_select(0, cand), n) + base
         cand = evictable(torch.arange(len(stamps), device=stamps.device))
-        return _lowest_first(cand, stamps.index_select(0, cand), min(n, len(cand)))
+        return _lowest_first(cand, stamps.index_select(0, cand), min(n, len(cand))) + base
 
     def expire(self, step: int) -> torch.Tensor:
-        """With ``ttl``: free every row unseen for more than ``ttl_steps``; returns them."""
+        """With ``ttl``: free every row unseen for more than ``ttl_steps`` (of every table);
+        returns them (index rows)."""
         if not self.ttl_steps:
             return torch.empty(0, dtype=torch.long, device=self.row_stamp.device)
         old = (self.live & (self.seen(slice(None)) < step - self.ttl_steps)).nonzero()
         return self._free(old.squeeze(1))
 
     def _free(self, victims: torch.Tensor) -> torch.Tensor:
-        self.slots[self._probe(self.row_key[victims])[0], 1] = -1
+        """Index rows ``victims`` leave the map and go on their tables' free stacks, the
+        first victim of a table on top (reused first)."""
+        if not len(victims):
+            return victims
+        self.slots[self._probe(*self._map_keys(victims))[0], 1] = -1
         self.row_key[victims], self.row_stamp[victims] = 0, _NEVER
-        n = int(self.n_free)
-        self.free[n: n + len(victims)] = victims.flip(0)  # the first victim is reused first
-        self.n_free += len(victims)
-        self.freed_total += len(victims)
+        if self.tables == 1:
+            n = int(self.n_free[0])
+            self.free[n: n + len(victims)] = victims.flip(0)
+            count = torch.tensor([len(victims)], device=victims.device)
+        else:
+            t = self.table_of(victims)
+            count = torch.bincount(t, minlength=self.tables)
+            order = torch.sort(t, stable=True).indices
+            st = t.index_select(0, order)
+            rank = torch.arange(len(victims), device=victims.device) - \
+                (count.cumsum(0) - count).index_select(0, st)
+            at = self.starts.index_select(0, st) + self.n_free.index_select(0, st) + \
+                count.index_select(0, st) - 1 - rank
+            self.free.index_copy_(0, at, victims.index_select(0, order))
+        self.n_free += count
+        self.freed_total += count
         return victims
 
-    def summary(self) -> dict[str, int]:
-        """``capacity``, ``live`` rows and rows ``evicted`` so far (expired included)."""
-        return {"capacity": self.capacity, "live": len(self),
-                "evicted": int(self.freed_total)}
+    def summary(self, table: int | None = None) -> dict[str, int]:
+        """``capacity``, ``live`` rows and rows ``evicted`` so far (expired included): of
+        ``table``, or of every table together."""
+        if table is None:
+            return {"capacity": self.capacity, "live": len(self),
+                    "evicted": int(self.freed_total.sum())}
+        return {"capacity": self.capacities[table],
+                "live": self.capacities[table] - int(self.n_free[table]),
+                "evicted": int(self.freed_total[table])}
 
     def _rebuild(self) -> None:
         """The map again from the live rows (drops the deleted slots)."""
@@ -384,10 +567,14 @@ class KeyIndex(nn.Module):
         self.used_slots = 0
         live = self.live.nonzero().squeeze(1)
         if len(live):
-            self._insert(self.row_key[live], live)
+            self._insert(self._map_keys(live)[0], live)
 
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any,
                               **kwargs: Any) -> None:
+        for name in ("n_free", "freed_total"):  # one number before tables shared a map
+            old = state_dict.get(prefix + name)
+            if old is not None and old.dim() == 0:
+                state_dict = {**state_dict, prefix + name: old.reshape(1)}
         saved = state_dict.get(prefix + "sketch")
         if saved is not None and saved.shape != self.sketch.shape:
             if self.min_count > 1 and saved.shape[1] > 1:
@@ -402,5 +589,6 @@ class KeyIndex(nn.Module):
         self._rebuild()
 
     def extra_repr(self) -> str:
-        return (f"capacity={self.capacity}, live={len(self)}, policy={self.policy}, "
+        return (f"capacity={self.capacities if self.tables > 1 else self.capacity}, "
+                f"live={len(self)}, policy={self.policy}, "
                 f"min_count={self.min_count}, probability={self.probability}")

@@ -137,9 +137,9 @@ class RetrievalTask:
         dynamic user table holds now."""
         if self.user_table is None:
             return users >= 2
-        index = next(m.dynamic[self.user_table] for m in model.modules()
-                     if isinstance(m, EmbeddingCollection) and self.user_table in m.dynamic)
-        rows = index.find(torch.from_numpy(users).to(index.row_key.device))
+        coll = next(m for m in model.modules()
+                    if isinstance(m, EmbeddingCollection) and self.user_table in m.dynamic_names)
+        rows = coll.find_keys(self.user_table, torch.from_numpy(users))
         return rows.cpu().numpy() > 0
 
     def _seen_index(self, users: np.ndarray) -> np.ndarray:

@@ -132,13 +132,14 @@ def test_the_map_changes_only_in_the_training_thread_and_never_under_a_read_row(
     calls: list[tuple[str, str]] = []
     admit, find, free = KeyIndex.admit, KeyIndex.find, KeyIndex._free
 
-    def spy_admit(self, keys, step):
+    def spy_admit(self, keys, step, tables=None):
         calls.append(("admit", threading.current_thread().name))
-        before = find(self, keys)
-        rows, freed = admit(self, keys, step)
+        before = find(self, keys, tables)
+        rows, freed = admit(self, keys, step, tables)
         held = before > 0
         assert torch.equal(rows[held], before[held]), "a key lost its row in its own lookup"
-        assert not bool(torch.isin(before[held], freed).any()), "a row in use was freed"
+        index_rows = before if tables is None else before + self.starts[tables]  # as freed
+        assert not bool(torch.isin(index_rows[held], freed).any()), "a row in use was freed"
         return rows, freed
 
     def spy(fn, kind):
@@ -231,8 +232,7 @@ def test_a_two_tower_with_dynamic_tables_exports_and_retrieves_as_pytorch_does(t
     train = art.store.split("train")
     # test users whose key lost its row (150 rows for 200 users) read the default row, like
     # an OOV id: not queries
-    index = model.embedding.dynamic["user_id"]
-    held = index.row_key[index.live].numpy()
+    held = model.embedding.frozen_maps()["user_id"][0].numpy()
     test_users = np.asarray(art.store.split("test").sparse[:, 0])
     assert res["test"]["unknown_user_rows"] == (~np.isin(test_users, held)).sum() > 0
     assert res["test"]["queries"] == len(np.unique(test_users[np.isin(test_users, held)]))

@@ -285,3 +285,84 @@ def test_eviction_ties_go_to_the_lowest_rows():
         want = rows[torch.sort(stamps, stable=True).indices[:n]]
         assert torch.equal(_lowest_first(rows, stamps, n), want)
     assert len(_lowest_first(rows, stamps, 0)) == 0
+
+
+# ------------------------------------------------------------ several tables in one map
+def table_map(idx: KeyIndex, t: int) -> dict[int, int]:
+    """Table ``t``'s live key -> row map, checked: its rows in ``[1, capacity[t]]``, one row
+    per key, its free stack holding exactly its other rows, ``find`` reading the same."""
+    keys, rows = idx.table_live(t)
+    cap = idx.capacities[t]
+    assert len(torch.unique(keys)) == len(keys), "two rows of one table hold one key"
+    a = idx.starts_list[t]
+    free = (idx.free[a: a + int(idx.n_free[t])] - a).tolist()
+    assert sorted(free + rows.tolist()) == list(range(1, cap + 1))
+    assert idx.summary(t)["live"] == len(rows)
+    assert torch.equal(idx.find(keys, torch.full_like(keys, t)), rows)
+    return dict(zip(keys.tolist(), rows.tolist(), strict=True))
+
+
+@pytest.mark.parametrize("policy", ["lfu", "lru", "ttl"])
+def test_tables_in_one_map_behave_as_maps_of_their_own(policy):
+    # each table of a shared map gives the rows, and frees the rows, that a map of its own
+    # gives when fed that table's keys as the shared map holds them (salted)
+    g = np.random.default_rng(4)
+    caps = [50, 20, 80]
+    opts = dict(policy=policy, ttl_steps=6, evict_fraction=0.1, probability=0.9)
+    shared = KeyIndex(caps, **opts)
+    alone = [KeyIndex(c, **opts) for c in caps]
+    for step in range(60):
+        keys = torch.from_numpy(g.zipf(1.3, (40, 3)).astype(np.int64))  # the same keys
+        tables = torch.tensor([0, 1, 2]).expand(40, 3)  # in each table: one column each
+        rows, freed = shared.admit(keys, step, tables)
+        got = [alone[t].admit(keys[:, t] ^ shared.table_salt[t], step) for t in range(3)]
+        for t in range(3):
+            assert torch.equal(rows[:, t], got[t][0]), (step, t)
+            mine = freed[shared.table_of(freed) == t]
+            assert sorted(shared.local(mine).tolist()) == sorted(got[t][1].tolist()), (step, t)
+            assert table_map(shared, t) == {k ^ int(shared.table_salt[t]): r for k, r in
+                                            table_map(alone[t], 0).items()}
+    assert any(a.summary()["evicted"] for a in alone)  # full tables evicted on the way
+
+
+def test_one_key_in_several_tables_is_a_key_of_each():
+    idx = KeyIndex([3, 3])
+    rows, _ = idx.admit(torch.tensor([5, 5, 6]), step=0, tables=torch.tensor([0, 1, 1]))
+    assert rows.tolist()[0] == 1 and sorted(rows.tolist()[1:]) == [1, 2]
+    # table 0 fills up and evicts its own rows; table 1 keeps its keys
+    idx.admit(torch.tensor([7, 8, 9]), step=1, tables=torch.tensor([0, 0, 0]))
+    assert idx.summary(0)["evicted"] >= 1 and idx.summary(1) == {"capacity": 3, "live": 2,
+                                                                   "evicted": 0}
+    assert idx.find(torch.tensor([5, 6]), torch.tensor([1, 1])).tolist() == rows.tolist()[1:]
+
+
+def test_keys_of_two_tables_that_meet_after_salting_keep_rows_of_their_own():
+    idx = KeyIndex([4, 4])
+    x = 12345
+    y = x ^ int(idx.table_salt[1])  # table 1's y is salted to table 0's x
+    rows, _ = idx.admit(torch.tensor([x, y, 7]), step=0, tables=torch.tensor([0, 1, 1]))
+    assert rows.tolist()[0] == 1 and rows.tolist()[1] > 0 and rows.tolist()[2] > 0
+    assert idx.find(torch.tensor([x, y, y, x]), torch.tensor([0, 1, 0, 1])).tolist() == \
+        [rows[0].item(), rows[1].item(), 0, 0]
+    table_map(idx, 0), table_map(idx, 1)
+
+
+def test_a_shared_map_resumes_exactly_from_its_state_dict():
+    g = np.random.default_rng(2)
+    stream = [torch.from_numpy(g.zipf(1.2, (100, 2)).astype(np.int64)) for _ in range(30)]
+    tables = torch.tensor([0, 1]).expand(100, 2)
+
+    def make():
+        return KeyIndex([60, 90], min_count=2, policy="lfu", evict_fraction=0.1)
+
+    straight, first = make(), make()
+    for s, b in enumerate(stream[:15]):
+        straight.admit(b, s, tables)
+        first.admit(b, s, tables)
+    resumed = make()
+    resumed.load_state_dict(first.state_dict())
+    for s, b in enumerate(stream[15:], start=15):
+        ra, fa = straight.admit(b, s, tables)
+        rb, fb = resumed.admit(b, s, tables)
+        assert torch.equal(ra, rb) and torch.equal(fa, fb), s
+    assert table_map(straight, 1) == table_map(resumed, 1)

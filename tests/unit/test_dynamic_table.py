@@ -175,3 +175,110 @@ def test_two_tower_says_a_dynamic_item_feature_is_not_supported_yet():
                                 SparseFeatureSpec("item_id", 11, DynamicSpec(10))])
     with pytest.raises(ConfigError, match="dynamic table"):
         build_model(get_model_class("two_tower").Config(item_features=["item_id"]), schema)
+
+
+# ------------------------------------------------------ several dynamic tables, one map
+def three_tables(second=None, k2=4):
+    """A vocabulary table and three dynamic ones (the last with a sequence; the second of
+    ``k2`` rows, fewer than the 5 keys); with ``second`` (DynamicSpec options), the second
+    has settings of its own."""
+    return [TableSpec("a", 6, 4, ("a",)),
+            TableSpec("k1", 6, 4, ("k1",), dynamic=DynamicSpec(5, evict_fraction=0.2)),
+            TableSpec("k2", k2 + 1, 4, ("k2",),
+                      dynamic=DynamicSpec(k2, **(second or {"evict_fraction": 0.2}))),
+            TableSpec("k3", 9, 4, ("k3", "hist_k3"), dynamic=DynamicSpec(8, evict_fraction=0.2))]
+
+
+def three_batches(n=10, b=12, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    keys = lambda: KEYS[torch.randint(0, len(KEYS), (b,), generator=g)]  # noqa: E731
+    return [(torch.stack([torch.randint(0, 6, (b,), generator=g), keys(), keys(), keys()], 1),
+             {"hist_k3": KEYS[torch.randint(0, len(KEYS), (b, 3), generator=g)]
+              * (torch.rand(b, 3, generator=g) > 0.3)}) for _ in range(n)]
+
+
+def test_tables_with_the_same_settings_share_one_map_and_train_like_plain_tables():
+    torch.manual_seed(0)
+    dyn = EmbeddingCollection(three_tables(k2=6), init_std=0.3)
+    assert list(dyn.dynamic) == ["k1+k2+k3"] and dyn.dynamic["k1+k2+k3"].tables == 3
+    plain = EmbeddingCollection([TableSpec("a", 6, 4, ("a",)), TableSpec("k1", 6, 4, ("k1",)),
+                                 TableSpec("k2", 7, 4, ("k2",)),
+                                 TableSpec("k3", 9, 4, ("k3", "hist_k3"))])
+    plain.weight.data.copy_(dyn.weight.data)
+    start = dyn.weight.detach().clone()
+    opt_d, opt_p = SparseAdam([dyn], lr=0.05), SparseAdam([plain], lr=0.05)
+    for ids, seqs in three_batches():
+        out, s = dyn.lookup(ids, seqs)
+        loss_of(out).backward(retain_graph=True)
+        loss_of(s["hist_k3"]).backward()
+        opt_d.step()
+        rows = ids.clone()
+        for c, t in ((1, "k1"), (2, "k2"), (3, "k3")):
+            rows[:, c] = dyn.find_keys(t, ids[:, c])  # the rows the keys were given
+        hist = dyn.find_keys("k3", seqs["hist_k3"]) * (seqs["hist_k3"] != 0)
+        assert bool((rows[:, 1:] > 0).all())  # every key fits: no evictions
+        out, s = plain.lookup(rows, {"hist_k3": hist})
+        loss_of(out).backward(retain_graph=True)
+        loss_of(s["hist_k3"]).backward()
+        opt_p.step()
+    # k3's row 0 (fused row 19): the plain table trains it as the sequence's padding, the
+    # dynamic one keeps its default row as it was
+    other = torch.arange(len(start)) != 19
+    torch.testing.assert_close(dyn.weight[other], plain.weight[other], rtol=0, atol=0)
+    assert torch.equal(dyn.weight[19], start[19])
+    assert dyn.dynamic_summary() == {"k1": {"capacity": 5, "live": 5, "evicted": 0},
+                                     "k2": {"capacity": 6, "live": 5, "evicted": 0},
+                                     "k3": {"capacity": 8, "live": 5, "evicted": 0}}
+    maps = dyn.frozen_maps()
+    assert set(maps) == {"k1", "k2", "k3"} and sorted(maps["k3"][0].tolist()) == \
+        sorted(KEYS.tolist()) and int(maps["k2"][1].max()) <= 6
+
+
+def test_a_full_table_of_a_shared_map_evicts_its_own_rows_and_renews_them():
+    torch.manual_seed(0)
+    coll = EmbeddingCollection(three_tables(), init_std=0.3)
+    for ids, seqs in three_batches(6):  # k2 (4 rows) sees 5 keys: it evicts
+        loss_of(coll.lookup(ids, seqs)[0]).backward()
+        coll.pop_lookups()
+    s = coll.dynamic_summary()
+    assert s["k2"]["evicted"] > 0 and s["k3"]["evicted"] == 0 and s["k1"]["evicted"] == 0
+    reset = coll.pop_reset_rows()
+    # the renewed rows are k2's (its default row is fused row 12, its rows 1-4 are 13-16)
+    assert reset is not None and len(reset) and bool(((reset >= 13) & (reset <= 16)).all())
+
+
+def test_tables_with_other_settings_get_maps_of_their_own():
+    coll = EmbeddingCollection(three_tables(second={"policy": "lru"}))
+    assert sorted(coll.dynamic) == ["k1+k3", "k2"]
+    assert coll.key_index("k3") == (coll.dynamic["k1+k3"], 1)
+
+
+def test_a_checkpoint_with_a_map_per_table_loads_into_a_shared_map():
+    # before tables shared a map, each had its own under its name: the layout of tables
+    # whose settings all differ (here their eviction shares, which give the same batch of
+    # one row at these capacities)
+    torch.manual_seed(0)
+    tabs = three_tables()
+    tabs[1:] = [TableSpec(t.name, t.rows, 4, t.features, dynamic=DynamicSpec(
+        t.rows - 1, evict_fraction=f)) for t, f in zip(tabs[1:], (0.2, 0.21, 0.22), strict=True)]
+    old = EmbeddingCollection(tabs, init_std=0.3)
+    assert sorted(old.dynamic) == ["k1", "k2", "k3"]
+    for ids, seqs in three_batches(4):
+        loss_of(old.lookup(ids, seqs)[0]).backward()
+        old.pop_lookups()
+    state = old.state_dict()
+    new = EmbeddingCollection(three_tables())
+    new.load_state_dict(state)
+    assert {t: (k.tolist(), r.tolist()) for t, (k, r) in new.frozen_maps().items()} == \
+        {t: (k.tolist(), r.tolist()) for t, (k, r) in old.frozen_maps().items()}
+    assert new.dynamic_summary() == old.dynamic_summary()
+    torch.testing.assert_close(new.weight, old.weight, rtol=0, atol=0)
+    ids, seqs = three_batches(1, seed=9)[0]
+    with torch.no_grad():
+        torch.testing.assert_close(new.eval().lookup(ids, seqs)[0],
+                                   old.eval().lookup(ids, seqs)[0], rtol=0, atol=0)
+    for ids, seqs in three_batches(3, seed=5):  # and it trains on
+        loss_of(new.train().lookup(ids, seqs)[0]).backward()
+        new.pop_lookups()
+    for t in range(3):
+        assert new.dynamic["k1+k2+k3"].summary(t)["live"] <= (5, 4, 8)[t]
