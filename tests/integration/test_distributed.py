@@ -388,9 +388,9 @@ def test_killed_two_process_run_resumes(tmp_path, placement, resume_procs):
 
 # ------------------------------------------------------------------ dynamic tables
 def dynamic_steps(batches, weight_of, placement="replicated"):
-    """Three SparseAdam steps of a collection with a dynamic table of 6 rows (full from the
-    second step, evicting after) on ``batches``; the table (this process's rows of it, from
-    row ``lo``) and its map afterwards."""
+    """Three SparseAdam steps of a collection with dynamic tables of 6 and 4 rows sharing a
+    key map (full from the second step, evicting after) on ``batches``; the table (this
+    process's rows of it, from row ``lo``) and the map afterwards."""
     from sampan import distributed
     from sampan.config import TrainConfig
     from sampan.embedding import EmbeddingCollection, SparseAdam
@@ -398,14 +398,16 @@ def dynamic_steps(batches, weight_of, placement="replicated"):
 
     torch.manual_seed(0)
     coll = EmbeddingCollection([TableSpec("a", 5, 4, ("a",)), TableSpec(
-        "k", 7, 4, ("k",), dynamic=DynamicSpec(6, policy="lru", evict_fraction=0.0))], 0.3)
+        "k", 7, 4, ("k",), dynamic=DynamicSpec(6, policy="lru", evict_fraction=0.0)),
+        TableSpec("k2", 5, 4, ("k2",), dynamic=DynamicSpec(4, policy="lru",
+                                                          evict_fraction=0.0))], 0.3)
     coll = distributed.strategy_for(TrainConfig(embedding_placement=placement)
                                     ).parallelize(coll)
     opt = SparseAdam([coll], lr=0.1)
     for ids in batches:
         ((coll(ids).sum(-1) - 1.0).square().sum() * weight_of(ids)).backward()
         opt.step()
-    index = coll.dynamic["k"]
+    index = coll.dynamic["k+k2"]
     return {"weight": coll.weight.detach().clone(), "keys": index.row_key.clone(),
             "stamps": index.row_stamp.clone(), "lo": getattr(coll, "lo", 0)}
 
@@ -413,7 +415,8 @@ def dynamic_steps(batches, weight_of, placement="replicated"):
 def dynamic_batches():
     g = torch.Generator().manual_seed(5)
     return [torch.stack([torch.randint(0, 5, (10,), generator=g),
-                         torch.randint(1, 12, (10,), generator=g) * 1_000_003], 1)
+                         torch.randint(1, 12, (10,), generator=g) * 1_000_003,
+                         torch.randint(1, 8, (10,), generator=g) * 1_000_003], 1)
             for _ in range(3)]
 
 
