@@ -7,7 +7,12 @@ lr 1e-3, batch 4096. Models: DeepFM, DCNv2 (3 cross layers, parallel) and DIN (h
 Contenders, each in its own process (so peak RSS is its own), run in interleaved rounds:
 
 * ``sampan``  — ``sampan.train.trainer.Trainer.fit`` with its loader, metrics log and progress
-  on; samples/s is what the Trainer itself logs, after warm-up steps.
+  on; samples/s is what the Trainer itself logs, after warm-up steps. It trains in the
+  run's precision (``--precisions``: fp32 unless told), as the other contenders do.
+* ``sampan_auto`` — the same with Sampan's default precision, ``train.amp: auto``: bf16
+  autocast on a CPU with AMX or AVX512-BF16, fp32 elsewhere (where it is the same as
+  ``sampan``, so it is left out). Compared with the others in fp32, what a user gets by
+  default against what a hand-written loop does by default.
 * ``plain``   — the same model written as plain PyTorch: one concatenated
   ``nn.Embedding(sparse=True)`` + ``torch.optim.SparseAdam``, dense ``Adam``, a NumPy slicing
   loop.
@@ -120,7 +125,8 @@ def sampan_trainer(args: argparse.Namespace, data: dict, run: str) -> Any:
                   "data_on_device": False if getattr(args, "host_data", False) else "auto",
                   "epochs": 1000, "log_every_steps": args.log_every, "tensorboard": False,
                   "device": args.device, "schedule": "constant",
-                  "amp": "bf16" if args.precision == "bf16" else "none",
+                  "amp": "auto" if getattr(args, "auto_amp", False) else
+                  "bf16" if args.precision == "bf16" else "none",
                   "compile": args.compile == "all", "kernels": args.kernels,
                   "early_stopping": {"enabled": False}},
     })
@@ -133,7 +139,8 @@ def sampan_trainer(args: argparse.Namespace, data: dict, run: str) -> Any:
 
 def run_sampan(args: argparse.Namespace, data: dict) -> dict:
     with tempfile.TemporaryDirectory() as run:
-        sampan_trainer(args, data, run).fit()
+        trainer = sampan_trainer(args, data, run)
+        trainer.fit()
         recs = [json.loads(x) for x in Path(run, "metrics.jsonl").read_text().splitlines()]
     recs = [r for r in recs if r["split"] == "train" and r["step"] > args.warmup]
     speeds = [r["samples_per_s"] for r in recs]
@@ -141,7 +148,15 @@ def run_sampan(args: argparse.Namespace, data: dict) -> dict:
     rate = statistics.harmonic_mean(speeds)
     measured = len(speeds) * args.log_every * args.batch / rate  # seconds of those intervals
     t1 = recs[-1]["time"]  # the log record's wall clock (time.time)
-    return {"samples_per_s": rate, "intervals": len(speeds), "window": [t1 - measured, t1]}
+    return {"samples_per_s": rate, "intervals": len(speeds), "window": [t1 - measured, t1],
+            "amp": trainer.tc.amp}
+
+
+def run_sampan_auto(args: argparse.Namespace, data: dict) -> dict:
+    """Sampan with its default precision (``train.amp: auto``)."""
+    a = argparse.Namespace(**vars(args))
+    a.auto_amp = True
+    return run_sampan(a, data)
 
 
 def run_sampan_host(args: argparse.Namespace, data: dict) -> dict:
@@ -287,8 +302,8 @@ def run_deepctr(args: argparse.Namespace, data: dict) -> dict:
     return {"samples_per_s": rows / (time.perf_counter() - t0)}
 
 
-CONTENDERS = {"sampan": run_sampan, "sampan_host": run_sampan_host, "plain": run_plain,
-              "deepctr": run_deepctr}
+CONTENDERS = {"sampan": run_sampan, "sampan_auto": run_sampan_auto,
+              "sampan_host": run_sampan_host, "plain": run_plain, "deepctr": run_deepctr}
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -299,7 +314,7 @@ def worker(args: argparse.Namespace) -> None:
     data = make_data(args.data_rows, args.vocab, din=args.model == "din")
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     result = CONTENDERS[args.worker](args, data)
-    if args.worker == "sampan":
+    if args.worker in ("sampan", "sampan_auto"):
         result["compile"] = args.compile == "all"
     result.pop("window", None)
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -483,7 +498,9 @@ def spawn(args: argparse.Namespace, contender: str, model: str) -> dict | None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="deepfm,dcn_v2,din")
-    ap.add_argument("--contenders", default="sampan,plain,deepctr")
+    ap.add_argument("--contenders", default="sampan,sampan_auto,plain,deepctr",
+                    help="of sampan, sampan_auto (Sampan's default precision; left out where "
+                    "that is fp32), sampan_host (GPU), plain, deepctr")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batch", type=int, default=4096)
     ap.add_argument("--batches", default=None,
@@ -556,6 +573,16 @@ def main() -> None:
                   if c != "deepctr" or deepctr_available()]
     if "deepctr" in args.contenders and "deepctr" not in contenders:
         print("deepctr_torch is not importable: skipping it (pip install -e '.[bench]')")
+    if "sampan_auto" in contenders:
+        from sampan.train.compute import bf16_hardware
+
+        if args.precisions != "fp32" or args.in_process or args.batches \
+                or args.device != "cpu":
+            contenders.remove("sampan_auto")
+            print("sampan_auto left out: --precisions sets every contender's precision")
+        elif not (bf16 := bf16_hardware(__import__("torch").device("cpu")))[0]:
+            contenders.remove("sampan_auto")
+            print(f"sampan_auto left out: {bf16[1]}, so its amp: auto is fp32, as sampan's")
     args.steps_for = {m: max(args.steps // 3, 6) if m == "din" else args.steps for m in models}
     args.batches = [int(b) for b in args.batches.split(",")] if args.batches else [args.batch]
     args.precisions = args.precisions.split(",")
@@ -595,17 +622,23 @@ def main() -> None:
 
         copy = copy_bandwidth("cpu", 512, 5) / 1e9
         for m in models:
-            rf = roofline(m, args.batch, args.dim, copy)
-            s = summary[m].get("sampan", {}).get("samples_per_s")
-            if s:
-                rf["sampan_of_gemm_bound"] = s / rf["gemm_bound"]
-                rf["sampan_of_bound"] = s / rf["bound"]
-            summary[m]["roofline"] = rf
-            print(f"roofline {m:7} GEMMs {rf['gemm_gflop_s']:.0f} GFLOP/s -> "
-                  f"{rf['gemm_bound']:,.0f} samples/s; embeddings at {copy:.1f} GB/s -> "
-                  f"{rf['embedding_bound']:,.0f}; bound {rf['bound']:,.0f}; Sampan at "
-                  f"{rf.get('sampan_of_bound', 0):.0%} of it "
-                  f"({rf.get('sampan_of_gemm_bound', 0):.0%} of the GEMM bound)", flush=True)
+            # each Sampan contender against the bound of the precision it trained in
+            for key, c, prec in (("roofline", "sampan", args.precisions[0]),
+                                 ("roofline_bf16", "sampan_auto", "bf16")):
+                got = summary[m].get(c, {})
+                if key == "roofline_bf16" and got.get("amp") != "bf16":
+                    continue
+                rf = roofline(m, args.batch, args.dim, copy, prec)
+                s = got.get("samples_per_s")
+                if s:
+                    rf["sampan_of_gemm_bound"] = s / rf["gemm_bound"]
+                    rf["sampan_of_bound"] = s / rf["bound"]
+                summary[m][key] = rf
+                print(f"roofline {m:7} {prec:4} GEMMs {rf['gemm_gflop_s']:.0f} GFLOP/s -> "
+                      f"{rf['gemm_bound']:,.0f} samples/s; embeddings at {copy:.1f} GB/s -> "
+                      f"{rf['embedding_bound']:,.0f}; bound {rf['bound']:,.0f}; {c} at "
+                      f"{rf.get('sampan_of_bound', 0):.0%} of it "
+                      f"({rf.get('sampan_of_gemm_bound', 0):.0%} of the GEMM bound)", flush=True)
     report = {"benchmark": "train_throughput", "args": {k: v for k, v in vars(args).items()
                                                         if k not in ("worker", "model")},
               "machine": machine(), "results": summary}
@@ -633,9 +666,14 @@ def summarise(results: dict) -> dict:
                 if "compile" in rs[0]:
                     row[c]["compile"] = rs[0]["compile"]
         s = row.get("sampan", {}).get("samples_per_s")
+        auto = row.get("sampan_auto", {}).get("samples_per_s")
         for c in ("plain", "deepctr"):
             if s and c in row:
                 row[f"sampan_vs_{c}"] = s / row[c]["samples_per_s"]
+            if auto and c in row:
+                row[f"sampan_auto_vs_{c}"] = auto / row[c]["samples_per_s"]
+        if rs := by.get("sampan_auto"):
+            row["sampan_auto"]["amp"] = rs[0].get("amp")
         out[m] = row
     return out
 
@@ -698,10 +736,33 @@ def machine() -> dict:
 ROW_PASSES = 2 + 2 + 7
 
 
-def roofline(model: str, batch: int, dim: int, copy_gb_s: float) -> dict:
+def bf16_layer_seconds(shape: tuple[int, int, int], repeats: int = 5) -> float:
+    """A linear layer's three GEMMs at ``shape`` (rows, in, out) in bf16, as autocast runs
+    them (``torch.mm`` on bf16 operands: oneDNN, on AMX where the CPU has it): forward,
+    input gradient and weight gradient, each the best of ``repeats``."""
+    import torch
+
+    n, k, o = shape
+    gen = torch.Generator().manual_seed(0)
+    x, w = (torch.randn(a, b, generator=gen).bfloat16() for a, b in ((n, k), (o, k)))
+    g = torch.randn(n, o, generator=gen).bfloat16()
+    total = 0.0
+    for fn in (lambda: x @ w.t(), lambda: g @ w, lambda: g.t() @ x):
+        best = float("inf")
+        for _ in range(repeats + 1):  # one warm-up call
+            t0 = time.perf_counter()
+            fn()
+            best = min(best, time.perf_counter() - t0)
+        total += best
+    return total
+
+
+def roofline(model: str, batch: int, dim: int, copy_gb_s: float,
+             precision: str = "fp32") -> dict:
     """What this CPU could do at best for ``model``: the MLP / cross / attention GEMMs at
-    their real shapes timed alone (each GEMM on its faster library), and the embedding
-    traffic at the measured copy bandwidth; the bound is their combined time."""
+    their real shapes timed alone (fp32: each GEMM on its faster library; bf16: as
+    autocast runs them), and the embedding traffic at the measured copy bandwidth (the
+    tables stay fp32 either way); the bound is their combined time."""
     from benchmarks.kernels import model_and_probe
     from sampan.layers.kernels import fastest, layer_shapes, layer_time, measure
 
@@ -709,6 +770,9 @@ def roofline(model: str, batch: int, dim: int, copy_gb_s: float) -> dict:
     shapes = list(layer_shapes(net, probe).values())
     gemm_s = 0.0
     for s in shapes:  # each GEMM on its faster library
+        if precision == "bf16":
+            gemm_s += bf16_layer_seconds(s)
+            continue
         t = measure(s)
         gemm_s += layer_time(t, fastest(t))
     flops = sum(6 * n * k * o for n, k, o in shapes)  # forward + both gradients
@@ -716,7 +780,8 @@ def roofline(model: str, batch: int, dim: int, copy_gb_s: float) -> dict:
     emb_bytes = rows * (dim + 1) * 4 * ROW_PASSES  # per sample
     gemm_bound = batch / gemm_s
     emb_bound = copy_gb_s * 1e9 / emb_bytes
-    return {"gemm_gflop_s": flops / gemm_s / 1e9, "gemm_flop_per_sample": flops / batch,
+    return {"precision": precision,
+            "gemm_gflop_s": flops / gemm_s / 1e9, "gemm_flop_per_sample": flops / batch,
             "gemm_bound": gemm_bound, "embedding_bytes_per_sample": emb_bytes,
             "copy_gb_s": copy_gb_s, "embedding_bound": emb_bound,
             "bound": 1 / (1 / gemm_bound + 1 / emb_bound)}
@@ -748,6 +813,7 @@ def markdown(report: dict) -> str:
              + "`).", "",
              "| model | Sampan samples/s | plain PyTorch | DeepCTR-Torch | Sampan / plain | "
              "Sampan / DeepCTR | Sampan peak RSS |", "|---|---|---|---|---|---|---|"]
+    auto = {m: r for m, r in report["results"].items() if "sampan_auto" in r}
     def sps(r: dict, c: str) -> str:
         return f"{r[c]['samples_per_s']:,.0f}" if c in r else "-"
 
@@ -759,11 +825,24 @@ def markdown(report: dict) -> str:
         name = f"{m} (compile)" if r.get("sampan", {}).get("compile") else m
         lines.append(f"| {name} | {sps(r, 'sampan')} | {sps(r, 'plain')} | {sps(r, 'deepctr')} | "
                      f"{ratio(r, 'plain')} | {ratio(r, 'deepctr')} | {rss} |")
-    roof = {m: r["roofline"] for m, r in report["results"].items() if "roofline" in r}
+    if auto:
+        lines += ["", "Sampan's default precision (`train.amp: auto`, here "
+                  f"{next(iter(auto.values()))['sampan_auto'].get('amp')}) against the others "
+                  "in fp32, as each runs by default:", "",
+                  "| model | Sampan, amp auto | Sampan fp32 | plain PyTorch fp32 | auto / plain | "
+                  "auto / DeepCTR |", "|---|---|---|---|---|---|"]
+        for m, r in auto.items():
+            a_p = f"{r['sampan_auto_vs_plain']:.2f}x" if "sampan_auto_vs_plain" in r else "-"
+            a_d = f"{r['sampan_auto_vs_deepctr']:.2f}x" if "sampan_auto_vs_deepctr" in r else "-"
+            lines.append(f"| {m} | {sps(r, 'sampan_auto')} | {sps(r, 'sampan')} | "
+                         f"{sps(r, 'plain')} | {a_p} | {a_d} |")
+    roof = {f"{m} ({rf.get('precision', 'fp32')})": rf for m, r in report["results"].items()
+            for k in ("roofline", "roofline_bf16") if (rf := r.get(k))}
     if roof:
         lines += ["", "Roofline on this CPU: the model's GEMMs timed alone at their shapes "
-                  "(each GEMM on its faster library), and its embedding traffic (every row "
-                  f"distinct: {ROW_PASSES} row passes a step) at the measured copy bandwidth.",
+                  "(fp32: each GEMM on its faster library; bf16: as autocast runs them), and its "
+                  f"embedding traffic (every row distinct: {ROW_PASSES} row passes a step) at "
+                  "the measured copy bandwidth; each against the Sampan run in that precision.",
                   "",
                   "| model | GEMM GFLOP/s | GEMM bound | embedding bound | bound (both) | "
                   "Sampan / GEMM bound | Sampan / bound |", "|---|---|---|---|---|---|---|"]

@@ -134,9 +134,12 @@ class TrainConfig(_Strict):
         "rows", description="order of the training rows each epoch: rows permutes them all, "
         "blocks permutes blocks of 65,536 contiguous rows (cheaper on data larger than "
         "memory), none keeps file order")
-    amp: Literal["none", "bf16"] = Field(
-        "none", description="bf16: autocast training and evaluation to bfloat16 (slower on "
-        "CPUs without AVX512-BF16 / AMX); none: float32")
+    amp: Literal["auto", "none", "bf16"] = Field(
+        "auto", description="training precision of the dense layers. bf16: autocast to "
+        "bfloat16, with float32 weights, embeddings and optimizer state (slower than float32 "
+        "on CPUs without AMX or AVX512-BF16); none: float32; auto: bf16 on a CPU with AMX or "
+        "AVX512-BF16 and on a GPU that supports it, unless the model trains worse in bf16, "
+        "else float32. Evaluation, export and serving are float32 either way")
     compile: bool = Field(False, description="torch.compile the dense layers (not the "
                           "embedding lookup); pays off on long runs")
     kernels: Literal["auto", "mkl", "onednn"] = Field(

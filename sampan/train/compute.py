@@ -1,10 +1,11 @@
-"""How the dense layers compute in a run: each linear layer's CPU GEMM path, measured once
-and kept with the run (see :mod:`sampan.layers.kernels`), ``torch.compile``, and the dense
-optimizer."""
+"""How the dense layers compute in a run: their precision (bf16 autocast where the hardware
+multiplies bf16 natively), each linear layer's CPU GEMM path, measured once and kept with the
+run (see :mod:`sampan.layers.kernels`), ``torch.compile``, and the dense optimizer."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,12 +16,58 @@ from torch import nn
 from sampan.data.loader import BatchLoader
 from sampan.embedding import EmbeddingCollection
 from sampan.layers import MLP
-from sampan.layers.kernels import KernelPlan, plan_kernels
+from sampan.layers.kernels import KernelPlan, cpu_info, plan_kernels
 from sampan.layers.kernels import apply as apply_kernels
 
 if TYPE_CHECKING:
     from sampan.config import TrainConfig
     from sampan.train.trainer import Trainer
+
+
+# oneDNN ISA caps (ONEDNN_MAX_CPU_ISA) under which it still multiplies bf16 natively
+_BF16_ONEDNN = ("AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX512_CORE_AMX", "AVX512_CORE_AMX_FP16",
+                "AVX10_1_512", "AVX10_1_512_AMX", "AVX10_1_512_AMX_FP16", "AVX10_2_512",
+                "AVX10_2_512_AMX_2", "ALL", "DEFAULT")
+
+
+def bf16_hardware(device: torch.device) -> tuple[bool, str]:
+    """Whether ``device`` multiplies bf16 matrices natively, and what says so: a GPU that
+    supports bf16, or a CPU with AMX-BF16 or AVX512-BF16 whose oneDNN is not held below it
+    (``ONEDNN_MAX_CPU_ISA``). Elsewhere bf16 is emulated in fp32 and slower than fp32."""
+    if device.type == "cuda":
+        ok = torch.cuda.is_bf16_supported()
+        name = torch.cuda.get_device_name(device)
+        return ok, f"{name} {'supports' if ok else 'does not support'} bf16"
+    if device.type != "cpu":
+        return False, f"{device.type} devices train in fp32"
+    flags = set(cpu_info()["isa"])
+    native = [f for f in ("amx_tile", "avx512_bf16") if f in flags]
+    if not native:
+        return False, "this CPU has neither AMX nor AVX512-BF16"
+    what = "AMX" if "amx_tile" in native else "AVX512-BF16"
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
+    if cap and cap not in _BF16_ONEDNN:
+        return False, f"this CPU has {what}, but ONEDNN_MAX_CPU_ISA={cap} holds oneDNN below it"
+    if not torch.backends.mkldnn.is_available() or not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return False, f"this CPU has {what}, but this torch build's oneDNN cannot use it"
+    return True, f"this CPU has {what}"
+
+
+def resolve_amp(setting: str, device: torch.device, model: nn.Module) -> tuple[str, str]:
+    """``train.amp`` -> (``"bf16"`` or ``"none"``, why). ``auto`` is bf16 on hardware that
+    multiplies bf16 natively (:func:`bf16_hardware`) unless the model says it trains worse in
+    bf16 (a class attribute ``amp_auto = "none"`` with ``amp_why``); fp32 elsewhere."""
+    if setting != "auto":
+        return setting, f"{setting} (set)"
+    ok, hardware = bf16_hardware(device)
+    if not ok:
+        return "none", f"fp32: {hardware}"
+    model = getattr(model, "module", model)  # a data-parallel wrapper's model
+    if getattr(model, "amp_auto", "bf16") == "none":
+        why = getattr(model, "amp_why", "this model trains worse in bf16")
+        return "none", f"fp32: {hardware}, but {why}"
+    return "bf16", (f"bf16 autocast with fp32 weights and optimizer state: {hardware}; "
+                    "evaluated in fp32, as served")
 
 
 def apply_saved(model: nn.Module, run_dir: Path) -> KernelPlan | None:

@@ -39,22 +39,23 @@ def resolve_device(name: str) -> torch.device:
 
 
 class Evaluator:
-    """``model`` scored under ``task`` on ``device``: batches of ``eval_batch_size`` rows,
-    bf16 autocast with ``amp="bf16"`` (as in training), ``prefetch`` batches ahead. Under a
+    """``model`` scored under ``task`` on ``device``: batches of ``eval_batch_size`` rows in
+    fp32 (as the exported model serves, whatever precision trained it), ``prefetch``
+    batches ahead. Under a
     data-parallel ``strategy`` each process scores its share of the rows and every process
     gets all of them back, in order."""
 
     def __init__(self, model: nn.Module, task: Any, device: torch.device,
-                 eval_batch_size: int = 16384, amp: str = "none", prefetch: int = 2,
+                 eval_batch_size: int = 16384, prefetch: int = 2,
                  strategy: SingleProcess | None = None):
         self.model, self.task, self.device = model, task, device
-        self.eval_batch_size, self.amp, self.prefetch = eval_batch_size, amp, prefetch
+        self.eval_batch_size, self.prefetch = eval_batch_size, prefetch
         self.strategy = strategy or strategy_for()
 
     @torch.no_grad()
     def infer(self, fn, data: SplitArrays) -> torch.Tensor:  # type: ignore[no-untyped-def]
-        """``fn(batch)`` over every row of ``data`` in order (eval mode, no grad, autocast
-        as in training), concatenated on the CPU as float32."""
+        """``fn(batch)`` over every row of ``data`` in order (eval mode, no grad, fp32),
+        concatenated on the CPU as float32."""
         self.model.eval()
         steps = None
         st = self.strategy
@@ -75,9 +76,7 @@ class Evaluator:
             batch = next(batches) if keep else next(iter(BatchLoader(
                 filler, self.eval_batch_size, shuffle="none", prefetch=0)))
             batch = batch.to(self.device, non_blocking=True)
-            with torch.autocast(self.device.type, dtype=torch.bfloat16,
-                                enabled=self.amp == "bf16"):
-                y = fn(batch).float()
+            y = fn(batch).float()
             if keep:
                 out.append(y)
         if st.enabled:

@@ -271,8 +271,7 @@ class RunArtifacts:
             apply_saved(self.model, self.run)
         # a retrieval task reads its item corpus from the train split
         task = make_task(self.model, self.store.split("train") or self._empty())
-        self.evaluator = Evaluator(self.model, task, device, tc.eval_batch_size, tc.amp,
-                                   tc.prefetch)
+        self.evaluator = Evaluator(self.model, task, device, tc.eval_batch_size, tc.prefetch)
 
     def _empty(self) -> SplitArrays:
         s = self.store.schema

@@ -58,7 +58,7 @@ class TrainingPlan:
 
     def to_json(self) -> dict[str, Any]:
         keys = ("batch_size", "epochs", "embedding_l2", "warmup_steps", "eval_every_steps",
-                "first_order_warm_start")
+                "first_order_warm_start", "amp")
         return {"steps_per_epoch": self.steps_per_epoch,
                 "chosen": {k: getattr(self.train, k) for k in keys},
                 "early_stopping_metric": self.train.early_stopping.metric,

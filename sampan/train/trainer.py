@@ -36,6 +36,7 @@ from sampan.train.compute import (
     dense_optimizer,
     l1_shrink_targets,
     plan_for,
+    resolve_amp,
     shrink_l1,
 )
 from sampan.train.evaluate import (  # noqa: F401  (importable from here as before)
@@ -105,6 +106,8 @@ class Trainer:
         on_device, why = data_on_device(train, self.tc.data_on_device, self.device)
         if why:
             self.plan.reasons["data_on_device"] = why
+        amp, self.plan.reasons["amp"] = resolve_amp(self.tc.amp, self.device, model)
+        self.tc = self.plan.train = self.tc.model_copy(update={"amp": amp})
         self.loader = BatchLoader(train, self.tc.batch_size, shuffle=self.tc.shuffle,
                                   seed=cfg.seed, prefetch=self.tc.prefetch,
                                   pin_memory=self.device.type == "cuda" and not on_device,
@@ -113,7 +116,7 @@ class Trainer:
         self.total_steps = self.tc.max_steps or self.tc.epochs * len(self.loader)
         self.kernels = plan_for(self, log_metrics)
         self.evaluator = Evaluator(self.model, self.task, self.device, self.tc.eval_batch_size,
-                                   self.tc.amp, self.tc.prefetch, strategy)
+                                   self.tc.prefetch, strategy)
         if self.tc.compile:  # after the kernels are set: compiled graphs guard on them
             compile_dense(self.model)
 

@@ -53,9 +53,14 @@ def test_early_stopping_keeps_best_weights(tmp_path):
     assert art.evaluate("valid")["logloss"] == pytest.approx(best["logloss"], abs=1e-9)
 
 
-def test_bf16_autocast_trains_on_cpu(tmp_path):
+def test_bf16_autocast_trains_on_cpu_and_evaluates_in_fp32_as_served(tmp_path):
     results, _ = run(tmp_path, amp="bf16", epochs=1)
     assert 0.5 < results["test"]["auc"] < 1.0
+    plan = json.loads((tmp_path / "run" / "schedule.json").read_text())
+    assert plan["reasons"]["amp"] == "bf16 (set)" and plan["chosen"]["amp"] == "bf16"
+    # the saved model scored in fp32 gives the run's own test figures
+    again = RunArtifacts(tmp_path / "run").evaluate("test")
+    assert again["auc"] == results["test"]["auc"] and again["logloss"] == results["test"]["logloss"]
 
 
 @pytest.mark.parametrize("opt", ["adagrad", "rowwise_adagrad"])

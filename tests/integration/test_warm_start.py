@@ -163,7 +163,10 @@ def test_copy_takes_the_lr_weights_and_leaves_the_vectors():
 
 
 def warm_trainer(tmp_path, name: str, solver: str, **train):
-    """A Trainer of ``name`` on the additive rows, warm start on (auto), and its valid rows."""
+    """A Trainer of ``name`` on the additive rows, warm start on (auto), and its valid rows.
+    The warm start has no time bound unless ``first_order_seconds`` is given: what the
+    tests check must not depend on the machine's load."""
+    train.setdefault("first_order_seconds", None)
     cfg = ExperimentConfig.model_validate({
         "features": {"categorical": ["a", "b"], "numeric": ["x"]},
         "model": {"name": name, **({"embedding_dim": 4} if name != "lr" else {})},
@@ -325,7 +328,7 @@ def test_patience_counts_from_the_trained_models_own_best(tmp_path, aucs, evals,
 
 
 def test_an_exact_fit_is_bounded_by_the_training_it_precedes(tmp_path, monkeypatch):
-    trainer, _ = warm_trainer(tmp_path / "roomy", "fm", "lbfgs")
+    trainer, _ = warm_trainer(tmp_path / "roomy", "fm", "lbfgs", first_order_seconds="auto")
     # the estimate: a run that improves for two epochs and stops its patience later
     estimate, steps = training_estimate(trainer)
     tc = trainer.tc
@@ -339,7 +342,7 @@ def test_an_exact_fit_is_bounded_by_the_training_it_precedes(tmp_path, monkeypat
     # train on (no optimum); the header says so
     monkeypatch.setattr(warm_start, "BUDGET_FLOOR", 0.0)
     monkeypatch.setattr(warm_start, "BUDGET_SHARE", 0.0)
-    tight, _ = warm_trainer(tmp_path / "tight", "fm", "lbfgs")
+    tight, _ = warm_trainer(tmp_path / "tight", "fm", "lbfgs", first_order_seconds="auto")
     tight.console = Console(record=True, width=200)
     cut = fit_first_order(tight)
     assert cut["cut"] == "solution" and len(cut["path"]) == 1 < len(report["path"])
@@ -348,7 +351,7 @@ def test_an_exact_fit_is_bounded_by_the_training_it_precedes(tmp_path, monkeypat
     assert "the time budget cut its solve short" in shown and \
         f"of its {cut['budget_seconds']:.1f} s budget" in shown
     # the lr model's exact fit is the model: not bounded
-    lr, _ = warm_trainer(tmp_path / "lr", "lr", "lbfgs")
+    lr, _ = warm_trainer(tmp_path / "lr", "lr", "lbfgs", first_order_seconds="auto")
     assert "budget_seconds" not in fit_first_order(lr)
 
 
@@ -363,7 +366,7 @@ def test_a_budget_of_the_users_and_none(tmp_path, solver):
     # auto bounds an SGD fit by its early stopping alone (in steps: reruns and a
     # distributed run's processes stop alike); a number stops it at its next evaluation
     if solver == "sgd":
-        auto, _ = warm_trainer(tmp_path / "auto", "fm", solver)
+        auto, _ = warm_trainer(tmp_path / "auto", "fm", solver, first_order_seconds="auto")
         assert "budget_seconds" not in fit_first_order(auto)
         tight, _ = warm_trainer(tmp_path / "tight", "fm", solver,
                                 first_order_seconds=1e-6)
