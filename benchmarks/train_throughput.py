@@ -817,6 +817,9 @@ def markdown(report: dict) -> str:
     def sps(r: dict, c: str) -> str:
         return f"{r[c]['samples_per_s']:,.0f}" if c in r else "-"
 
+    def pct(rf: dict, k: str) -> str:  # "-" where the Sampan run failed
+        return f"{rf[k]:.0%}" if k in rf else "-"
+
     def ratio(r: dict, c: str) -> str:
         return f"{r[f'sampan_vs_{c}']:.2f}x" if f"sampan_vs_{c}" in r else "-"
 
@@ -849,8 +852,8 @@ def markdown(report: dict) -> str:
         for m, rf in roof.items():
             lines.append(f"| {m} | {rf['gemm_gflop_s']:.0f} | {rf['gemm_bound']:,.0f} | "
                          f"{rf['embedding_bound']:,.0f} (copy {rf['copy_gb_s']:.1f} GB/s) | "
-                         f"{rf['bound']:,.0f} | {rf.get('sampan_of_gemm_bound', 0):.0%} | "
-                         f"{rf.get('sampan_of_bound', 0):.0%} |")
+                         f"{rf['bound']:,.0f} | {pct(rf, 'sampan_of_gemm_bound')} | "
+                         f"{pct(rf, 'sampan_of_bound')} |")
     return "\n".join(lines)
 
 

@@ -48,7 +48,12 @@ def bf16_hardware(device: torch.device) -> tuple[bool, str]:
     cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
     if cap and cap not in _BF16_ONEDNN:
         return False, f"this CPU has {what}, but ONEDNN_MAX_CPU_ISA={cap} holds oneDNN below it"
-    if not torch.backends.mkldnn.is_available() or not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+    try:
+        usable = torch.backends.mkldnn.is_available() and \
+            bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # a torch build without the probe
+        usable = False
+    if not usable:
         return False, f"this CPU has {what}, but this torch build's oneDNN cannot use it"
     return True, f"this CPU has {what}"
 
