@@ -48,14 +48,12 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from _readme import update_block  # noqa: E402
 from accuracy import machine  # noqa: E402
 from defaults import (  # noqa: E402
-    DATA,
-    REAL,
     RESAMPLES,
     WORLDS,
     Dataset,
-    prep_world,
+    dataset_args,
+    prepared,
     run_sampan,
-    seeds_arg,
     seeds_for,
 )
 
@@ -184,17 +182,10 @@ def main() -> None:
 
     from sampan.train.compute import bf16_hardware
 
-    names = [w.name for w in WORLDS] + list(REAL)
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--only", nargs="*", default=None,
-                    help=f"some of the datasets: {', '.join(names)}")
-    ap.add_argument("--models", nargs="*", default=None)
-    ap.add_argument("--seeds", default="auto", type=seeds_arg,
-                    help="runs per model and precision, seeds 1..N (auto: as the defaults "
-                    "benchmark)")
-    ap.add_argument("--set", dest="overrides", action="append", default=[],
-                    metavar="KEY=VALUE", help="a config override for both runs of every pair, "
-                    "as `sampan train --set`")
+    names = dataset_args(ap, "runs per model and precision, seeds 1..N (auto: as the "
+                         "defaults benchmark)", "a config override for both runs of every "
+                         "pair, as `sampan train --set`")
     ap.add_argument("--keep-budget", action="store_true",
                     help="keep the warm start's default time bound (by default both runs fit "
                     "their LR start without one, so that they start alike)")
@@ -231,15 +222,8 @@ def main() -> None:
         Path(args.json).write_text(json.dumps(report, indent=1))
         update_block(Path(args.out), "amp", markdown(report), after="<!-- /perf:defaults_fresh")
 
-    for w in WORLDS:
-        if w.name in todo:
-            evaluate(w.name, prep_world(w, run_root / "data" / w.name))
-    for name, prep in REAL.items():
-        if name in todo:
-            if not DATA.exists():
-                print(f"skipping {name}: {DATA} is not present")
-                continue
-            evaluate(name, prep(run_root / "data" / name))
+    for name, ds in prepared(todo, WORLDS, run_root):
+        evaluate(name, ds)
     print(f"wrote {args.json} and the amp section of {args.out}")
 
 

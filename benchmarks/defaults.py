@@ -44,6 +44,7 @@ import gzip
 import json
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -699,19 +700,40 @@ def refresh(path: Path, out: Path, block: str, title: str, run_root: Path,
     print("bars: all met" if not bad else f"bars missed: {bad}")
 
 
-def main() -> None:
+def dataset_args(ap: argparse.ArgumentParser, seeds_help: str, set_help: str) -> list[str]:
+    """``--only``, ``--models``, ``--seeds`` and ``--set`` (as ``overrides``), the options
+    that choose what a benchmark over these datasets runs; returns every dataset's name."""
     names = [w.name for w in WORLDS] + list(REAL)
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--only", nargs="*", default=None,
                     help=f"some of the datasets: {', '.join(names)}")
     ap.add_argument("--models", nargs="*", default=None)
-    ap.add_argument("--seeds", default="auto", type=seeds_arg,
-                    help=f"runs per model, seeds 1..N (auto: 3 below {FEW_ROWS:,} training "
-                    "rows, else 1)")
+    ap.add_argument("--seeds", default="auto", type=seeds_arg, help=seeds_help)
     ap.add_argument("--set", dest="overrides", action="append", default=[],
-                    metavar="KEY=VALUE", help="a config override for every run, as `sampan "
-                    "train --set` (an ablation: e.g. model.field_weights_l1=0); write its "
-                    "results elsewhere with --json and --out")
+                    metavar="KEY=VALUE", help=set_help)
+    return names
+
+
+def prepared(todo: list[str], worlds: list[World], run_root: Path,
+             real: bool = True) -> Iterator[tuple[str, Dataset]]:
+    """``(name, Dataset)`` of each of ``todo``: the worlds, then (with ``real``) the
+    datasets of ``../shared/data``, skipped with a message where that folder is absent."""
+    for w in worlds:
+        if w.name in todo:
+            yield w.name, prep_world(w, run_root / "data" / w.name)
+    for name, prep in REAL.items():
+        if name in todo and real:
+            if not DATA.exists():
+                print(f"skipping {name}: {DATA} is not present")
+                continue
+            yield name, prep(run_root / "data" / name)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    names = dataset_args(
+        ap, f"runs per model, seeds 1..N (auto: 3 below {FEW_ROWS:,} training rows, else 1)",
+        "a config override for every run, as `sampan train --set` (an ablation: e.g. "
+        "model.field_weights_l1=0); write its results elsewhere with --json and --out")
     ap.add_argument("--runs", default=str(ROOT / "runs/bench_defaults"))
     ap.add_argument("--json", default=str(ROOT / "benchmarks/results/defaults.json"))
     ap.add_argument("--out", default=str(ROOT / "RESULTS.md"))
@@ -777,15 +799,8 @@ def main() -> None:
         Path(args.json).write_text(json.dumps(report, indent=1))
         update_block(Path(args.out), block, markdown(report, title), after="<!-- /perf:defaults")
 
-    for w in worlds:
-        if w.name in todo:
-            evaluate(w.name, prep_world(w, run_root / "data" / w.name))
-    for name, prep in REAL.items():
-        if name in todo and not args.fresh:
-            if not DATA.exists():
-                print(f"skipping {name}: {DATA} is not present")
-                continue
-            evaluate(name, prep(run_root / "data" / name))
+    for name, ds in prepared(todo, worlds, run_root, real=not args.fresh):
+        evaluate(name, ds)
     bad = {n: v for n, d in report["datasets"].items() if (v := verdicts(n, d))}
     print("bars: all met" if not bad else f"bars missed: {bad}")
     print(f"wrote {args.json} and the defaults section of {args.out}")
