@@ -51,6 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.accuracy import machine  # noqa: E402
+from sampan.data.kafka import LocalBroker  # noqa: E402
 from sampan.data.synthetic import Marketplace, MarketplaceTruth  # noqa: E402
 
 
@@ -241,10 +242,9 @@ def main() -> None:
     models = train_models(world, work, args.train_rows)
     print(f"trained control and candidate in {time.time() - t0:.0f} s ({work})", flush=True)
 
-    owner = ck.Producer({"test.mock.num.brokers": 1, "bootstrap.servers": "", "log_level": 0})
-    brokers = ",".join(f"{b.host}:{b.port}" for b in owner.list_topics(timeout=10)
-                       .brokers.values())
-    owner.list_topics("feedback", timeout=10)  # created (the stream reads what exists)
+    broker = LocalBroker()
+    brokers = broker.brokers
+    broker.create("feedback")  # the stream reads the partitions that exist when it starts
     published, log_dir = work / "models", work / "feedback"
     stream_cfg = {**models["control_config"], "name": "closed-loop",
                   "output_dir": str(work / "runs"),

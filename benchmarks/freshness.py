@@ -39,6 +39,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.accuracy import machine  # noqa: E402
+from sampan.data.kafka import LocalBroker  # noqa: E402
 from sampan.export.publish import read_versions  # noqa: E402
 
 
@@ -112,9 +113,8 @@ def main() -> None:
 
     info = machine()
     print(json.dumps(info))
-    owner = ck.Producer({"test.mock.num.brokers": 1, "bootstrap.servers": "", "log_level": 0})
-    brokers = ",".join(f"{b.host}:{b.port}" for b in owner.list_topics(timeout=10)
-                       .brokers.values())
+    broker = LocalBroker()
+    brokers = broker.brokers
     work = Path(tempfile.mkdtemp(prefix="sampan-fresh-"))
     models = work / "models"
     cfg = {

@@ -170,9 +170,7 @@ def kafka_broker():
     stays below that."""
     ck = pytest.importorskip("confluent_kafka", reason="confluent-kafka is not installed "
                              "(pip install 'sampan[stream]')")
-    owner = ck.Producer({"test.mock.num.brokers": 1, "bootstrap.servers": "",
-                         "log_level": 0})
-    meta = owner.list_topics(timeout=10)
-    brokers = ",".join(f"{b.host}:{b.port}" for b in meta.brokers.values())
-    yield ck, brokers
-    owner.flush(1)
+    from sampan.data.kafka import LocalBroker
+
+    with LocalBroker() as broker:
+        yield ck, broker.brokers

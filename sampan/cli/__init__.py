@@ -12,6 +12,7 @@ import sys
 # importing registers the commands, in the order --help lists them
 from sampan.cli import train  # noqa: F401  # isort: skip
 from sampan.cli import stream  # noqa: F401  # isort: skip
+from sampan.cli import kafka  # noqa: F401  # isort: skip
 from sampan.cli import tune  # noqa: F401  # isort: skip
 from sampan.cli import experiment  # noqa: F401  # isort: skip
 from sampan.cli import runs  # noqa: F401  # isort: skip

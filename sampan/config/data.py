@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import (
     Field,
+    field_validator,
     model_validator,
 )
 
@@ -133,10 +134,13 @@ class DataConfig(_Strict):
     test: str | list[str] | None = Field(
         None, description="the test split's own files (as for train); null: carved from "
         "train by split")
-    format: Literal["auto", "csv", "tsv", "parquet", "jsonl", "libsvm", "slot",
-                    "synthetic"] = Field(
-        "auto", description="how the files are read; auto: by file extension; synthetic: "
-        "no files, rows from the built-in generator (see synthetic)")
+    format: str = Field(
+        "auto", description="how the files are read: auto (by file extension), csv, tsv, "
+        "parquet, jsonl, libsvm, slot, synthetic (no files: rows from the built-in "
+        "generator, see synthetic), or the name of a reader of your own (@register_reader "
+        "in a file listed under plugins)")
+    reader_options: dict[str, Any] = Field(default_factory=dict, description="passed as "
+                                           "they are to a reader of your own (format: NAME)")
     delimiter: str | None = Field(None, description="one character; default: tab for tsv, "
                                   "comma for csv; slot: what separates the tokens "
                                   "(default: whitespace)")
@@ -162,6 +166,13 @@ class DataConfig(_Strict):
                                       "synthetic uses oracle_p)")
     joins: list[JoinConfig] = Field(default_factory=list, description="side tables (user or "
                                     "item attributes) joined to every row on a key column")
+
+    @field_validator("format", mode="after")
+    @classmethod
+    def _known_format(cls, v: str) -> str:
+        from sampan.config.registry import check_format
+
+        return check_format(v)
 
     @model_validator(mode="after")
     def _has_source(self) -> DataConfig:

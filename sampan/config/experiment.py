@@ -34,16 +34,18 @@ class ExperimentConfig(_Strict):
     preset: Literal["criteo"] | None = Field(None, description="criteo: fills the parsing and "
                                              "features of the Criteo TSV layout (the config "
                                              "file's keys win); null: none")
+    # before `data` and `model`: fields validate in order, and the plugins register the
+    # user's readers and models
+    plugins: list[str] = Field(default_factory=list, description="Python files (my_models.py,"
+                               " relative to the config file) or modules (my_pkg.rankers) "
+                               "imported first: their @register_model classes can be named "
+                               "in model.name, their @register_reader functions in "
+                               "data.format")
     data: DataConfig = Field(DataConfig(format="synthetic"), description="where the raw rows "
                              "come from and how to parse them (default: the built-in "
                              "synthetic generator)")
     features: FeaturesConfig = Field(description="the labels, the feature columns and how "
                                      "they are encoded")
-    # before `model`: fields validate in order, and the plugins register the user's models
-    plugins: list[str] = Field(default_factory=list, description="Python files (my_models.py,"
-                               " relative to the config file) or modules (my_pkg.rankers) "
-                               "imported first: their @register_model classes can be named "
-                               "in model.name")
     model: SerializeAsAny[ModelConfig] = Field(ModelConfig(), description="the model "
                                                "named by model.name and its own options")
     train: TrainConfig = Field(TrainConfig(), description="the training loop: budget, "

@@ -61,6 +61,62 @@ def model_names() -> list[str]:
     return sorted(_MODELS)
 
 
+# ------------------------------------------------------------------------- file formats
+BUILTIN_FORMATS = ("auto", "csv", "tsv", "parquet", "jsonl", "libsvm", "slot", "synthetic")
+_READERS: dict[str, Callable] = {}
+
+
+def register_reader(name: str) -> Callable[[Callable], Callable]:
+    """Function decorator that makes ``data.format: NAME`` read files with it.
+
+    The function takes ``(path, options)`` (a :class:`pathlib.Path` and the config's
+    ``data.reader_options`` dict) and yields :class:`pyarrow.Table` chunks of the file's
+    records in file order, one column per field. Sampan then checks each chunk as it checks
+    a Parquet file's: the columns the features name must be there, and a row whose value
+    does not fit its feature (a label that is not a number, a numeric feature that is text)
+    is rejected by reason into ``rejects.jsonl``, its line being the record's 1-based
+    position in the file. Splits, side tables, the pipeline and ``sampan predict`` follow
+    as for any built-in format."""
+
+    def deco(fn: Callable) -> Callable:
+        if name in BUILTIN_FORMATS:
+            raise ConfigError(f"data format {name!r} is built in; give your reader another "
+                              "name")
+        if name in _READERS and _READERS[name] is not fn:
+            old = _READERS[name]
+            raise ConfigError(f"data format {name!r} is registered twice: by "
+                              f"{old.__module__}.{old.__qualname__} and "
+                              f"{fn.__module__}.{fn.__qualname__}; choose another name")
+        _READERS[name] = fn
+        return fn
+
+    return deco
+
+
+def get_reader(name: str) -> Callable:
+    """The reader registered as ``name``."""
+    if name not in _READERS:
+        raise ConfigError(unknown_format(name))
+    return _READERS[name]
+
+
+def check_format(name: str) -> str:
+    """``name`` when it is a built-in format or a registered reader, else a ConfigError
+    naming the nearest one."""
+    if name in BUILTIN_FORMATS or name in _READERS:
+        return name
+    raise ConfigError(unknown_format(name))
+
+
+def unknown_format(name: str) -> str:
+    known = [*BUILTIN_FORMATS, *sorted(_READERS)]
+    near = difflib.get_close_matches(name, known, n=1)
+    hint = f" Did you mean {near[0]!r}?" if near else ""
+    return (f"unknown data.format {name!r}.{hint} Known formats: {', '.join(known)} (a "
+            "format of your own: a @register_reader function in a file listed under "
+            "`plugins:`)")
+
+
 def _load_builtin_models() -> None:
     # Importing the package runs every model file's @register_model; by name, like a
     # plugin: the models sit above this layer and import it

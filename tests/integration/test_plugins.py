@@ -158,3 +158,68 @@ def test_a_user_model_trains_exports_and_serves_from_the_cli(tmp_path, user_file
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+USER_READER = '''
+"""A reader of a key=value log (a user's file): one record per line, fields split by ';'."""
+import gzip
+
+import pyarrow as pa
+
+from sampan.data import register_reader
+
+
+@register_reader("kv_log")
+def read_kv_log(path, options):
+    sep = options.get("separator", ";")
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt") as f:
+        rows = [dict(kv.split("=", 1) for kv in line.strip().split(sep)) for line in f]
+    for lo in range(0, len(rows), 150):  # chunks, in file order
+        yield pa.Table.from_pylist(rows[lo:lo + 150])
+'''
+
+
+def test_a_reader_of_your_own_trains_predicts_and_rejects_by_reason(tmp_path):
+    import pyarrow.csv as pacsv
+
+    from tests.integration.test_defaults import small_csv
+
+    small_csv(tmp_path / "d.csv")
+    rows = pacsv.read_csv(tmp_path / "d.csv").to_pylist()
+    rows[7]["label"] = "yes"  # the 8th record: not a label
+    (tmp_path / "clicks.log").write_text("".join(
+        "|".join(f"{k}={v}" for k, v in r.items()) + "\n" for r in rows))
+    (tmp_path / "readers.py").write_text(USER_READER)
+    cfg = tmp_path / "kv.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "name": "kv", "output_dir": str(tmp_path / "runs"), "plugins": ["readers.py"],
+        "data": {"train": str(tmp_path / "clicks.log"), "format": "kv_log",
+                 "reader_options": {"separator": "|"}},
+        "features": {"categorical": ["a", "b"], "numeric": ["x"]},
+        "model": {"name": "lr"}, "train": {"epochs": 1, "tensorboard": False}}))
+    run = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "sampan", "train", str(cfg), "--run-dir",
+                        str(run)], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr + r.stdout
+    rejects = [json.loads(x) for x in (run / "data" / "rejects.jsonl").read_text().splitlines()]
+    assert [(x["line"], x["column"]) for x in rejects] == [(8, "label")]
+    assert json.loads((run / "results.json").read_text())["test"]["auc"] > 0.5
+    # new rows in the same format, through the saved run's reader
+    (tmp_path / "new.log").write_text("".join(
+        "|".join(f"{k}={v}" for k, v in r.items() if k != "label") + "\n" for r in rows[:5]))
+    r = subprocess.run([sys.executable, "-m", "sampan", "predict", str(run),
+                        str(tmp_path / "new.log"), "--out", str(tmp_path / "p.csv")],
+                       capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert len((tmp_path / "p.csv").read_text().splitlines()) == 6
+
+
+def test_an_unknown_format_names_the_nearest_and_a_builtin_name_is_refused(tmp_path):
+    from sampan.data import register_reader
+
+    with pytest.raises(ConfigError, match="Did you mean 'parquet'"):
+        load_config(raw={"data": {"train": "x", "format": "parqet"},
+                         "features": {"categorical": ["a"]}})
+    with pytest.raises(ConfigError, match="built in"):
+        register_reader("csv")(lambda path, options: iter(()))

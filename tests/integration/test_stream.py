@@ -473,3 +473,51 @@ def test_a_late_partition_is_skipped_and_said(tmp_path: Path) -> None:
     (root / "2026120101" / "_SUCCESS").touch()
     assert src.poll(0.2) is None and src.late == ["2026120101"]
     assert src.poll(0.2) is None and src.late == ["2026120101"]  # said once
+
+
+def test_kafka_broker_and_produce_commands_replay_a_file_keyed_and_typed(tmp_path: Path):
+    """`sampan kafka broker` serves until SIGTERM; `sampan kafka produce` sends every record
+    of a headerless TSV as one JSON object, keyed by the column asked for."""
+    ck = pytest.importorskip("confluent_kafka")
+    (tmp_path / "r.tsv").write_text("".join(f"u{i % 7}\ti{i}\t{i % 5}\n" for i in range(300)))
+    addr = tmp_path / "broker.txt"
+    broker = sampan("kafka", "broker", "--address-file", str(addr))
+    try:
+        deadline = time.time() + 30
+        while not addr.exists() and time.time() < deadline:
+            time.sleep(0.1)
+        brokers = addr.read_text().strip()
+        r = subprocess.run([sys.executable, "-m", "sampan", "kafka", "produce",
+                            str(tmp_path / "r.tsv"), "--no-header", "--columns",
+                            "user_id,item_id,rating", "--key", "user_id", "--stamp", "ts",
+                            "--brokers", brokers, "--topic", "ratings"],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert "sent 300 records" in r.stdout
+        c = ck.Consumer({"bootstrap.servers": brokers, "group.id": "t",
+                         "auto.offset.reset": "earliest", "log_level": 0})
+        c.subscribe(["ratings"])
+        got: list = []
+        deadline = time.time() + 60
+        while len(got) < 300 and time.time() < deadline:
+            got += [m for m in c.consume(300, timeout=1) if m.error() is None]
+        c.close()
+        recs = sorted((json.loads(m.value()) for m in got), key=lambda x: x["item_id"])
+        assert len(recs) == 300
+        assert {(m.key().decode(), json.loads(m.value())["user_id"]) for m in got} == \
+            {(f"u{i}", f"u{i}") for i in range(7)}
+        assert all(isinstance(x["rating"], int) and x["ts"] > 1e9 for x in recs)
+        # one user's records sit in one partition, in file order
+        by_user: dict = {}
+        for m in sorted(got, key=lambda m: (m.partition(), m.offset())):
+            by_user.setdefault(m.key(), []).append((m.partition(),
+                                                    int(json.loads(m.value())["item_id"][1:])))
+        assert all(len({p for p, _ in v}) == 1 for v in by_user.values())
+        assert all([i for _, i in v] == sorted(i for _, i in v) for v in by_user.values())
+        bad = subprocess.run([sys.executable, "-m", "sampan", "kafka", "produce",
+                              str(tmp_path / "r.tsv"), "--no-header", "--brokers", brokers,
+                              "--topic", "x"], capture_output=True, text=True, timeout=60)
+        assert bad.returncode == 2 and "needs --columns" in bad.stderr
+    finally:
+        broker.terminate()
+        assert broker.wait(timeout=20) == 0

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 from sampan.config import DataConfig
 from sampan.data.io.delimited import delimited_columns, iter_delimited
 from sampan.data.io.lines import iter_line_format
-from sampan.data.io.parquet import iter_parquet
+from sampan.data.io.parquet import iter_parquet, iter_plugin
 from sampan.data.io.paths import StreamInput, detect_format
 from sampan.data.rejects import RejectLog
 from sampan.data.roles import ColumnRoles
@@ -30,6 +30,8 @@ def iter_source(cfg: DataConfig, paths: list[Path], roles: ColumnRoles,
             yield from iter_delimited(cfg, path, fmt, roles, log)
         elif fmt in ("jsonl", "libsvm", "slot"):
             yield from iter_line_format(cfg, path, fmt, roles, log)
+        elif fmt != "synthetic":
+            yield from iter_plugin(cfg, path, roles, log)
         else:
             raise DataError(f"{path}: format {fmt!r} cannot be read from a file")
 
