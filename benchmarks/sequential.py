@@ -192,7 +192,8 @@ def earlier(path: Path) -> dict:
 def run_line(names: list[str], run: dict) -> str:
     m = run["machine"]
     return (f"{', '.join(names)}: `{run['command']}` on {run['date']}, {m['cpu']}, "
-            f"{m['cores']} cores, {m['threads']} torch threads, PyTorch {m['torch']}.")
+            f"{m['cores']} cores, {m['threads']} torch threads, PyTorch {m['torch']}."
+            + (f" {run['caveat']}" if run.get("caveat") else ""))
 
 
 def markdown(report: dict) -> str:
