@@ -75,10 +75,16 @@ def _records(path: Path, fmt: str, columns: list[str] | None, header: bool,
         for batch in pq.ParquetFile(path).iter_batches(batch_size=65536, columns=columns):
             yield batch.to_pylist()
     elif fmt == "jsonl":
-        with pa.input_stream(str(path), compression="detect") as f:
-            lines = f.read().decode("utf-8").splitlines()
-        for lo in range(0, len(lines), 65536):
-            yield [json.loads(x) for x in lines[lo:lo + 65536] if x.strip()]
+        from sampan.data.io.lines import iter_lines
+
+        for lines, line_no, too_long in iter_lines(path, 16 << 20):  # 16 MB at a time
+            if too_long is not None:
+                raise DataError(f"{path}, line {line_no}: longer than 16 MB")
+            try:
+                yield [json.loads(x) for x in lines.to_pylist() if x.strip()]
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}: a line from {line_no} on is not JSON: {e}") \
+                    from None
     elif fmt in ("csv", "tsv"):
         if not header and not columns:
             raise ConfigError(f"{path}: a file without a header needs --columns")

@@ -514,6 +514,11 @@ def test_kafka_broker_and_produce_commands_replay_a_file_keyed_and_typed(tmp_pat
                                                     int(json.loads(m.value())["item_id"][1:])))
         assert all(len({p for p, _ in v}) == 1 for v in by_user.values())
         assert all([i for _, i in v] == sorted(i for _, i in v) for v in by_user.values())
+        (tmp_path / "e.jsonl").write_text("".join(f'{{"u": {i}}}\n' for i in range(9)))
+        j = subprocess.run([sys.executable, "-m", "sampan", "kafka", "produce",
+                            str(tmp_path / "e.jsonl"), "--limit", "5", "--brokers", brokers,
+                            "--topic", "j"], capture_output=True, text=True, timeout=60)
+        assert j.returncode == 0 and "sent 5 records" in j.stdout, j.stderr
         bad = subprocess.run([sys.executable, "-m", "sampan", "kafka", "produce",
                               str(tmp_path / "r.tsv"), "--no-header", "--brokers", brokers,
                               "--topic", "x"], capture_output=True, text=True, timeout=60)
