@@ -113,7 +113,8 @@ class JoinConfig(_Strict):
         "auto", description="the side table's format; auto: by file extension; json_map: "
         "one JSON object {key: value or [values]} (e.g. S3-Rec's item2attributes.json), "
         "its two columns named by columns (default: key and by's name + '_value')")
-    delimiter: str | None = Field(None, description="one character; default: tab for tsv, "
+    delimiter: str | None = Field(None, description="what separates the fields, one or more "
+                                  "characters (MovieLens-1M: '::'); default: tab for tsv, "
                                   "comma for csv")
     header: bool = Field(True, description="whether a csv / tsv side table starts with a "
                          "header line; false: names come from columns")
@@ -141,7 +142,8 @@ class DataConfig(_Strict):
         "in a file listed under plugins)")
     reader_options: dict[str, Any] = Field(default_factory=dict, description="passed as "
                                            "they are to a reader of your own (format: NAME)")
-    delimiter: str | None = Field(None, description="one character; default: tab for tsv, "
+    delimiter: str | None = Field(None, description="what separates the fields, one or more "
+                                  "characters (MovieLens-1M: '::'); default: tab for tsv, "
                                   "comma for csv; slot: what separates the tokens "
                                   "(default: whitespace)")
     header: bool = Field(True, description="whether csv / tsv files start with a header line; "
@@ -177,7 +179,9 @@ class DataConfig(_Strict):
     @model_validator(mode="after")
     def _has_source(self) -> DataConfig:
         # data.train itself is required by the experiment (a stream needs no files)
-        if self.delimiter is not None and len(self.delimiter) != 1:
-            raise ValueError(f"data.delimiter must be one character, got {self.delimiter!r}")
+        if self.delimiter is not None and (not self.delimiter or any(
+                c in self.delimiter for c in "\r\n\x1f")):
+            raise ValueError(f"data.delimiter must be one or more characters other than a "
+                             f"line break, got {self.delimiter!r}")
         self.split.check_fractions([r for r in ("valid", "test") if getattr(self, r)])
         return self

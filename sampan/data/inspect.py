@@ -12,6 +12,7 @@ import pyarrow.csv as pacsv
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
+from sampan.data.io.delimited import one_byte_delimiter
 from sampan.data.sources import detect_format, open_input
 from sampan.errors import DataError, MissingPathError
 
@@ -24,7 +25,7 @@ def _head_bytes(path: Path, limit: int = 8 << 20) -> bytes:
 
 
 def _guess_delimiter(first_lines: list[str]) -> str:
-    counts = {d: min(line.count(d) for line in first_lines) for d in ("\t", ",", "|", ";", " ")}
+    counts = {d: min(line.count(d) for line in first_lines) for d in ("::", "\t", ",", "|", ";", " ")}
     best = max(counts, key=lambda d: counts[d])
     return best if counts[best] else ","
 
@@ -70,9 +71,11 @@ def read_head(path: Path, rows: int, delimiter: str | None = None,
         raise DataError(f"{path} is empty")
     delimiter = delimiter or _guess_delimiter(text_lines)
     header = _guess_header(text_lines, delimiter) if header is None else header
+    data, split_on = one_byte_delimiter(data, delimiter)
     t = pacsv.read_csv(io.BytesIO(data),
                        read_options=pacsv.ReadOptions(autogenerate_column_names=not header),
-                       parse_options=pacsv.ParseOptions(delimiter=delimiter,
+                       parse_options=pacsv.ParseOptions(delimiter=split_on,
+                                                        quote_char=len(delimiter) == 1 and '"',
                                                         invalid_row_handler=lambda r: "skip"))
     return t.slice(0, rows), {"format": "tsv" if delimiter == "\t" else "csv",
                               "delimiter": delimiter, "header": header}

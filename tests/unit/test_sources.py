@@ -83,6 +83,40 @@ def test_headerless_tsv(tmp_path) -> None:
     assert (log.read, log.kept, log.rejected) == (4, 4, 0)
 
 
+@pytest.mark.parametrize("header", [True, False])
+def test_a_delimiter_of_several_characters(tmp_path, header) -> None:
+    # MovieLens-1M's '::', gzipped; a single ':' inside a value stays in the value
+    rows = [(*r[:2], "a:1") if r[2] == "a" else r for r in GOOD_ROWS]
+    p = tmp_path / "ratings.dat.gz"
+    p.write_bytes(gzip.compress(_text(rows, "::", header).encode("utf-8")))
+    cols = {} if header else {"columns": ["label", "x", "c"]}
+    table, log, _ = _read(DataConfig(train=str(p), format="csv", delimiter="::",
+                                     header=header, **cols), p)
+    assert table.column("c").to_pylist() == ["a:1", "b", None, "日本"]
+    assert table.column("x").to_pylist() == EXPECTED["x"]
+    assert table.column(LINE_COLUMN).to_pylist() == [k + header for k in range(1, 5)]
+    assert (log.read, log.kept, log.rejected) == (4, 4, 0)
+
+
+def test_a_delimiter_of_several_characters_rejects_by_line_as_written(tmp_path) -> None:
+    p = tmp_path / "d.dat"
+    p.write_text("1::2::a\n0::3\n1::x::b\n", encoding="utf-8")
+    rej = tmp_path / "r.jsonl"
+    cfg = DataConfig(train=str(p), format="csv", delimiter="::", header=False,
+                     columns=["label", "x", "c"])
+    table, log, _ = _read(cfg, p, rejects=rej)
+    recs = {r["line"]: r for r in _rejects(rej)}
+    assert {k: r["reason"] for k, r in recs.items()} == {
+        2: "wrong_field_count", 3: "unparsable_number"}
+    assert "0::3" in recs[2]["text"]  # the line as the file has it
+    assert table.column("c").to_pylist() == ["a"]
+    p.write_bytes(b"1::2::a\x1fb\n")
+    with pytest.raises(DataError, match="0x1f"):
+        _read(cfg, p)
+    with pytest.raises(ValueError, match="line break"):
+        DataConfig(train=str(p), delimiter="\n")
+
+
 def test_extra_columns_are_not_read(tmp_path) -> None:
     p = tmp_path / "d.csv"
     p.write_text("id,label,junk,x,c\n1,1,zzz,2,a\n2,0,,3,b\n", encoding="utf-8")

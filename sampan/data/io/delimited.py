@@ -24,6 +24,23 @@ def delimiter_of(cfg: DataConfig, fmt: str) -> str:
     return cfg.delimiter or ("\t" if fmt == "tsv" else ",")
 
 
+UNIT_SEPARATOR = "\x1f"  # what a delimiter of several characters becomes before parsing
+
+
+def one_byte_delimiter(data: bytes, delimiter: str, encoding: str = "utf-8"
+                       ) -> tuple[bytes, str]:
+    """Arrow splits on one character: a delimiter of several (MovieLens-1M's ``::``) is
+    replaced in the whole block by the ASCII unit separator, which text data never holds
+    (a block that does is refused rather than split in the wrong place)."""
+    if len(delimiter) == 1:
+        return data, delimiter
+    if UNIT_SEPARATOR.encode() in data:
+        raise DataError(f"the data holds the byte 0x1f, so the delimiter {delimiter!r} "
+                        "(several characters) cannot be read; convert the file to a "
+                        "one-character delimiter")
+    return data.replace(delimiter.encode(encoding), UNIT_SEPARATOR.encode()), UNIT_SEPARATOR
+
+
 def delimited_columns(cfg: DataConfig, path: Path, fmt: str) -> list[str]:
     """The column names of a CSV / TSV file, the one resolution every reader uses: the
     header (renamed by ``data.columns``, which must then name as many), or ``data.columns``
@@ -62,8 +79,10 @@ def iter_delimited(cfg: DataConfig, path: Path, fmt: str, roles: ColumnRoles,
 
     def parse(block: bytes, threads: bool, bad: list[tuple[int, str, str]],
               arrow_block: int = 1 << 20) -> pa.Table:
+        data, split_on = one_byte_delimiter(block, delimiter, encoding)
+
         def on_invalid(row: Any) -> str:
-            bad.append((row.number, row.text,
+            bad.append((row.number, row.text.replace(split_on, delimiter),
                         f"expected {row.expected_columns} fields, got {row.actual_columns}"))
             # a file that is clearly misread stops here instead of filling the rejects file
             if len(bad) >= 1000 and log.kept == 0:
@@ -73,11 +92,12 @@ def iter_delimited(cfg: DataConfig, path: Path, fmt: str, roles: ColumnRoles,
 
         try:
             return pacsv.read_csv(
-                pa.BufferReader(block),
+                pa.BufferReader(data),
                 read_options=pacsv.ReadOptions(column_names=names, use_threads=threads,
                                                encoding=encoding, block_size=arrow_block),
                 parse_options=pacsv.ParseOptions(
-                    delimiter=delimiter, quote_char=False if fmt == "tsv" else '"',
+                    delimiter=split_on,
+                    quote_char=False if fmt == "tsv" or len(delimiter) > 1 else '"',
                     ignore_empty_lines=True, invalid_row_handler=on_invalid),
                 convert_options=conv_opts)
         except pa.ArrowInvalid as e:
