@@ -72,15 +72,29 @@ def entity_keys(features: Any, item_feature: str | None,
     return (user if user != item else None), item
 
 
+_JOIN = "\x1f"  # joins a list's values into one comparable text (and splits them again)
+
+
 def _one_per_key(table: pa.Table, key: str, candidates: list[str]) -> pa.Table:
-    """``key`` + the ``candidates`` that hold one value (nulls aside) for every key."""
+    """``key`` + the ``candidates`` that hold one value (nulls aside) for every key. A list
+    column (an item's genres read from Parquet or JSON) is compared as its joined text."""
     if not candidates:
         return table.group_by(key).aggregate([]).select([key])
+    listed = [c for c in candidates if pa.types.is_list(table.schema.field(c).type)
+              or pa.types.is_large_list(table.schema.field(c).type)]
+    for c in listed:
+        text = pc.binary_join(table.column(c).cast(pa.list_(pa.string())), _JOIN)
+        table = table.set_column(table.column_names.index(c), c, text)
     agg = table.group_by(key).aggregate([(c, "count_distinct") for c in candidates]
                                         + [(c, "max") for c in candidates])
     keep = [c for c in candidates
             if pc.max(agg.column(f"{c}_count_distinct")).as_py() in (None, 0, 1)]
-    return pa.table({key: agg.column(key), **{c: agg.column(f"{c}_max") for c in keep}})
+    out = {c: agg.column(f"{c}_max") for c in keep}
+    for c in (c for c in listed if c in out):
+        text = out[c]
+        out[c] = pc.if_else(pc.equal(text, ""), pa.scalar([], pa.list_(pa.string())),
+                            pc.split_pattern(text, _JOIN))
+    return pa.table({key: agg.column(key), **out})
 
 
 def _latest_histories(table: pa.Table, key: str, hist: list[History], lists: dict[str, Any],
@@ -148,6 +162,10 @@ def entity_tables(table: pa.Table, features: Any, roles: Any, user: str | None,
     lists = {f.column or f.name: f for f in features.lists if not f.flags}
     scalar = [c for c in roles.categorical + roles.numeric
               if c not in lists and c not in exclude and c != LINE_COLUMN]
+    # a bag or text list is an attribute where it holds one value per key (an item's
+    # genres); a sequence is the user's behaviour, kept as a history below
+    scalar += [c for c, f in lists.items() if f.kind != "sequence"
+               and c in table.column_names and c not in exclude]
     scalar = list(dict.fromkeys(scalar))
     hist = [h for h in histories(features) if h.column in table.column_names
             and h.event in table.column_names]

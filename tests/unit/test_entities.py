@@ -34,7 +34,8 @@ def rows(seed: int, n: int = 400) -> list[dict]:
                     "hour": str(rng.randrange(24)), "ts": float(rng.randrange(50)),
                     "label": float(rng.random() < 0.4),
                     "hist_item_id": h, "hist_category_id": [f"c{int(x) % 7}" for x in h],
-                    "tags": ["x"]})
+                    # a bag that is an item attribute (empty for some items)
+                    "tags": [f"t{k}" for k in range(i % 3)]})
     return out
 
 
@@ -46,13 +47,15 @@ def test_tables_match_plain_python(seed):
     assert (user, item) == ("user_id", "item_id")
     out = entity_tables(table, FEATURES, ROLES, user, item, ["ts"], ["ts"])
     items, info = out["items"]
-    # one value per item (nulls aside): category and brand; price varies, hour is context
-    assert info["columns"] == ["category_id", "brand"]
-    got = {r["item_id"]: (r["category_id"], r["brand"]) for r in items.to_pylist()}
+    # one value per item (nulls aside): category, brand and the tags bag; price varies,
+    # hour is context
+    assert info["columns"] == ["category_id", "brand", "tags"]
+    got = {r["item_id"]: (r["category_id"], r["brand"], r["tags"])
+           for r in items.to_pylist()}
     want = {}
     for r in data:
-        c, b = want.get(r["item_id"], (None, None))
-        want[r["item_id"]] = (r["category_id"], r["brand"] or b)
+        c, b, t = want.get(r["item_id"], (None, None, None))
+        want[r["item_id"]] = (r["category_id"], r["brand"] or b, r["tags"])
     assert got == want
     users, info = out["users"]
     assert info["columns"] == [] and [h["column"] for h in info["histories"]] == [
