@@ -271,14 +271,19 @@ def grouped_ranking_metrics(scores: torch.Tensor, labels: torch.Tensor, groups: 
 
 
 # ---------------------------------------------------------------- top-K ranking metrics
-def _ranks_of_relevant(scores: torch.Tensor, relevant: torch.Tensor) -> torch.Tensor:
-    """1-based rank of every relevant item in its row (ties broken pessimistically: an item
-    ranks below every item with an equal score), ``[Q, N] -> [Q, N]`` (0 where irrelevant)."""
-    s = scores.to(torch.float64).contiguous()
-    asc = torch.sort(s, dim=1).values
-    # items scoring at least as high as this one (itself included): O(N log N) per query
-    at_least = s.shape[1] - torch.searchsorted(asc, s, right=False)
-    return torch.where(relevant, at_least, torch.zeros_like(at_least))
+def _ranks_of_relevant(scores: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor
+                       ) -> torch.Tensor:
+    """1-based rank of each relevant item ``(rows[j], cols[j])`` in its row: the number of
+    items scoring at least as high, itself included (ties rank pessimistically). No sort:
+    one comparison of the item's row with its score, so the cost is the relevant items
+    times the row length, not every item's rank."""
+    own = scores[rows, cols]
+    ranks = torch.empty(len(rows), dtype=torch.int64, device=scores.device)
+    step = max(1, (1 << 20) // max(scores.shape[1], 1))  # a block of rows that stays in cache
+    for lo in range(0, len(rows), step):
+        hi = min(lo + step, len(rows))
+        ranks[lo:hi] = torch.count_nonzero(scores[rows[lo:hi]] >= own[lo:hi, None], dim=1)
+    return ranks
 
 
 def ranking_metrics(scores: torch.Tensor, relevant: torch.Tensor, k: int | tuple[int, ...],
@@ -298,27 +303,32 @@ def ranking_metrics(scores: torch.Tensor, relevant: torch.Tensor, k: int | tuple
     {'recall@2': 0.5, 'hitrate@2': 0.5, 'ndcg@2': 0.3155, 'mrr': 0.4167, 'queries': 2.0}
     """
     ks = (k,) if isinstance(k, int) else tuple(k)
-    rel = relevant.bool()
-    total = rel.sum(dim=1) if n_relevant is None else torch.maximum(
-        n_relevant.to(rel.device), rel.sum(dim=1))
+    rows, cols = relevant.bool().nonzero(as_tuple=True)
+    total = torch.bincount(rows, minlength=len(relevant))
+    if n_relevant is not None:
+        total = torch.maximum(n_relevant.to(total.device), total)
     has = total > 0
-    rel, scores, total = rel[has], scores[has], total[has]
     out: dict[str, float] = {}
-    if not len(rel):
+    if not bool(has.any()):
         for c in ks:
             out.update({f"recall@{c}": math.nan, f"hitrate@{c}": math.nan,
                         f"ndcg@{c}": math.nan})
         return {**out, "mrr": math.nan, "queries": 0.0}
-    ranks = _ranks_of_relevant(scores, rel).to(torch.float64)
-    n_rel = total.to(torch.float64)
+    ranks = _ranks_of_relevant(scores, rows, cols).to(torch.float64)
+    rows = (torch.cumsum(has, 0) - 1)[rows]  # the query's place among those with an item
+    total = total[has]
+    q, n_rel = len(total), total.to(torch.float64)
     for c in ks:
         in_k = (ranks > 0) & (ranks <= c)
-        dcg = torch.where(in_k, 1.0 / torch.log2(ranks + 1.0), torch.zeros_like(ranks)) \
-            .sum(dim=1)
-        idcg = (1.0 / torch.log2(torch.arange(2, c + 2, dtype=torch.float64))).cumsum(0)[
+        hits = torch.bincount(rows, weights=in_k.to(torch.float64), minlength=q)
+        dcg = torch.bincount(rows, weights=torch.where(in_k, 1.0 / torch.log2(ranks + 1.0),
+                                                       0.0), minlength=q)
+        idcg = (1.0 / torch.log2(torch.arange(2, c + 2, dtype=torch.float64,
+                                              device=ranks.device))).cumsum(0)[
             torch.clamp(n_rel, max=c).long() - 1]
-        out.update({f"recall@{c}": (in_k.sum(dim=1) / n_rel).mean().item(),
-                    f"hitrate@{c}": in_k.any(dim=1).to(torch.float64).mean().item(),
+        out.update({f"recall@{c}": (hits / n_rel).mean().item(),
+                    f"hitrate@{c}": (hits > 0).to(torch.float64).mean().item(),
                     f"ndcg@{c}": (dcg / idcg).mean().item()})
-    first = torch.where(rel, ranks, torch.full_like(ranks, math.inf)).min(dim=1).values
-    return {**out, "mrr": (1.0 / first).mean().item(), "queries": float(len(rel))}
+    first = torch.full((q,), math.inf, dtype=torch.float64, device=ranks.device).scatter_reduce(
+        0, rows, torch.where(ranks > 0, ranks, math.inf), "amin")
+    return {**out, "mrr": (1.0 / first).mean().item(), "queries": float(q)}
