@@ -21,6 +21,7 @@ and its ids map to OOV, exactly as such rows did in training).
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -73,28 +74,33 @@ class RedisTables:
     """The same tables in Redis: ``HSET <prefix>:<by>:<key> column value ...``.
 
     Values are stored as text (numbers as their shortest repr) and typed again by the
-    predictor exactly as file text is; a missing value is an absent field. List columns
-    are not held here (live histories are :class:`RedisLiveHistories`).
+    predictor exactly as file text is; a missing value is an absent field. A list
+    attribute (an item's genres) is stored as a JSON array and read back as a list (live
+    histories are :class:`RedisLiveHistories`).
     """
 
-    def __init__(self, url: str, columns: dict[str, list[str]], prefix: str = "sampan"):
+    def __init__(self, url: str, columns: dict[str, list[str]], prefix: str = "sampan",
+                 lists: dict[str, list[str]] | None = None):
         import redis
 
         self.client = redis.Redis.from_url(url, decode_responses=True)
         self.prefix = prefix
         self.table_columns = columns  # by -> value columns
+        self.lists = {by: set(cols) for by, cols in (lists or {}).items()}
 
     @classmethod
     def load(cls, url: str, source: MemoryTables, prefix: str = "sampan",
              batch: int = 5000) -> RedisTables:
         """Copy every table of ``source`` into Redis (pipelined) and return the store."""
-        scalar = {by: [c for c, v in t.values.items() if not pa.types.is_list(v.type)
-                       and not pa.types.is_large_list(v.type)]
-                  for by, t in source.tables.items()}
-        store = cls(url, scalar, prefix)
+        listed = {by: [c for c, v in t.values.items() if pa.types.is_list(v.type)
+                       or pa.types.is_large_list(v.type)] for by, t in source.tables.items()}
+        store = cls(url, {by: list(t.values) for by, t in source.tables.items()}, prefix,
+                    listed)
         for by in source.keys:
             keys, values = source.rows(by)
-            cols = {c: values[c].cast(pa.string()).to_pylist() for c in scalar[by]}
+            cols = {c: (values[c].cast(pa.string()).to_pylist() if c not in listed[by] else
+                        [None if v is None else json.dumps(v) for v in values[c].to_pylist()])
+                    for c in store.table_columns[by]}
             ks = keys.to_pylist()
             # MULTI/EXEC per chunk: a reader never sees a row between its DEL and HSET
             pipe = store.client.pipeline(transaction=True)
@@ -132,6 +138,9 @@ class RedisTables:
                  zip(texts, rows, strict=True)]
         out = {c: pa.array([r[j + 1] if f else None for r, f in zip(rows, found, strict=True)],
                            pa.string()) for j, c in enumerate(cols)}
+        for c in self.lists.get(by, ()):
+            out[c] = pa.array([None if v is None else json.loads(v)
+                               for v in out[c].to_pylist()], LIST)
         return out, pa.array(found)
 
 

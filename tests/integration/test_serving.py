@@ -275,6 +275,53 @@ def test_redis_feature_store_matches_memory(bundles, redis_url):
         red.close()
 
 
+def test_list_attributes_of_items_served_from_memory_and_redis(tmp_path, redis_url):
+    """An item's bag (tags read from Parquet as lists) is in the bundle's item table, and a
+    request with only ids is scored with it, from memory and from Redis alike."""
+    import pyarrow as pa
+
+    from sampan.config import load_serve_config
+    from sampan.serving.rest import ServerState
+
+    rng = np.random.default_rng(1)
+    tags = {f"i{i}": [f"t{k}" for k in range(i % 4)] for i in range(30)}
+    pq.write_table(pa.table({"item_id": list(tags), "tags": list(tags.values())}),
+                   tmp_path / "items.parquet")
+    u, i = rng.integers(0, 20, 3000), rng.integers(0, 30, 3000)
+    y = (rng.random(3000) < np.where(i % 4 >= 2, 0.7, 0.2)).astype(float)
+    pq.write_table(pa.table({"user_id": [f"u{a}" for a in u], "item_id": [f"i{b}" for b in i],
+                             "label": y}), tmp_path / "events.parquet")
+    cfg = load_config(raw={
+        "output_dir": str(tmp_path), "data": {"train": str(tmp_path / "events.parquet"),
+                                              "joins": [{"path": str(tmp_path / "items.parquet"),
+                                                         "by": "item_id"}]},
+        "features": {"categorical": ["user_id", "item_id"],
+                     "lists": [{"name": "tags", "kind": "bag", "max_len": 4}]},
+        "model": {"name": "fm", "embedding_dim": 8},
+        "train": {"epochs": 1, "progress": False, "tensorboard": False}})
+    run = run_experiment(cfg, run_dir=tmp_path / "run", console=Console(quiet=True))
+    bundle = export_run(run["run_dir"], tmp_path / "bundle")
+    items = pq.read_table(bundle / "features" / "items.parquet").to_pydict()
+    assert dict(zip(items["item_id"], items["tags"], strict=True)) == tags
+    mem = ServerState(load_serve_config(raw={"bundle": str(bundle)}))
+    red = ServerState(load_serve_config(raw={"bundle": str(bundle), "feature_store": {
+        "backend": "redis", "url": redis_url, "prefix": "lists"}}))
+    try:
+        got, _ = red.store.tables.columns("item_id", pa.array(["i3", "i0", "nope"]))
+        assert got["tags"].to_pylist() == [["t0", "t1", "t2"], [], None]
+        cands = [f"i{k}" for k in range(30)]
+        a = mem.rank_future({"user_id": "u1"}, cands).future.result()
+        b = red.rank_future({"user_id": "u1"}, cands).future.result()
+        np.testing.assert_allclose(a, b, atol=1e-6)
+        # what the tags say is scored: the same model with each item's tags given by hand
+        want = Predictor(bundle).predict([{"user_id": "u1", "item_id": c, "tags": tags[c]}
+                                          for c in cands])[:, 0]
+        np.testing.assert_allclose(np.asarray(a).ravel(), want, atol=1e-6)
+    finally:
+        mem.close()
+        red.close()
+
+
 def test_recommend(server, bundles):
     """ANN candidates from the two-tower bundle, ranked by the served model."""
     import faiss
