@@ -25,7 +25,7 @@ from typing import Any
 from rich.console import Console
 
 from sampan.config import ExperimentConfig, dump_config, load_config
-from sampan.errors import MissingPathError
+from sampan.errors import MissingPathError, not_a_run
 from sampan.train.experiment import RunArtifacts, run_experiment
 
 
@@ -63,7 +63,7 @@ class Experiment:
         """Continue an interrupted run from its last checkpoint, with its saved config."""
         run = Path(run_dir)
         if not (run / "config.yaml").exists():
-            raise MissingPathError(f"{run} is not a Sampan run directory (no config.yaml)")
+            raise not_a_run(run)
         exp = cls(load_config(run / "config.yaml"))
         exp._start(run, resume=True, quiet=quiet)
         return exp
@@ -73,7 +73,7 @@ class Experiment:
         """A finished run, to evaluate or predict with (nothing is trained)."""
         run = Path(run_dir)
         if not (run / "config.yaml").exists():
-            raise MissingPathError(f"{run} is not a Sampan run directory (no config.yaml)")
+            raise not_a_run(run)
         exp = cls(load_config(run / "config.yaml"))
         exp.run_dir = run
         return exp

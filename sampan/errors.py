@@ -10,6 +10,8 @@ Leaf module: imports nothing of Sampan, so every layer can raise these.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 class SampanError(Exception):
     """A problem with the user's config, data or run, explained in the message."""
@@ -38,6 +40,17 @@ class RunError(SampanError, ValueError):
 class MissingPathError(SampanError, FileNotFoundError):
     """A path the user named (a run directory, a checkpoint, a file) does not exist or is
     not what it should be."""
+
+
+def not_a_run(path: Path) -> MissingPathError:
+    """The error for a folder that is not a run, naming the runs under it (a config's
+    ``output_dir/name`` holds one timestamped folder per run), newest first."""
+    found = Path(path).glob("*/config.yaml") if Path(path).is_dir() else []
+    runs = sorted((p.parent for p in found),
+                  key=lambda p: (p / "config.yaml").stat().st_mtime, reverse=True)
+    hint = (f"; the runs under it, newest first: {', '.join(str(r) for r in runs[:3])}"
+            + (f" and {len(runs) - 3} more" if len(runs) > 3 else "")) if runs else ""
+    return MissingPathError(f"{path} is not a Sampan run directory (no config.yaml){hint}")
 
 
 class ExistingPathError(SampanError, FileExistsError):

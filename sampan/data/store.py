@@ -52,6 +52,17 @@ def _first_rows(tables: Iterator[pa.Table], n: int | None) -> Iterator[pa.Table]
         yield t
 
 
+def check_inputs(cfg: ExperimentConfig) -> None:
+    """Every data file and side table the config names exists (raises ``DataError`` naming
+    the first that does not), so a run fails before it leaves a folder behind."""
+    if cfg.data.format == "synthetic":
+        return
+    for spec in (cfg.data.train, cfg.data.valid, cfg.data.test,
+                 *(j.path for j in cfg.data.joins)):
+        if spec:
+            expand_paths(spec)
+
+
 def build_store(cfg: ExperimentConfig, root: str | Path, echo: Any = None) -> Store:
     """Read, validate, split, fit the pipeline on train, transform and write every split.
 

@@ -31,13 +31,14 @@ from sampan.data.store import (
     SplitArrays,
     Store,
     build_store,
+    check_inputs,
     iter_transformed,
     reuse_store,
     transform_files,
 )
 from sampan.distributed.strategy import SingleProcess, strategy_for
 from sampan.embedding.collection import dynamic_summary
-from sampan.errors import DataError, ExistingPathError, MissingPathError, RunError
+from sampan.errors import DataError, ExistingPathError, MissingPathError, RunError, not_a_run
 from sampan.metrics import (
     RANKING_K,
     auc,
@@ -75,6 +76,8 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path | None = None,
     console = console or Console()
     if not dist.is_main:
         console = Console(quiet=True)
+    if not resume and data_from is None:
+        check_inputs(cfg)  # a missing file fails here, before the run has a folder
     run = Path(run_dir) if run_dir is not None else new_run_dir(cfg)
     run = Path(distributed.broadcast_object(str(run)))
     if cfg.train.threads:
@@ -139,7 +142,7 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path | None = None,
             console.print(f"batch norm: {n_bn} layer(s) normalised over the global batch")
         print_placement(strategy, model, console)
     console.print(f"model {cfg.model.name}: {n_params:,} parameters on "
-                  f"{cfg.train.device if cfg.train.device != 'auto' else 'auto device'}")
+                  f"{resolve_device(cfg.train.device)}")
     trainer = Trainer(model, cfg, run, train, valid, console=console, strategy=strategy)
     trainer.should_stop = should_stop
     if strategy.enabled:
@@ -255,7 +258,7 @@ class RunArtifacts:
     def __init__(self, run_dir: str | Path):
         self.run = Path(run_dir)
         if not (self.run / "config.yaml").exists():
-            raise MissingPathError(f"{self.run} is not a Sampan run directory (no config.yaml)")
+            raise not_a_run(self.run)
         self.cfg = load_config(self.run / "config.yaml")
         self.store = Store.open(self.run / "data")
         self.pipeline = self.store.pipeline()

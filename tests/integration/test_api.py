@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -64,4 +65,12 @@ def test_nothing_to_evaluate_before_run_and_no_run_dir_to_open(tmp_path):
     with pytest.raises(MissingPathError, match="has not run yet"):
         exp.evaluate()
     with pytest.raises(MissingPathError, match="not a Sampan run directory"):
+        Experiment.open(tmp_path)
+    # a config's output folder holds timestamped runs: the error names them, newest first
+    for n, name in enumerate(["20261201-100000", "20261202-100000"]):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.yaml").write_text("{}")
+        os.utime(tmp_path / name / "config.yaml", (n, n))
+    with pytest.raises(MissingPathError, match="runs under it, newest first: "
+                       f"{tmp_path / '20261202-100000'}, {tmp_path / '20261201-100000'}"):
         Experiment.open(tmp_path)

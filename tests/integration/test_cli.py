@@ -132,6 +132,23 @@ def test_misspelt_key_fails_with_nearest_key_and_exit_code_2(tmp_path):
     assert r.returncode == 2 and "did you mean 'epochs'" in r.stderr
 
 
+def test_a_missing_data_file_says_where_it_looked_and_leaves_no_run_behind(tmp_path):
+    cfg = tiny_config(tmp_path)
+    cfg["data"] = {"train": "ratings.csv", "joins": [{"path": "users.csv", "by": "u"}]}
+    cfg["features"] = {"label": "y", "categorical": ["u"]}
+    r = sampan_here("train", str(write_cfg(tmp_path, cfg)))
+    assert r.returncode == 2
+    assert "data file 'ratings.csv' does not exist (relative to the current directory " \
+        f"{os.getcwd()})" in r.stderr
+    assert not (tmp_path / "runs").exists()
+    # a folder of runs is not a run: the error names the runs in it
+    (tmp_path / "runs" / "tiny" / "20261206-101010").mkdir(parents=True)
+    (tmp_path / "runs" / "tiny" / "20261206-101010" / "config.yaml").write_text("{}")
+    r = sampan_here("export", str(tmp_path / "runs" / "tiny"), "--out", str(tmp_path / "b"))
+    assert r.returncode == 2 and "the runs under it, newest first: " \
+        f"{tmp_path / 'runs' / 'tiny' / '20261206-101010'}" in r.stderr
+
+
 def test_help_is_there_for_every_command():
     for cmd in ("train", "eval", "predict", "models", "tune", "report"):
         r = sampan_here(cmd, "--help")

@@ -32,6 +32,8 @@ def expand_paths(spec: str | list[str]) -> list[Path]:
         else:
             hint = "" if any(c in item for c in "/\\.") else \
                 " (a processed split is named train, valid or test)"
+            if not p.is_absolute():  # relative paths are read from where sampan runs
+                hint += f" (relative to the current directory {os.getcwd()})"
             raise DataError(f"data file {item!r} does not exist{hint}")
     return out
 
