@@ -276,13 +276,21 @@ def _ranks_of_relevant(scores: torch.Tensor, rows: torch.Tensor, cols: torch.Ten
     """1-based rank of each relevant item ``(rows[j], cols[j])`` in its row: the number of
     items scoring at least as high, itself included (ties rank pessimistically). No sort:
     one comparison of the item's row with its score, so the cost is the relevant items
-    times the row length, not every item's rank."""
+    times the row length, not every item's rank. A NaN score ranks pessimistically too: a
+    NaN competitor counts as scoring higher, a NaN relevant item ranks last."""
     own = scores[rows, cols]
+    nan = bool(torch.isnan(scores).any())
     ranks = torch.empty(len(rows), dtype=torch.int64, device=scores.device)
     step = max(1, (1 << 20) // max(scores.shape[1], 1))  # a block of rows that stays in cache
     for lo in range(0, len(rows), step):
         hi = min(lo + step, len(rows))
-        ranks[lo:hi] = torch.count_nonzero(scores[rows[lo:hi]] >= own[lo:hi, None], dim=1)
+        block = scores[rows[lo:hi]]
+        above = block >= own[lo:hi, None]
+        if nan:
+            above |= torch.isnan(block)
+        ranks[lo:hi] = torch.count_nonzero(above, dim=1)
+    if nan:
+        ranks[torch.isnan(own)] = scores.shape[1]
     return ranks
 
 

@@ -180,7 +180,7 @@ class DataConfig(_Strict):
     def _has_source(self) -> DataConfig:
         # data.train itself is required by the experiment (a stream needs no files)
         if self.delimiter is not None and (not self.delimiter or any(
-                c in self.delimiter for c in "\r\n\x1f")):
+                c in self.delimiter for c in "\r\n")):
             raise ValueError(f"data.delimiter must be one or more characters other than a "
                              f"line break, got {self.delimiter!r}")
         self.split.check_fractions([r for r in ("valid", "test") if getattr(self, r)])

@@ -83,8 +83,12 @@ def _one_per_key(table: pa.Table, key: str, candidates: list[str]) -> pa.Table:
     listed = [c for c in candidates if pa.types.is_list(table.schema.field(c).type)
               or pa.types.is_large_list(table.schema.field(c).type)]
     for c in listed:
-        text = pc.binary_join(table.column(c).cast(pa.list_(pa.string())), _JOIN)
-        table = table.set_column(table.column_names.index(c), c, text)
+        lists = table.column(c).cast(pa.list_(pa.string())).combine_chunks()
+        # a null inside a list is an empty token (as training splits it), not a null list
+        lists = pa.ListArray.from_arrays(lists.offsets, pc.fill_null(lists.values, ""),
+                                         mask=pc.is_null(lists))
+        table = table.set_column(table.column_names.index(c), c,
+                                 pc.binary_join(lists, _JOIN))
     agg = table.group_by(key).aggregate([(c, "count_distinct") for c in candidates]
                                         + [(c, "max") for c in candidates])
     keep = [c for c in candidates

@@ -26,7 +26,7 @@ def _head_bytes(path: Path, limit: int = 8 << 20) -> bytes:
 
 def _guess_delimiter(first_lines: list[str]) -> str:
     counts = {d: min(line.count(d) for line in first_lines)
-              for d in ("::", "\t", ",", "|", ";", " ")}
+              for d in ("\t", ",", "|", ";", " ", "::")}  # on a tie, the first
     best = max(counts, key=lambda d: counts[d])
     return best if counts[best] else ","
 

@@ -99,7 +99,8 @@ class RedisTables:
         for by in source.keys:
             keys, values = source.rows(by)
             cols = {c: (values[c].cast(pa.string()).to_pylist() if c not in listed[by] else
-                        [None if v is None else json.dumps(v) for v in values[c].to_pylist()])
+                        [None if v is None else json.dumps(v)
+                         for v in values[c].cast(LIST).to_pylist()])
                     for c in store.table_columns[by]}
             ks = keys.to_pylist()
             # MULTI/EXEC per chunk: a reader never sees a row between its DEL and HSET

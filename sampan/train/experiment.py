@@ -76,8 +76,6 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path | None = None,
     console = console or Console()
     if not dist.is_main:
         console = Console(quiet=True)
-    if not resume and data_from is None:
-        check_inputs(cfg)  # a missing file fails here, before the run has a folder
     run = Path(run_dir) if run_dir is not None else new_run_dir(cfg)
     run = Path(distributed.broadcast_object(str(run)))
     if cfg.train.threads:
@@ -100,6 +98,8 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path | None = None,
         problem = None
         if dist.is_main:
             try:
+                if not restart and data_from is None:
+                    check_inputs(cfg)  # a missing file fails before the run has a folder
                 lock = lock_run(run)
                 if restart:
                     _clear_for_restart(run)

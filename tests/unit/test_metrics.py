@@ -237,6 +237,18 @@ def test_ranking_metrics_hand_computed():
     assert got["mrr"] == pytest.approx((1 / 2 + 1 / 3) / 2)
 
 
+def test_ranking_metrics_rank_nan_scores_pessimistically():
+    from sampan.metrics import ranking_metrics
+
+    nan = float("nan")
+    s = torch.tensor([[0.9, nan, 0.1], [nan, 0.5, 0.2]])
+    r = torch.tensor([[True, False, False], [True, False, False]])
+    got = ranking_metrics(s, r, k=2)
+    # q1: the NaN competitor counts as above 0.9 -> rank 2; q2: the NaN item ranks last (3)
+    assert got["hitrate@2"] == pytest.approx(0.5)
+    assert got["mrr"] == pytest.approx((1 / 2 + 1 / 3) / 2)
+
+
 def test_ranking_metrics_match_reference_on_random_inputs():
     from sampan.metrics import ranking_metrics
 

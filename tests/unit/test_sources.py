@@ -110,11 +110,20 @@ def test_a_delimiter_of_several_characters_rejects_by_line_as_written(tmp_path) 
         2: "wrong_field_count", 3: "unparsable_number"}
     assert "0::3" in recs[2]["text"]  # the line as the file has it
     assert table.column("c").to_pylist() == ["a"]
+    # a value holding the unit separator: the next free ASCII separator splits instead
     p.write_bytes(b"1::2::a\x1fb\n")
-    with pytest.raises(DataError, match="0x1f"):
+    assert _read(cfg, p)[0].column("c").to_pylist() == ["a\x1fb"]
+    p.write_bytes(b"1::2::\x1c\x1d\x1e\x1f\n")
+    with pytest.raises(DataError, match="every ASCII separator"):
         _read(cfg, p)
+    # Latin-1 (MovieLens-1M's movies.dat), decoded before the delimiter is replaced
+    p.write_bytes("1::2::Amélie\n".encode("latin-1"))
+    latin = DataConfig(train=str(p), format="csv", delimiter="::", header=False,
+                       columns=["label", "x", "c"], encoding="latin-1")
+    assert _read(latin, p)[0].column("c").to_pylist() == ["Amélie"]
     with pytest.raises(ValueError, match="line break"):
         DataConfig(train=str(p), delimiter="\n")
+    assert DataConfig(train=str(p), delimiter="\x1f").delimiter == "\x1f"
 
 
 def test_extra_columns_are_not_read(tmp_path) -> None:

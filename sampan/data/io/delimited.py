@@ -24,21 +24,31 @@ def delimiter_of(cfg: DataConfig, fmt: str) -> str:
     return cfg.delimiter or ("\t" if fmt == "tsv" else ",")
 
 
-UNIT_SEPARATOR = "\x1f"  # what a delimiter of several characters becomes before parsing
+# what a delimiter of several characters becomes before parsing: the first of the ASCII
+# separators (unit, record, group, file) that the block does not hold
+SEPARATORS = ("\x1f", "\x1e", "\x1d", "\x1c")
 
 
 def one_byte_delimiter(data: bytes, delimiter: str, encoding: str = "utf-8"
                        ) -> tuple[bytes, str]:
     """Arrow splits on one character: a delimiter of several (MovieLens-1M's ``::``) is
-    replaced in the whole block by the ASCII unit separator, which text data never holds
-    (a block that does is refused rather than split in the wrong place)."""
+    replaced in the whole block by an ASCII separator the block does not hold (a block
+    holding all four is refused rather than split in the wrong place). A block in another
+    encoding than UTF-8 is first decoded (a multi-byte encoding may hold the delimiter's
+    bytes inside a character) and comes back as UTF-8."""
     if len(delimiter) == 1:
         return data, delimiter
-    if UNIT_SEPARATOR.encode() in data:
-        raise DataError(f"the data holds the byte 0x1f, so the delimiter {delimiter!r} "
-                        "(several characters) cannot be read; convert the file to a "
-                        "one-character delimiter")
-    return data.replace(delimiter.encode(encoding), UNIT_SEPARATOR.encode()), UNIT_SEPARATOR
+    if encoding.lower().replace("-", "").replace("_", "") != "utf8":
+        try:
+            data = data.decode(encoding).encode("utf-8")
+        except UnicodeDecodeError as e:
+            raise DataError(f"the data is not valid {encoding}: {e}") from None
+    sep = next((s for s in SEPARATORS if s.encode() not in data), None)
+    if sep is None:
+        raise DataError(f"the data holds every ASCII separator (0x1c to 0x1f), so the "
+                        f"delimiter {delimiter!r} (several characters) cannot be read; "
+                        "convert the file to a one-character delimiter")
+    return data.replace(delimiter.encode("utf-8"), sep.encode()), sep
 
 
 def delimited_columns(cfg: DataConfig, path: Path, fmt: str) -> list[str]:
@@ -94,7 +104,8 @@ def iter_delimited(cfg: DataConfig, path: Path, fmt: str, roles: ColumnRoles,
             return pacsv.read_csv(
                 pa.BufferReader(data),
                 read_options=pacsv.ReadOptions(column_names=names, use_threads=threads,
-                                               encoding=encoding, block_size=arrow_block),
+                                               encoding="utf8" if data is not block
+                                               else encoding, block_size=arrow_block),
                 parse_options=pacsv.ParseOptions(
                     delimiter=split_on,
                     quote_char=False if fmt == "tsv" or len(delimiter) > 1 else '"',
