@@ -88,10 +88,29 @@ def _records(path: Path, fmt: str, columns: list[str] | None, header: bool,
     elif fmt in ("csv", "tsv"):
         if not header and not columns:
             raise ConfigError(f"{path}: a file without a header needs --columns")
+        delimiter = delimiter or ("\t" if fmt == "tsv" else ",")
+        if len(delimiter) > 1:  # MovieLens-1M's '::': newline-aligned blocks, as training
+            from sampan.data.io.delimited import one_byte_delimiter, raw_blocks
+
+            names = columns
+            for k, (block, _, too_long) in enumerate(raw_blocks(path, 16 << 20)):
+                if too_long is not None:
+                    raise DataError(f"{path}: a line is longer than 16 MB")
+                if k == 0 and header:
+                    cut = block.find(b"\n") + 1 or len(block)
+                    names = names or [c.strip() for c in
+                                      block[:cut].decode().rstrip("\r\n").split(delimiter)]
+                    block = block[cut:]
+                data, sep = one_byte_delimiter(block, delimiter)
+                if data.strip():
+                    yield pacsv.read_csv(pa.BufferReader(data), read_options=pacsv.ReadOptions(
+                        column_names=names), parse_options=pacsv.ParseOptions(
+                        delimiter=sep, quote_char=False)).to_pylist()
+            return
         # with a header and columns, the header line is skipped and the columns rename it
         read = pacsv.ReadOptions(column_names=columns, skip_rows=1 if header and columns else 0,
                                  block_size=16 << 20)
-        parse = pacsv.ParseOptions(delimiter=delimiter or ("\t" if fmt == "tsv" else ","))
+        parse = pacsv.ParseOptions(delimiter=delimiter)
         with pacsv.open_csv(pa.input_stream(str(path), compression="detect"),
                             read_options=read, parse_options=parse) as reader:
             for batch in reader:

@@ -475,6 +475,20 @@ def test_a_late_partition_is_skipped_and_said(tmp_path: Path) -> None:
     assert src.poll(0.2) is None and src.late == ["2026120101"]  # said once
 
 
+def test_produce_reads_a_delimiter_of_several_characters(tmp_path: Path):
+    """MovieLens-1M's '::' files replay as the trainer reads them: typed, with or without a
+    header line, across blocks."""
+    from sampan.data.kafka import _records
+
+    (tmp_path / "r.dat").write_text("user::item::rating\n1::1193::5\n2::661::3\n\n3::914::4\n")
+    got = [r for b in _records(tmp_path / "r.dat", "csv", None, True, "::") for r in b]
+    assert got == [{"user": 1, "item": 1193, "rating": 5}, {"user": 2, "item": 661, "rating": 3},
+                   {"user": 3, "item": 914, "rating": 4}]
+    got = [r for b in _records(tmp_path / "r.dat", "csv", ["u", "i", "y"], True, "::")
+           for r in b]
+    assert got[0] == {"u": 1, "i": 1193, "y": 5} and len(got) == 3
+
+
 def test_kafka_broker_and_produce_commands_replay_a_file_keyed_and_typed(tmp_path: Path):
     """`sampan kafka broker` serves until SIGTERM; `sampan kafka produce` sends every record
     of a headerless TSV as one JSON object, keyed by the column asked for."""
