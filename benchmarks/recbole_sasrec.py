@@ -1,7 +1,9 @@
 """RecBole 1.2.1's SASRec on the events benchmarks/sequential.py writes, run in RecBole's own
 environment (its pins clash with Sampan's: a virtualenv with recbole installed, e.g.
 ``python -m venv --system-site-packages rb && rb/bin/pip install --no-deps recbole==1.2.1
-colorlog==4.7.2 colorama==0.4.4 thop texttable tabulate pandas``).
+colorlog==4.7.2 colorama==0.4.4 thop texttable tabulate pandas && rb/bin/pip install
+"numpy<2" "pandas<2.3" "scipy<1.14"``: RecBole 1.2.1 uses ``np.float_``, which NumPy 2
+removed).
 
 RecBole trains with its own defaults for SASRec (2 layers, 2 heads, hidden 64, inner 256,
 dropout 0.5, CE loss, batch 2048, lr 0.001, early stopping after 10 evaluations without
