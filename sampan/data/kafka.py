@@ -90,17 +90,14 @@ def _records(path: Path, fmt: str, columns: list[str] | None, header: bool,
             raise ConfigError(f"{path}: a file without a header needs --columns")
         delimiter = delimiter or ("\t" if fmt == "tsv" else ",")
         if len(delimiter) > 1:  # MovieLens-1M's '::': newline-aligned blocks, as training
-            from sampan.data.io.delimited import one_byte_delimiter, raw_blocks
+            from sampan.data.io.delimited import one_byte_delimiter, raw_blocks, read_header
 
-            names = columns
+            names = columns or read_header(path, delimiter, "utf-8")
             for k, (block, _, too_long) in enumerate(raw_blocks(path, 16 << 20)):
                 if too_long is not None:
                     raise DataError(f"{path}: a line is longer than 16 MB")
-                if k == 0 and header:
-                    cut = block.find(b"\n") + 1 or len(block)
-                    names = names or [c.strip() for c in
-                                      block[:cut].decode().rstrip("\r\n").split(delimiter)]
-                    block = block[cut:]
+                if k == 0 and header:  # the header line is no record
+                    block = block[block.find(b"\n") + 1 or len(block):]
                 data, sep = one_byte_delimiter(block, delimiter)
                 if data.strip():
                     yield pacsv.read_csv(pa.BufferReader(data), read_options=pacsv.ReadOptions(
