@@ -44,7 +44,7 @@ MODELS = {
     "hstu": {"name": "hstu", "embedding_dim": 64, "blocks": 2, "heads": 2, "dropout": 0.5},
 }
 TRAIN = {"epochs": 60, "batch_size": 128, "lr": 0.001, "schedule": "constant",
-         "embedding_l2": 0.0, "early_stopping": {"patience": 4}, "progress": False,
+         "embedding_l2": 0.0, "progress": False,
          "tensorboard": False}
 RESAMPLES = 1000
 
@@ -140,16 +140,36 @@ def sampan_run(name: str, model: str, samples: Path, work: Path, epochs: int) ->
             "best_epoch": valid.index(best)}
 
 
-def recbole_run(python: str, name: str, tsv: Path, work: Path, threads: int,
+def recbole_run(python: str | None, name: str, tsv: Path, work: Path, threads: int,
                 epochs: int) -> dict:
+    """RecBole's SASRec on ``tsv``; with ``python`` None, its result from an earlier run in
+    ``work`` on the same events (``r["reused"]`` says when that run was)."""
+    from accuracy import machine
+
     from sampan.data.hashing import stable_hash
 
     out = work / f"{tsv.stem}-recbole.json"
-    cmd = [python, str(ROOT / "benchmarks" / "recbole_sasrec.py"), str(tsv), str(out),
-           "--max-len", str(DATASETS[name][1]), "--threads", str(threads),
-           "--epochs", str(epochs)]
-    subprocess.run(cmd, check=True)
-    r = json.loads(out.read_text())
+    settings = {"events_bytes": tsv.stat().st_size, "max_len": DATASETS[name][1],
+                "threads": threads, "epochs": epochs}
+    if python is None:
+        if not out.exists():
+            raise SystemExit(f"--reuse-recbole: no earlier RecBole result {out}; run with "
+                             "--recbole PYTHON first")
+        r = json.loads(out.read_text())
+        made = r.get("settings", {})
+        # results written before the settings were recorded carry none to check
+        if made and any(made.get(k) != v for k, v in settings.items()):
+            raise SystemExit(f"--reuse-recbole: {out} was made with {made}, not {settings}")
+        r["reused"] = r.get("made", dt.date.fromtimestamp(out.stat().st_mtime).isoformat())
+    else:
+        cmd = [python, str(ROOT / "benchmarks" / "recbole_sasrec.py"), str(tsv), str(out),
+               "--max-len", str(DATASETS[name][1]), "--threads", str(threads),
+               "--epochs", str(epochs)]
+        subprocess.run(cmd, check=True)
+        r = json.loads(out.read_text())
+        r |= {"settings": settings, "made": f"{dt.date.today().isoformat()} on "
+              f"{machine()['cpu']}"}
+        out.write_text(json.dumps(r))
     import pyarrow as pa
 
     users = list(r["ranks"])
@@ -228,6 +248,9 @@ def main() -> None:
     ap.add_argument("--datasets", nargs="*", default=list(DATASETS), choices=list(DATASETS))
     ap.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--recbole", metavar="PYTHON", help="a Python with RecBole 1.2.1")
+    ap.add_argument("--reuse-recbole", action="store_true",
+                    help="take RecBole's result from an earlier run in --work on the same "
+                    "events and settings instead of training it again")
     ap.add_argument("--epochs", type=int, default=TRAIN["epochs"],
                     help="the most epochs each model trains (both stop early)")
     ap.add_argument("--max-users", type=int, help="only the first users (a quick check)")
@@ -236,6 +259,8 @@ def main() -> None:
                     default=ROOT / "benchmarks" / "results" / "sequential.json")
     ap.add_argument("--results", type=Path, default=ROOT / "RESULTS.md")
     a = ap.parse_args()
+    if a.recbole and a.reuse_recbole:
+        ap.error("--recbole trains RecBole again; --reuse-recbole takes its earlier result")
     import torch
     from _readme import update_block
     from accuracy import machine
@@ -252,9 +277,12 @@ def main() -> None:
         samples, tsv = events(name, a.work, a.max_users)
         runs = {f"sampan {m}": sampan_run(name, m, samples, a.work, a.epochs)
                 for m in a.models}
-        if a.recbole:
-            runs["recbole sasrec"] = recbole_run(a.recbole, name, tsv, a.work,
-                                                 torch.get_num_threads(), a.epochs)
+        info = dict(run_info)
+        if a.recbole or a.reuse_recbole:
+            runs["recbole sasrec"] = r = recbole_run(a.recbole, name, tsv, a.work,
+                                                     torch.get_num_threads(), a.epochs)
+            if "reused" in r:
+                info["caveat"] = f"RecBole's row is its run of {r['reused']}."
         users = sorted(set.intersection(*(set(r["ranks"]) for r in runs.values())))
         ranks = {k: np.array([r["ranks"][u] for u in users], np.float64)
                  for k, r in runs.items()}
@@ -272,7 +300,7 @@ def main() -> None:
             print(name, k, {m: round(v[0], 4) for m, v in out[k]["summary"].items()},
                   f"{r['epoch_seconds']:.1f} s/epoch, {r['seconds_to_best']:.0f} s to best",
                   flush=True)
-        report["datasets"][name] = {"run": run_info, "models": out}
+        report["datasets"][name] = {"run": info, "models": out}
         out_json.parent.mkdir(parents=True, exist_ok=True)
         out_json.write_text(json.dumps(report, indent=1))  # each dataset as it ends
     out_json.parent.mkdir(parents=True, exist_ok=True)

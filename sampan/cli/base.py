@@ -51,6 +51,29 @@ SetOpt = Annotated[
                  help="Override a config value, e.g. --set train.epochs=2 --set model.mlp=[64,32]."
                       " Values are parsed as YAML. Repeatable; applied after the file."),
 ]
+EngineOpt = Annotated[
+    str | None,
+    typer.Option("--engine", metavar="local|ray",
+                 help="What prepares the data (data.engine): local, or ray (tasks on a Ray "
+                 "cluster; pip install 'sampan[ray]')."),
+]
+AddressOpt = Annotated[
+    str | None,
+    typer.Option("--address", metavar="ADDR",
+                 help="With --engine ray, the cluster to join (data.ray_address): auto for "
+                 "the one `ray start --head` made on this machine, ray://HOST:10001 for a "
+                 "remote one. Default: a Ray of this machine's cores, for the preparation."),
+]
+
+
+def engine_sets(engine: str | None, address: str | None) -> list[str]:
+    """``--engine`` / ``--address`` as ``--set`` overrides."""
+    if address is not None and engine not in (None, "ray"):
+        fail(f"--address joins a Ray cluster: it needs --engine ray, not --engine {engine}")
+    out = [f"data.engine={engine}"] if engine is not None else []
+    if address is not None:
+        out += ["data.engine=ray", f"data.ray_address={address}"]
+    return out
 
 
 def fail(msg: str, code: int = 2) -> None:

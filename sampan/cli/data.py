@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 import typer.core
 
-from sampan.cli.base import SetOpt, app, console, fail
+from sampan.cli.base import AddressOpt, EngineOpt, SetOpt, app, console, engine_sets, fail
 
 data_app = typer.Typer(help="Look at raw data, prepare it, build behaviour sequences.",
                        no_args_is_help=True, rich_markup_mode="markdown")
@@ -59,6 +59,8 @@ def data_prepare(
     set_: SetOpt = None,
     out: Annotated[Path | None, typer.Option(help="Where to write the processed data "
                                                   "(default: OUTPUT_DIR/NAME/data).")] = None,
+    engine: EngineOpt = None,
+    address: AddressOpt = None,
 ) -> None:
     """Read, validate, split, fit the feature pipeline on train and write model-ready arrays,
     without training. Reports rows kept and rejected by reason, and every feature."""
@@ -66,7 +68,7 @@ def data_prepare(
     from sampan.config import load_config
     from sampan.data.store import build_store
 
-    cfg = load_config(config, overrides=set_ or [])
+    cfg = load_config(config, overrides=[*(set_ or []), *engine_sets(engine, address)])
     root = out or Path(cfg.output_dir) / cfg.name / "data"
     build_store(cfg, root, echo=console.print)
     console.print(f"processed data: {root}")

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 import typer.core
 
-from sampan.cli.base import SetOpt, app, console, fail
+from sampan.cli.base import AddressOpt, EngineOpt, SetOpt, app, console, engine_sets, fail
 
 
 @app.command()
@@ -36,6 +36,8 @@ def train(
     rdzv_endpoint: Annotated[str | None, typer.Option(
         "--rdzv-endpoint", metavar="HOST:PORT",
         help="Rendezvous address shared by every machine of a multi-node job.")] = None,
+    engine: EngineOpt = None,
+    address: AddressOpt = None,
 ) -> None:
     """Prepare the data, train, evaluate on the test split and print the metrics.
 
@@ -57,6 +59,7 @@ def train(
     from sampan.config import load_config
     from sampan.train.experiment import run_experiment
 
+    set_ = [*(set_ or []), *engine_sets(engine, address)]
     if (nproc_per_node > 1 or nnodes > 1) and "WORLD_SIZE" not in os.environ:
         _launch(config, set_, from_, resume, run_dir, nproc_per_node, nnodes, node_rank,
                 rdzv_endpoint)

@@ -168,6 +168,26 @@ class DataConfig(_Strict):
                                       "synthetic uses oracle_p)")
     joins: list[JoinConfig] = Field(default_factory=list, description="side tables (user or "
                                     "item attributes) joined to every row on a key column")
+    engine: Literal["local", "ray"] = Field(
+        "local", description="what prepares the data: local (this process, Arrow's "
+        "threads) or ray (tasks on a Ray cluster: each input file read, and the fit and "
+        "the transform run, in parallel; the same processed data; pip install "
+        "'sampan[ray]')")
+    ray_address: str | None = Field(
+        None, description="engine ray: the cluster to join (auto: the one started on "
+        "this machine with ray start; ray://HOST:10001 for a remote one); null: a Ray "
+        "of this machine's cores, started for the preparation and stopped after")
+
+    @field_validator("engine", mode="after")
+    @classmethod
+    def _ray_installed(cls, v: str) -> str:
+        import importlib.util
+
+        if v == "ray" and importlib.util.find_spec("ray") is None:
+            raise ValueError("data.engine: ray needs Ray, which is not installed; install "
+                             "it with pip install 'sampan[ray]' (from a checkout: pip "
+                             "install -e '.[ray]'), or use engine: local")
+        return v
 
     @field_validator("format", mode="after")
     @classmethod

@@ -24,7 +24,7 @@ class EarlyStoppingConfig(_Strict):
         "steer by), or recall@K for retrieval models")
     patience: PosInt | Literal["auto"] = Field(
         "auto", description="evaluations without improvement before stop; auto: two epochs' "
-        "worth (2 with one evaluation per epoch, 8 with four)")
+        "worth (2 with one evaluation per epoch, 8 with four), ten for next-item models")
 
     @field_validator("metric")
     @classmethod

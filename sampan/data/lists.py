@@ -111,6 +111,15 @@ class ListEncoder:
         self._rows += len(lens)
         self.vocab.partial_fit(pc.list_flatten(lists))
 
+    def merge(self, other: ListEncoder) -> None:
+        """Add what ``other`` fitted on other rows (a shared vocabulary is merged by its
+        own feature)."""
+        self._len_sum += other._len_sum
+        self._len_max = max(self._len_max, other._len_max)
+        self._rows += other._rows
+        if self.owns_vocab:
+            self.vocab.merge(other.vocab)
+
     def finalize(self) -> None:
         if self.owns_vocab:
             self.vocab.finalize()

@@ -117,6 +117,22 @@ class FeaturePipeline:
             lenc.partial_fit(self._input(table, lenc.spec))
         self.fitted_rows_ += table.num_rows
 
+    def reseed(self, part: int) -> None:
+        """Give the samples of this part of a fit keys of its own (see :meth:`merge`)."""
+        encoders = self.categorical + [e.vocab for e in self.lists if e.owns_vocab]
+        for enc in encoders:
+            if enc._sample is not None:
+                enc._sample.reseed((0, part))
+
+    def merge(self, other: FeaturePipeline) -> None:
+        """Add the partial fit of ``other``, the same pipeline fitted on the rows after
+        this one's: vocabularies, counts and moments come out as one fit over both would
+        give them; quantile samples, as a uniform sample of both."""
+        for mine, theirs in zip(self.categorical + self.numeric + self.lists,
+                                other.categorical + other.numeric + other.lists, strict=True):
+            mine.merge(theirs)
+        self.fitted_rows_ += other.fitted_rows_
+
     def finalize(self) -> None:
         for enc in self.categorical:
             enc.finalize()

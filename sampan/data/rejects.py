@@ -39,6 +39,23 @@ class RejectLog:
             self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
         self._fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
 
+    def merge(self, other: RejectLog) -> None:
+        """Add the counts of ``other`` (a closed log of other rows), and its rejected rows
+        after this one's."""
+        self.read += other.read
+        self.kept += other.kept
+        self.blank += other.blank
+        self.reasons.update(other.reasons)
+        self.examples += other.examples[: max(0, 10 - len(self.examples))]
+        if other.path is None or not other.path.exists() or self.path is None:
+            return
+        if self._fh is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        with open(other.path, encoding="utf-8") as f:
+            for line in f:
+                self._fh.write(line)
+
     def close(self) -> None:
         if self._fh is not None:
             self._fh.close()

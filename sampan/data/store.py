@@ -78,7 +78,12 @@ def build_store(cfg: ExperimentConfig, root: str | Path, echo: Any = None) -> St
         shutil.rmtree(root)  # an earlier store being rebuilt (or what a stopped one left)
     (root / "staging").mkdir(parents=True)
     (root / MARK).touch()  # a build killed midway leaves a folder a new build may replace
+    started = False
     try:
+        if cfg.data.engine == "ray":
+            from sampan.data import ray_engine
+
+            started = ray_engine.connect(cfg.data.ray_address)
         return _build(cfg, root, echo)
     except BaseException as e:
         # nothing half-written stays: a later build starts clean; the rejects file, which
@@ -91,6 +96,9 @@ def build_store(cfg: ExperimentConfig, root: str | Path, echo: Any = None) -> St
                             f"to {root} ({e.strerror}); free some space or point output_dir "
                             "(or --out) elsewhere; nothing was kept") from e
         raise
+    finally:
+        if started:
+            ray_engine.disconnect()
 
 
 def _build(cfg: ExperimentConfig, root: Path, echo: Any) -> Store:
@@ -110,12 +118,22 @@ def _build(cfg: ExperimentConfig, root: Path, echo: Any) -> Store:
 
     # 1. Stage: raw -> validated Arrow IPC (the only pass over the raw text).
     explicit = [r for r in SPLITS if r == "train" or getattr(cfg.data, r)]
-    staged: dict[str, tuple[Path, int]] = {}
+    ray = cfg.data.engine == "ray"
+    if ray:
+        from sampan.data import ray_engine
+
+        echo(f"data: engine ray, {ray_engine.describe()}")
+    # role -> (its staged parts, in order; rows)
+    staged: dict[str, tuple[list[Path], int]] = {}
     try:
         for role in explicit:
+            if ray and cfg.data.format != "synthetic":
+                staged[role] = ray_engine.stage(cfg, role, getattr(cfg.data, role), pipe,
+                                                root / "staging", log)
+                continue
             path = root / "staging" / f"{role}.arrow"
             n = _stage(_source_tables(cfg, getattr(cfg.data, role), pipe, log), path)
-            staged[role] = (path, n)
+            staged[role] = ([path], n)
     finally:
         log.close()
     log.check(cfg.data.max_bad_fraction)
@@ -143,24 +161,19 @@ def _build(cfg: ExperimentConfig, root: Path, echo: Any) -> Store:
 
     def batches(role: str) -> Iterator[pa.Table]:
         src = "train" if role in carve else role
-        path, n = staged[src]
-        if n == 0:  # a valid/test file with no usable rows: an empty split
-            return
-        start = 0
-        with pa.OSFile(str(path)) as mm:  # read, not mapped: memory stays bounded
-            reader = pa.ipc.open_file(mm)
-            for i in range(reader.num_record_batches):
-                b = reader.get_batch(i)
-                t = pa.Table.from_batches([b])
-                if src == "train":
-                    t = t.filter(pa.array(splitter.codes(t, start) == ROLE_CODES[role]))
-                start += b.num_rows
-                if t.num_rows:
-                    yield t
+        for start, t in _staged_chunks(staged[src][0], None):
+            if src == "train":
+                t = t.filter(pa.array(splitter.codes(t, start) == ROLE_CODES[role]))
+            if t.num_rows:
+                yield t
 
     # 3. Fit on the train split only (the leakage guard: valid/test never reach fit); with
     # features.fit_rows, on its first rows only.
-    pipe.fit(_first_rows(batches("train"), cfg.features.fit_rows))
+    if ray:
+        units = ray_engine.plan_units(staged, carve, splitter)
+        ray_engine.fit(pipe, units, splitter, cfg.features.fit_rows)
+    else:
+        pipe.fit(_first_rows(batches("train"), cfg.features.fit_rows))
     pipe.save(root / "pipeline")
 
     # 4. Transform every split: one pass over the train source feeds all carved splits.
@@ -168,10 +181,14 @@ def _build(cfg: ExperimentConfig, root: Path, echo: Any) -> Store:
     key_cols = [split.column] if split.method in ("time", "group") else []
     if loo:  # leave_one_out reads only the row index
         key_cols = [split.column]
-    for start, t in _staged_chunks(staged["train"][0], key_cols):
-        codes = splitter.codes(t, start)  # chunk by chunk: memory stays bounded
+    if ray:
         for r in carve:
-            rows[r] += int((codes == ROLE_CODES[r]).sum())
+            rows[r] = sum(u.rows.get(r, 0) for u in units)
+    else:
+        for start, t in _staged_chunks(staged["train"][0], key_cols):
+            codes = splitter.codes(t, start)  # chunk by chunk: memory stays bounded
+            for r in carve:
+                rows[r] += int((codes == ROLE_CODES[r]).sum())
     empty = [r for r in carve if fractions[r] > 0 and rows[r] == 0] if not loo else \
         [r for r in carve if r != "train" and rows[r] == 0]
     if empty and loo:
@@ -184,23 +201,10 @@ def _build(cfg: ExperimentConfig, root: Path, echo: Any) -> Store:
                         f"{ {r: round(f, 3) for r, f in fractions.items()} } leave none "
                         "there; give more data, or set that fraction to 0")
     oracle = extra[0] if extra else None
-    writers = {r: _SplitWriter(root / r, pipe.schema(), rows[r], oracle) for r in SPLITS}
-    complete = False
-    try:
-        for start, t in _staged_chunks(staged["train"][0], None):
-            codes = splitter.codes(t, start)
-            for r in carve:
-                part = t.filter(pa.array(codes == ROLE_CODES[r]))
-                if part.num_rows:
-                    writers[r].append(pipe.transform(part))
-        for r in SPLITS:
-            if r not in carve:
-                for t in batches(r):
-                    writers[r].append(pipe.transform(t))
-        complete = True
-    finally:
-        for w in writers.values():
-            w.close(check=complete)  # after a failure, its own error is the one to see
+    if ray:
+        ray_engine.transform(pipe, units, splitter, rows, oracle, root)
+    else:
+        _transform_local(pipe, staged, carve, splitter, batches, rows, oracle, root)
     shutil.rmtree(root / "staging")
 
     sources = {r: (cfg.data.synthetic.model_dump() if cfg.data.format == "synthetic"
@@ -228,6 +232,29 @@ def _build(cfg: ExperimentConfig, root: Path, echo: Any) -> Store:
     return Store.open(root)
 
 
+def _transform_local(pipe: FeaturePipeline, staged: dict[str, tuple[list[Path], int]],
+                     carve: list[str], splitter: Splitter, batches: Any, rows: dict[str, int],
+                     oracle: str | None, root: Path) -> None:
+    """Transform every split in this process, writing each in order."""
+    writers = {r: _SplitWriter(root / r, pipe.schema(), rows[r], oracle) for r in SPLITS}
+    complete = False
+    try:
+        for start, t in _staged_chunks(staged["train"][0], None):
+            codes = splitter.codes(t, start)
+            for r in carve:
+                part = t.filter(pa.array(codes == ROLE_CODES[r]))
+                if part.num_rows:
+                    writers[r].append(pipe.transform(part))
+        for r in SPLITS:
+            if r not in carve:
+                for t in batches(r):
+                    writers[r].append(pipe.transform(t))
+        complete = True
+    finally:
+        for w in writers.values():
+            w.close(check=complete)  # after a failure, its own error is the one to see
+
+
 def feature_table(report: list[dict[str, Any]], rows: int) -> Table:
     """The effective feature settings as a table (``FeaturePipeline.feature_report``)."""
     t = Table(title=f"features fitted on {rows:,} train rows")
@@ -241,22 +268,27 @@ def feature_table(report: list[dict[str, Any]], rows: int) -> Table:
     return t
 
 
-def _staged_chunks(path: Path, columns: list[str] | None) -> Iterator[tuple[int, pa.Table]]:
-    """(first row index, chunk) over a staged file: every column (``None``), or only
-    ``columns`` — then the file is memory-mapped so only those columns' pages are read."""
-    if path.stat().st_size == 0:
-        return
-    start = 0
-    with (pa.memory_map(str(path)) if columns is not None else pa.OSFile(str(path))) as f:
-        reader = pa.ipc.open_file(f)
-        for i in range(reader.num_record_batches):
-            b = reader.get_batch(i)
-            t = pa.Table.from_batches([b])
-            yield start, (t if columns is None else t.select(columns))
-            start += b.num_rows
+def _staged_chunks(paths: list[Path], columns: list[str] | None, start: int = 0,
+                   batches: tuple[int, int] | None = None) -> Iterator[tuple[int, pa.Table]]:
+    """(first row index, chunk) over staged files, one after the other: every column
+    (``None``), or only ``columns`` — then the files are memory-mapped so only those
+    columns' pages are read (and not mapped otherwise, so memory stays bounded). Row
+    indices count from ``start``; ``batches``: only the record batches ``[lo, hi)`` (of
+    one file)."""
+    for path in paths:
+        if path.stat().st_size == 0:
+            continue
+        with (pa.memory_map(str(path)) if columns is not None else pa.OSFile(str(path))) as f:
+            reader = pa.ipc.open_file(f)
+            lo, hi = batches or (0, reader.num_record_batches)
+            for i in range(lo, hi):
+                b = reader.get_batch(i)
+                t = pa.Table.from_batches([b])
+                yield start, (t if columns is None else t.select(columns))
+                start += b.num_rows
 
 
-def _leave_one_out_rows(path: Path, user: str, order: str | None
+def _leave_one_out_rows(path: list[Path], user: str, order: str | None
                         ) -> tuple[np.ndarray, np.ndarray]:
     """The row indices of each user's second-to-last and last row of a staged file (users
     with 3 rows or more), in ``order`` (else file order)."""
@@ -270,7 +302,7 @@ def _leave_one_out_rows(path: Path, user: str, order: str | None
     return loo.rows()
 
 
-def _column_sample(path: Path, column: str, size: int = 1_000_000) -> np.ndarray:
+def _column_sample(path: list[Path], column: str, size: int = 1_000_000) -> np.ndarray:
     """Up to ``size`` values of a numeric column of a staged file (a uniform sample)."""
     from sampan.data.transforms import Reservoir
 
@@ -280,7 +312,7 @@ def _column_sample(path: Path, column: str, size: int = 1_000_000) -> np.ndarray
     return res.values()
 
 
-def _check_time_order(staged: dict[str, tuple[Path, int]], column: str) -> None:
+def _check_time_order(staged: dict[str, tuple[list[Path], int]], column: str) -> None:
     """With separate train/valid/test files, each must end before the next begins."""
     spans = {}
     for role in SPLITS:
@@ -316,6 +348,41 @@ def _stage(tables: Iterator[pa.Table], path: Path) -> int:
     return n
 
 
+def split_layout(schema: DataSchema, n: int, oracle: str | None
+                 ) -> tuple[dict[str, tuple[int, ...]], dict[str, Any]]:
+    """The ``.npy`` files of a split of ``n`` rows: each one's shape and dtype, by name."""
+    shapes: dict[str, tuple[int, ...]] = {
+        "dense": (n, schema.num_dense), "sparse": (n, schema.num_sparse),
+        "labels": (n, schema.num_tasks)}
+    if schema.has_group:
+        shapes["group"] = (n,)
+    if oracle:
+        shapes["oracle"] = (n,)
+    # Ids are stored as int32 when every table fits (half the bytes to write and to read
+    # while training); the loader hands int64 tensors to the model. A dynamic table's
+    # values are 64-bit keys, not rows: they keep all their bits.
+    tables = [*schema.sparse, *schema.own_tables]
+    narrow = max((t.cardinality for t in tables), default=0) < 2**31 and \
+        all(t.dynamic is None for t in tables)
+    ids = np.int32 if narrow else np.int64
+    dtypes: dict[str, Any] = {"dense": np.float32, "sparse": ids, "labels": np.float32,
+                              "group": np.int64, "oracle": np.float64}
+    for spec in schema.sequences:
+        shapes[f"seq_{spec.name}"] = (n, spec.max_len)
+        dtypes[f"seq_{spec.name}"] = ids
+    return shapes, dtypes
+
+
+def stored_arrays(arrays: dict[str, Any], oracle: str | None) -> dict[str, Any]:
+    """:meth:`FeaturePipeline.transform`'s arrays named as a split's files are."""
+    arrays = dict(arrays)
+    for name, ids in arrays.pop("sequences", {}).items():
+        arrays[f"seq_{name}"] = ids
+    if oracle:
+        arrays["oracle"] = arrays.pop(oracle)
+    return arrays
+
+
 class _SplitWriter:
     """Appends transformed chunks to one split's ``.npy`` files (header first, then rows).
 
@@ -325,34 +392,15 @@ class _SplitWriter:
     def __init__(self, out: Path, schema: DataSchema, n: int, oracle: str | None):
         out.mkdir(parents=True, exist_ok=True)
         self.out, self.n, self.oracle, self.pos = out, n, oracle, 0
-        shapes = {"dense": (n, schema.num_dense), "sparse": (n, schema.num_sparse),
-                  "labels": (n, schema.num_tasks), "group": (n,), "oracle": (n,)}
-        # Ids are stored as int32 when every table fits (half the bytes to write and to
-        # read while training); the loader hands int64 tensors to the model. A dynamic
-        # table's values are 64-bit keys, not rows: they keep all their bits.
-        tables = [*schema.sparse, *schema.own_tables]
-        narrow = max((t.cardinality for t in tables), default=0) < 2**31 and \
-            all(t.dynamic is None for t in tables)
-        ids = np.int32 if narrow else np.int64
-        self.dtypes = {"dense": np.float32, "sparse": ids, "labels": np.float32,
-                       "group": np.int64, "oracle": np.float64}
-        keys = ["dense", "sparse", "labels"] + (["group"] if schema.has_group else []) \
-            + (["oracle"] if oracle else [])
-        for spec in schema.sequences:
-            keys.append(f"seq_{spec.name}")
-            shapes[f"seq_{spec.name}"] = (n, spec.max_len)
-            self.dtypes[f"seq_{spec.name}"] = ids
-        self.files = {k: open(out / f"{k}.npy", "wb") for k in keys}  # noqa: SIM115
+        shapes, self.dtypes = split_layout(schema, n, oracle)
+        self.files = {k: open(out / f"{k}.npy", "wb") for k in shapes}  # noqa: SIM115
         for k, f in self.files.items():
             np.lib.format.write_array_header_1_0(
                 f, {"descr": np.lib.format.dtype_to_descr(np.dtype(self.dtypes[k])),
                     "fortran_order": False, "shape": shapes[k]})
 
     def append(self, arrays: dict[str, Any]) -> None:
-        for name, ids in arrays.pop("sequences", {}).items():
-            arrays[f"seq_{name}"] = ids
-        if self.oracle:
-            arrays["oracle"] = arrays.pop(self.oracle)
+        arrays = stored_arrays(arrays, self.oracle)
         for k, f in self.files.items():
             f.write(memoryview(np.ascontiguousarray(arrays[k], dtype=self.dtypes[k])))
         self.pos += len(arrays["sparse"])
@@ -411,6 +459,9 @@ def reuse_store(cfg: ExperimentConfig, src_run: Path, root: Path) -> bool:
         return False
     theirs = yaml.safe_load((Path(src_run) / "config.yaml").read_text()) or {}
     mine = cfg.model_dump(mode="json")
+    for c in (theirs, mine):  # either engine makes the same data
+        for key in ("engine", "ray_address"):
+            (c.get("data") or {}).pop(key, None)
     if any(theirs.get(k) != mine.get(k) for k in ("data", "features", "plugins")):
         return False
     if root.exists():

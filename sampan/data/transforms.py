@@ -79,9 +79,22 @@ class CategoricalEncoder:
         self._pending += len(vc)
         # Merge the partial counts once they outgrow the merged table: memory stays
         # proportional to the vocabulary, not to the rows read.
+        self._compact()
+
+    def _compact(self) -> None:
         if self._pending > max(100_000, 2 * self._merged_size):
             self._parts = [self._merged()]
             self._merged_size = self._pending = len(self._parts[0])
+
+    def merge(self, other: CategoricalEncoder) -> None:
+        """Add the counts (or the sample) ``other`` fitted on other rows of the same
+        feature: the vocabulary comes out as one encoder fitted on both would make it."""
+        if self._sample is not None:
+            self._sample.merge(other._sample)
+            return
+        self._parts += other._parts
+        self._pending += sum(len(p) for p in other._parts)
+        self._compact()
 
     def _merged(self) -> pa.Table:
         if not self._parts:
@@ -231,6 +244,21 @@ class Reservoir:
     def values(self) -> np.ndarray:
         return self.vals
 
+    def reseed(self, seed: Any) -> None:
+        """Draw the keys of the values still to come from ``seed`` (a part of a stream
+        sampled apart from the others needs keys independent of theirs)."""
+        self.rng = np.random.default_rng(seed)
+
+    def merge(self, other: Reservoir) -> None:
+        """Keep the ``size`` smallest keys of both: a uniform sample of both streams
+        (the same values as one reservoir when both together hold at most ``size``)."""
+        keys = np.concatenate([self.keys, other.keys])
+        vals = np.concatenate([self.vals, other.vals])
+        if len(keys) > self.size:
+            keep = np.argpartition(keys, self.size)[: self.size]
+            keys, vals = keys[keep], vals[keep]
+        self.keys, self.vals = keys, vals
+
 
 class NumericEncoder:
     """fill missing -> clip -> signed log1p -> standardize; statistics from one streaming pass.
@@ -244,6 +272,9 @@ class NumericEncoder:
     def __init__(self, spec: NumericFeature):
         self.spec = spec
         self._shaped = (0, 0.0, 0.0)  # count, mean, M2 of non-missing shaped values
+        # each chunk's (count, mean, M2), in order: merging fits of parts folds them in
+        # the order one fit over every chunk would, to the last bit
+        self._chunks: list[tuple[int, float, float]] = []
         self._n_missing = 0
         self.fill_: float | None = None
         self.mean_: float | None = None
@@ -278,7 +309,16 @@ class NumericEncoder:
             return
         t = self._shape(x)
         tm = float(t.mean())
-        self._shaped = self._merge(self._shaped, (len(t), tm, float(np.square(t - tm).sum())))
+        chunk = (len(t), tm, float(np.square(t - tm).sum()))
+        self._chunks.append(chunk)
+        self._shaped = self._merge(self._shaped, chunk)
+
+    def merge(self, other: NumericEncoder) -> None:
+        """Add the statistics ``other`` fitted on the rows after this one's."""
+        for chunk in other._chunks:
+            self._shaped = self._merge(self._shaped, chunk)
+        self._chunks += other._chunks
+        self._n_missing += other._n_missing
 
     def _unshape(self, t: float) -> float:
         """The raw value whose :meth:`_shape` is ``t`` (``t`` within the clip range)."""

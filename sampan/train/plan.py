@@ -75,13 +75,15 @@ def auto_batch_size(n_train: int) -> int:
 
 def plan_training(tc: TrainConfig, n_train: int, valid_labels: np.ndarray | None = None,
                   default_metric: str = "auc", world: int = 1,
-                  first_order: bool = False) -> TrainingPlan:
+                  first_order: bool = False, patience_epochs: int = 2) -> TrainingPlan:
     """Resolve the ``auto`` values of ``tc`` for ``n_train`` training rows.
 
     ``valid_labels`` ``[N, T]`` (or ``None`` without a validation split) decides the early
     stopping metric of binary tasks; ``default_metric`` is the task's (``recall@K`` for
     retrieval keeps itself); ``world`` processes share the global batch; ``first_order``:
-    the model can start from an LR (:func:`~sampan.layers.embed.lr_start_part`).
+    the model can start from an LR (:func:`~sampan.layers.embed.lr_start_part`);
+    ``patience_epochs``: the epochs of evaluations ``early_stopping.patience: auto`` waits
+    for (the task's: 10 for next-item models, 2 otherwise).
     """
     reasons: dict[str, str] = {}
     upd: dict[str, Any] = {}
@@ -137,10 +139,13 @@ def plan_training(tc: TrainConfig, n_train: int, valid_labels: np.ndarray | None
     if es.patience == "auto":
         every = upd.get("eval_every_steps", tc.eval_every_steps)
         per_epoch = 1 if every is None else max(1, round(steps / every))
-        es = es.model_copy(update={"patience": 2 * per_epoch})
+        es = es.model_copy(update={"patience": patience_epochs * per_epoch})
         reasons["early_stopping.patience"] = (
-            f"{2 * per_epoch}: two epochs of evaluations without improvement (a signal that "
-            "only interactions carry can take more than an epoch to show)")
+            f"{patience_epochs * per_epoch}: {patience_epochs} epochs of evaluations without "
+            "improvement " + ("(a signal that only interactions carry can take more than an "
+                              "epoch to show)" if patience_epochs <= 2 else
+                              "(a next-item model's ranking metric can stall for several "
+                              "epochs before it climbs)"))
     if es.metric is None and has_valid and default_metric == "auc":
         y = np.asarray(valid_labels, dtype=np.float64)
         pos = int(y[:, 0].sum()) if y.ndim == 2 else int(y.sum())

@@ -98,7 +98,8 @@ class Trainer:
         self.plan = plan_training(
             cfg.train, len(train), None if valid is None or valid.labels is None
             else np.asarray(valid.labels), self.task.default_metric, strategy.world,
-            first_order=lr_start_part(model) is not None)
+            first_order=lr_start_part(model) is not None,
+            patience_epochs=getattr(self.task, "patience_epochs", 2))
         self.tc = self.plan.train  # every `auto` resolved from the data
         if strategy.enabled and self.tc.batch_size < 2 * strategy.world:
             raise ConfigError(f"train.batch_size {self.tc.batch_size} (the global batch) must "

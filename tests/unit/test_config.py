@@ -150,3 +150,14 @@ def test_importing_the_models_imports_no_data_code():
                         "assert 'pyarrow' not in sys.modules, 'pyarrow imported'"],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def test_engine_ray_without_ray_fails_at_load_with_the_install_command(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed
+    with pytest.raises(ConfigError, match=r"pip install 'sampan\[ray\]'"):
+        load_config(raw={"name": "x", "preset": "criteo",
+                         "data": {"format": "synthetic", "engine": "ray"}})
+    plain = load_config(raw={"name": "x", "preset": "criteo", "data": {"format": "synthetic"}})
+    assert plain.data.engine == "local"

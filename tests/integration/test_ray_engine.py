@@ -1,0 +1,125 @@
+"""data.engine: ray on a real local Ray cluster (2 worker CPUs, started here and shut down
+after): the processed data equals the local engine's byte for byte, rejects included, and a
+worker killed mid-transform is retried to the same result."""
+
+import filecmp
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sampan.config import load_config
+from sampan.data.store import build_store
+
+ray = pytest.importorskip("ray")
+
+from sampan.data.ray_engine import FAIL_ONCE  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    # the workers inherit the environment: the fault hook arms only once its folder exists
+    kill = tmp_path_factory.mktemp("kill") / "armed" / "marker"
+    os.environ[FAIL_ONCE] = str(kill)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    yield kill
+    ray.shutdown()
+    os.environ.pop(FAIL_ONCE, None)
+
+
+def write_logs(folder: Path, files: int = 3, rows: int = 1500, seed: int = 0) -> Path:
+    """CSV files of clicks: a user, an item with a long tail, a price with missing values, an
+    age cut into quantile buckets, a tag list, and a few broken rows in the second file."""
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True)
+    t = 0
+    for f in range(files):
+        lines = ["label,user,item,price,age,tags,ts"]
+        for _ in range(rows):
+            item = int(rng.zipf(1.5)) % 400
+            price = "" if rng.random() < 0.1 else f"{rng.lognormal(2, 1):.3f}"
+            tags = "|".join(f"t{int(x)}" for x in rng.integers(0, 30, rng.integers(0, 4)))
+            t += int(rng.integers(1, 5))
+            lines.append(f"{int(rng.random() < 0.3)},u{rng.integers(0, 300)},i{item},{price},"
+                         f"{rng.integers(15, 70)},{tags},{t}")
+        if f == 1:
+            lines[10] = "x,u1,i1,1.0,30,t1,5"  # a label that is not a number
+            lines[20] = "1,u2"  # too few fields
+        (folder / f"part-{f}.csv").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+def config(tmp_path: Path, logs: Path, engine: str, split: dict, **features) -> object:
+    return load_config(raw={
+        "name": "logs", "output_dir": str(tmp_path / "runs"),
+        "data": {"train": str(logs), "engine": engine, "split": split,
+                 "max_bad_fraction": 0.05},
+        "features": {"label": "label", "group": "user",
+                     "categorical": ["user", {"name": "item", "min_count": 2},
+                                     {"name": "age_q", "column": "age",
+                                      "bucketize": "quantile", "buckets": 5}],
+                     "numeric": [{"name": "price", "buckets": 4}],
+                     "lists": [{"name": "tags", "kind": "bag", "delimiter": "|",
+                                "max_len": 3}], **features},
+        "model": {"name": "deepfm"}})
+
+
+def same_tree(a: Path, b: Path) -> list[str]:
+    """Files that differ or exist on one side only."""
+    out = []
+    for p in sorted(a.rglob("*")):
+        q = b / p.relative_to(a)
+        if p.is_file() and not (q.is_file() and filecmp.cmp(p, q, shallow=False)):
+            out.append(str(p.relative_to(a)))
+    out += [str(q.relative_to(b)) for q in b.rglob("*") if not (a / q.relative_to(b)).exists()]
+    return out
+
+
+@pytest.mark.parametrize("split", [
+    {"method": "random", "train": 0.8, "valid": 0.1, "test": 0.1},
+    {"method": "time", "column": "ts", "train": 0.8, "valid": 0.1, "test": 0.1},
+    {"method": "leave_one_out", "column": "user", "order": "ts"},
+], ids=["random", "time", "leave_one_out"])
+def test_ray_store_equals_the_local_one_byte_for_byte(cluster, tmp_path, split):
+    logs = write_logs(tmp_path / "logs")
+    local = build_store(config(tmp_path, logs, "local", split), tmp_path / "local",
+                        echo=lambda *a: None)
+    build_store(config(tmp_path, logs, "ray", split), tmp_path / "ray", echo=lambda *a: None)
+    assert same_tree(tmp_path / "local", tmp_path / "ray") == []
+    manifest = json.loads((tmp_path / "ray" / "manifest.json").read_text())
+    assert manifest["rejects"]["reasons"] and manifest["rejects"]["rejected"] == 2
+    assert len(local.split("train")) > 3000  # the files' rows, not one of them
+
+
+def test_fit_rows_and_a_valid_file_of_its_own(cluster, tmp_path):
+    logs = write_logs(tmp_path / "logs", files=4)
+    valid = tmp_path / "valid"
+    valid.mkdir()
+    (logs / "part-3.csv").rename(valid / "part-3.csv")
+
+    def cfg(engine):
+        c = config(tmp_path, logs, engine, {"method": "random", "train": 0.9, "valid": 0.0,
+                                                 "test": 0.1},
+                   fit_rows=2000)
+        return c.model_copy(update={"data": c.data.model_copy(update={"valid": str(valid)})})
+
+    build_store(cfg("local"), tmp_path / "local", echo=lambda *a: None)
+    build_store(cfg("ray"), tmp_path / "ray", echo=lambda *a: None)
+    assert same_tree(tmp_path / "local", tmp_path / "ray") == []
+    manifest = json.loads((tmp_path / "ray" / "manifest.json").read_text())
+    assert manifest["fitted_on"]["rows"] == 2000
+    assert manifest["splits"]["valid"] == {"rows": 1500, "from": "own files"}
+
+
+def test_a_worker_killed_mid_transform_is_retried(cluster, tmp_path):
+    logs = write_logs(tmp_path / "logs")
+    split = {"method": "random", "train": 0.8, "valid": 0.1, "test": 0.1}
+    build_store(config(tmp_path, logs, "local", split), tmp_path / "local",
+                echo=lambda *a: None)
+    cluster.parent.mkdir()  # arms the hook: the first transform task kills its worker
+    build_store(config(tmp_path, logs, "ray", split), tmp_path / "ray", echo=lambda *a: None)
+    assert cluster.exists()  # a worker did die
+    assert same_tree(tmp_path / "local", tmp_path / "ray") == []
+
