@@ -253,6 +253,8 @@ def main() -> None:
                     "events and settings instead of training it again")
     ap.add_argument("--epochs", type=int, default=TRAIN["epochs"],
                     help="the most epochs each model trains (both stop early)")
+    ap.add_argument("--caveat", help="a note on the run, printed in its line (e.g. that "
+                    "other jobs shared the cores)")
     ap.add_argument("--max-users", type=int, help="only the first users (a quick check)")
     ap.add_argument("--work", type=Path, default=ROOT / "runs" / "bench_sequential")
     ap.add_argument("--json", type=Path,
@@ -278,11 +280,14 @@ def main() -> None:
         runs = {f"sampan {m}": sampan_run(name, m, samples, a.work, a.epochs)
                 for m in a.models}
         info = dict(run_info)
+        notes = [a.caveat] if a.caveat else []
         if a.recbole or a.reuse_recbole:
             runs["recbole sasrec"] = r = recbole_run(a.recbole, name, tsv, a.work,
                                                      torch.get_num_threads(), a.epochs)
             if "reused" in r:
-                info["caveat"] = f"RecBole's row is its run of {r['reused']}."
+                notes.append(f"RecBole's row is its run of {r['reused']}.")
+        if notes:
+            info["caveat"] = " ".join(notes)
         users = sorted(set.intersection(*(set(r["ranks"]) for r in runs.values())))
         ranks = {k: np.array([r["ranks"][u] for u in users], np.float64)
                  for k, r in runs.items()}

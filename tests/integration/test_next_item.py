@@ -53,6 +53,9 @@ def test_eval_ranks_a_next_item_run_at_any_cutoffs_with_intervals(sasrec_run) ->
     p = subprocess.run([sys.executable, "-m", "sampan.cli", "eval", str(sasrec_run),
                         "--ranking", "ten"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "--ranking expects cut-offs like 5,10,20" in p.stderr
+    # early stopping waits ten epochs for a next-item model (the task's patience)
+    why = json.loads((sasrec_run / "schedule.json").read_text())["reasons"]
+    assert why["early_stopping.patience"].startswith("10: 10 epochs")
 
 
 def test_eval_ranks_a_two_tower_run_with_groups(tmp_path) -> None:

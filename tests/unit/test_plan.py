@@ -38,6 +38,10 @@ def test_budget_follows_the_data():
     assert big.train.warmup_steps == 200
     assert big.train.embedding_l2 == pytest.approx(0.1 / 4096)
     assert big.train.early_stopping.patience == 8  # two epochs of four evaluations
+    # a next-item task waits ten epochs: its ranking metric can stall for several
+    nxt = plan_training(TrainConfig(), 8_000, half, "ndcg@10", patience_epochs=10)
+    assert nxt.train.early_stopping.patience == 10
+    assert "stall" in nxt.reasons["early_stopping.patience"]
     assert set(big.reasons) >= {"batch_size", "epochs", "eval_every_steps", "warmup_steps",
                                 "embedding_l2"}
 
