@@ -243,6 +243,10 @@ def fit(pipe: FeaturePipeline, units: list[Unit], splitter: Splitter,
         if limit == 0:
             break
         calls.append((pipe, i, u, splitter, limit))
+    ray = _ray()
+    if calls:  # one copy of what every task reads, in the object store
+        shared = ray.put(pipe), ray.put(splitter)
+        calls = [(shared[0], i, u, shared[1], limit) for _, i, u, _, limit in calls]
     for part in _run(_fit_unit, calls):
         pipe.merge(part)
     pipe.finalize()
@@ -308,9 +312,11 @@ def transform(pipe: FeaturePipeline, units: list[Unit], splitter: Splitter,
     the splits' folders are moved into ``root`` once every task has written its rows."""
     out = root / "staging" / "splits"
     layout = _layout(pipe.schema(), rows, oracle, out)
+    ray = _ray()
+    shared = ray.put(pipe), ray.put(splitter)  # one copy for every task (the vocabularies)
     calls, at = [], dict.fromkeys(rows, 0)
     for u in units:
-        calls.append((pipe, u, splitter, oracle, out, layout,
+        calls.append((shared[0], u, shared[1], oracle, out, layout,
                       {r: at[r] for r in u.rows}))
         for r, n in u.rows.items():
             at[r] += n

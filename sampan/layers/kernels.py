@@ -9,8 +9,8 @@ the shape and on the GEMM (oneDNN's weight gradient pays for a transposed copy),
 choice is safe. ``train.kernels: auto`` times each GEMM on both libraries, once, at each
 layer's real shape (the rows of a training batch, its in and out features), then times the
 whole layer (forward + backward) as ``nn.Linear``, on oneDNN and with the faster library per
-GEMM, and keeps the fastest: for a small layer the work around the GEMMs outweighs them, and
-only the whole layer shows it. So a layer never runs slower than ``nn.Linear`` would, by
+GEMM, and keeps the fastest when it beats ``nn.Linear`` by :data:`MARGIN` (5 %): for a small
+layer the work around the GEMMs outweighs them, and only the whole layer shows it. So a layer never runs slower than ``nn.Linear`` would, by
 this machine's own measurement. A layer of fewer than :data:`MIN_MACS` multiply-adds a step
 is not timed: it runs as ``nn.Linear``.
 
@@ -60,6 +60,10 @@ Shape = tuple[int, int, int]  # rows, in features, out features
 # library beat MKL on a layer this small; the smallest layer that gained was DIN's output
 # layer, 4096 x 400 x 1 (1.6 M), oneDNN in 0.69x nn.Linear's time on an AVX2 EPYC.
 MIN_MACS = 1 << 20
+# Another library replaces nn.Linear only when its whole layer is this much faster: a gain
+# inside the timing's own noise is not worth leaving PyTorch's path for (a layer of DeepFM
+# picked oneDNN's input gradient for a 1 % gain on a Zen 3)
+MARGIN = 1.05
 Timer = Callable[[str, str, Shape], float]  # (kernel, gemm or "layer", shape) -> seconds
 Times = dict[str, dict[str, float]]  # gemm or "layer" -> kernel -> seconds, for one shape
 
@@ -204,9 +208,10 @@ def fastest(times: Times) -> Choice:
 
 def best(times: Times) -> str:
     """The kernel (a :func:`~sampan.layers.linear.parse_kernel` spec) whose whole layer was
-    fastest (``mkl``, exactly ``nn.Linear``, on a tie)."""
+    fastest, when it beats ``mkl`` (exactly ``nn.Linear``) by :data:`MARGIN`; else ``mkl``."""
     layer = times["layer"]
-    return min(layer, key=lambda k: (layer[k], k != "mkl"))
+    fast = min(layer, key=lambda k: (layer[k], k != "mkl"))
+    return fast if layer["mkl"] >= MARGIN * layer[fast] else "mkl"
 
 
 def layer_time(times: Times, choice: Choice) -> float:
@@ -288,7 +293,7 @@ def choose(shapes: Iterable[Shape], timer: Timer = time_gemm, cache: Path | None
         for _ in range(2):
             for k in now:
                 now[k] = min(now[k], timer(k, "layer", top))
-        if now[best(was)] > 1.05 * min(now.values()):  # the cached choice, as best() picks
+        if now[best(was)] > MARGIN * min(now.values()):  # the cached choice, as best() picks
             # the cached choice now loses by more than the measurement's own margin: the
             # machine no longer behaves as recorded, so measure everything
             entry = {}
