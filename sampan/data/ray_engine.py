@@ -196,8 +196,10 @@ def _split_columns(splitter: Splitter) -> list[str]:
     return [splitter.split.column] if splitter.split.method in ("time", "group") else []
 
 
-def _unit_tables(u: Unit, splitter: Splitter) -> Iterator[tuple[str, pa.Table]]:
-    """(split, rows of that split) for each record batch of ``u``, in order."""
+def _unit_tables(u: Unit, splitter: Splitter, only: str | None = None
+                 ) -> Iterator[tuple[str, pa.Table]]:
+    """(split, rows of that split) for each record batch of ``u``, in order; ``only``: the
+    rows of that split alone."""
     from sampan.data.store import _staged_chunks
 
     for start, t in _staged_chunks([u.path], None, u.start, (u.lo, u.hi)):
@@ -206,7 +208,7 @@ def _unit_tables(u: Unit, splitter: Splitter) -> Iterator[tuple[str, pa.Table]]:
             continue
         codes = splitter.codes(t, start)
         for role, code in ROLE_CODES.items():
-            if u.rows.get(role):
+            if u.rows.get(role) and only in (None, role):
                 part = t.filter(pa.array(codes == code))
                 if part.num_rows:
                     yield role, part
@@ -218,9 +220,7 @@ def _unit_tables(u: Unit, splitter: Splitter) -> Iterator[tuple[str, pa.Table]]:
 def _fit_unit(pipe: FeaturePipeline, index: int, u: Unit, splitter: Splitter,
               limit: int | None) -> FeaturePipeline:
     pipe.reseed(index)
-    for role, t in _unit_tables(u, splitter):
-        if role != "train":
-            continue
+    for _, t in _unit_tables(u, splitter, only="train"):
         if limit is not None:
             if limit <= 0:
                 break

@@ -534,3 +534,52 @@ def test_categorical_encoder_large_vocabulary_uses_the_index() -> None:
                             OOV_ID if "" not in vocab else FIRST_VOCAB_ID + vocab.index(""),
                             FIRST_VOCAB_ID + vocab.index("id4999")]
     assert enc.index._hashes is not None
+
+
+def test_merged_fits_of_parts_equal_one_fit_over_all_rows():
+    """What the Ray engine relies on: counts merged to the same vocabulary, moments folded
+    chunk by chunk to the same bits."""
+    rng = np.random.default_rng(3)
+    chunks = [pa.array([f"v{int(x)}" for x in rng.zipf(1.3, 500) % 97]) for _ in range(6)]
+    nums = [pa.array(np.where(rng.random(500) < 0.1, np.nan, rng.lognormal(1, 2, 500)),
+                     from_pandas=True) for _ in range(6)]
+    spec = CategoricalFeature(name="c", min_count=3, max_size=40)
+    one, parts = CategoricalEncoder(spec), [CategoricalEncoder(spec) for _ in range(3)]
+    nspec = NumericFeature(name="x", log1p=True, standardize=True)
+    none, nparts = NumericEncoder(nspec), [NumericEncoder(nspec) for _ in range(3)]
+    for i, (c, x) in enumerate(zip(chunks, nums, strict=True)):
+        one.partial_fit(c)
+        parts[i // 2].partial_fit(c)
+        none.partial_fit(x)
+        nparts[i // 2].partial_fit(x)
+    for enc, rest in ((parts[0], parts[1:]), (nparts[0], nparts[1:])):
+        for other in rest:
+            enc.merge(other)
+    for enc in (one, parts[0], none, nparts[0]):
+        enc.finalize()
+    assert parts[0].vocab_.equals(one.vocab_) and len(one.vocab_) == 40
+    assert (parts[0].counts_ == one.counts_).all() and parts[0].oov_count_ == one.oov_count_
+    assert (nparts[0].mean_, nparts[0].std_, nparts[0].fill_) == (none.mean_, none.std_,
+                                                                   none.fill_)
+
+
+def test_merged_samples_stay_a_uniform_sample_within_the_dkw_bound():
+    from sampan.data.transforms import Reservoir
+
+    rng = np.random.default_rng(0)
+    size, parts = 2000, 4
+    streams = [rng.normal(i, 1 + i, 50_000) for i in range(parts)]  # unlike parts
+    merged = Reservoir(size=size)
+    for i, x in enumerate(streams):
+        r = Reservoir(size=size)
+        r.reseed((0, i))
+        for chunk in np.array_split(x, 7):
+            r.add(chunk)
+        merged.merge(r)
+    every = np.sort(np.concatenate(streams))
+    sample = merged.values()
+    assert len(sample) == size
+    qs = np.arange(1, 10) / 10
+    # the share of all values below each sample quantile is within DKW's bound of it (99 %)
+    share = np.searchsorted(every, np.quantile(sample, qs)) / len(every)
+    assert np.abs(share - qs).max() < np.sqrt(np.log(2 / 0.01) / (2 * size))
