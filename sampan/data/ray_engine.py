@@ -118,12 +118,15 @@ def _run(fn: Callable[..., Any], calls: list[tuple]) -> Iterator[Any]:
 
 
 def _stage_file(data: DataConfig, plugins: list[str], path: str, roles: Any, out: Path,
-                rejects: Path) -> tuple[int, RejectLog]:
+                rejects: Path, first: bool) -> tuple[int, RejectLog]:
     from sampan.config.plugins import load_all
     from sampan.data.store import _stage
 
     load_all(plugins)  # a reader of the user's own registers itself in this worker too
     log = RejectLog(rejects)
+    # as the local engine's one log, which counts the earlier files' kept rows: only the
+    # first file's first 1,000 rows, all rejected, stop the preparation early
+    log.early = first
     rejects.unlink(missing_ok=True)  # a retried task starts its rejects again
     try:
         n = _stage(read_source(data, path, roles, log), out)
@@ -141,7 +144,7 @@ def stage(cfg: ExperimentConfig, role: str, spec: str | list[str], pipe: Feature
     # the data section only: the whole config would import the model zoo (and torch)
     # into every worker
     calls = [(cfg.data, cfg.plugins, p, pipe.roles(), out,
-              staging / f"rejects-{role}-{i:05d}.jsonl")
+              staging / f"rejects-{role}-{i:05d}.jsonl", i == 0)
              for i, (p, out) in enumerate(zip(paths, outs, strict=True))]
     n = 0
     for rows, part in _run(_stage_file, calls):

@@ -20,6 +20,9 @@ class RejectLog:
         self.blank = 0  # blank lines: no record, not counted in read
         self.reasons: Counter[str] = Counter()
         self.examples: list[dict[str, Any]] = []  # the first few rejects, also without a file
+        # check_early may stop the run (a log that starts after other inputs' rows, whose
+        # counts it does not hold, leaves that to the log of the first input)
+        self.early = True
         self._fh: IO[str] | None = None
 
     @property
@@ -80,7 +83,7 @@ class RejectLog:
     def check_early(self) -> None:
         """Stop at once when the input is clearly misread (nothing kept of 1,000+ rows)
         instead of quarantining a whole file."""
-        if self.read >= 1000 and self.kept == 0:
+        if self.early and self.read >= 1000 and self.kept == 0:
             raise DataError(
                 f"the first {self.read:,} rows were all rejected {dict(self.reasons)}: check "
                 f"data.format, data.delimiter, data.header and data.columns"
