@@ -127,8 +127,10 @@ class DataConfig(_Strict):
     """Where the raw rows come from and how to parse them."""
 
     train: str | list[str] | None = Field(
-        None, description="the training rows: a file, a glob, a directory, or a list of them "
-        "(not needed with format: synthetic or a stream)")
+        None, description="the training rows: a file, a glob, a directory, or a list of them; "
+        "also as URIs read through pyarrow's filesystems (s3://bucket/logs/, "
+        "hdfs://host/path/*.csv, file:///data/x.csv) (not needed with format: synthetic or "
+        "a stream)")
     valid: str | list[str] | None = Field(
         None, description="the validation split's own files (as for train); null: carved "
         "from train by split")

@@ -143,3 +143,21 @@ def test_a_wholly_broken_file_after_good_ones_is_quarantined_as_locally(cluster,
     assert same_tree(tmp_path / "local", tmp_path / "ray") == []
     manifest = json.loads((tmp_path / "ray" / "manifest.json").read_text())
     assert manifest["rejects"]["rejected"] == 1102
+
+
+def test_files_named_by_uri_are_read_through_their_pyarrow_filesystem(cluster, tmp_path):
+    # file:// goes through pyarrow.fs as s3:// and hdfs:// do (no object store here)
+    logs = write_logs(tmp_path / "logs")
+    split = {"method": "random", "train": 0.8, "valid": 0.1, "test": 0.1}
+    build_store(config(tmp_path, logs, "local", split), tmp_path / "local",
+                echo=lambda *a: None)
+    uri = f"file://{logs}/part-*.csv"
+    build_store(config(tmp_path, uri, "ray", split), tmp_path / "ray", echo=lambda *a: None)
+    for part in ("train", "valid", "test", "pipeline"):
+        assert same_tree(tmp_path / "local" / part, tmp_path / "ray" / part) == []
+    manifest = json.loads((tmp_path / "ray" / "manifest.json").read_text())
+    assert manifest["sources"]["train"] == [f"file://{logs}/part-{i}.csv" for i in range(3)]
+    rejects = [json.loads(x) for x in (tmp_path / "ray" / "rejects.jsonl").read_text()
+               .splitlines()]
+    assert {(r["file"], r["line"]) for r in rejects} == {
+        (f"file://{logs}/part-1.csv", 11), (f"file://{logs}/part-1.csv", 21)}

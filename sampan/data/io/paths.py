@@ -12,11 +12,16 @@ import pyarrow as pa
 from sampan.errors import DataError
 
 
-def expand_paths(spec: str | list[str]) -> list[Path]:
-    """Files named by a path, a glob, a directory, or a list of those; sorted, must exist."""
+def expand_paths(spec: str | list[str]) -> list[Any]:
+    """Files named by a path, a glob, a directory, or a list of those; sorted, must exist.
+    A URI (``s3://bucket/logs/``, ``hdfs://host/path/*.csv``, ``file:///data/x.csv``) names
+    files on a pyarrow filesystem, read as :class:`StreamInput` s."""
     items = [spec] if isinstance(spec, str) else list(spec)
-    out: list[Path] = []
+    out: list[Any] = []
     for item in items:
+        if "://" in item:
+            out.extend(_uri_files(item))
+            continue
         p = Path(os.path.expanduser(item))
         if p.is_dir():
             # skip hidden files and markers such as Spark's _SUCCESS
@@ -36,6 +41,41 @@ def expand_paths(spec: str | list[str]) -> list[Path]:
                 hint += f" (relative to the current directory {os.getcwd()})"
             raise DataError(f"data file {item!r} does not exist{hint}")
     return out
+
+
+def _uri_files(uri: str) -> list[StreamInput]:
+    """The files a URI names on its pyarrow filesystem: one file, a folder's files (hidden
+    ones and markers such as ``_SUCCESS`` left out) or a glob's matches, sorted."""
+    import fnmatch
+
+    import pyarrow.fs as pafs
+
+    scheme = uri.split("://", 1)[0]
+    pattern = any(ch in uri for ch in "*?[")
+    base = uri[: min(uri.find(ch) for ch in "*?[" if ch in uri)].rsplit("/", 1)[0] \
+        if pattern else uri
+    try:
+        fs, root = pafs.FileSystem.from_uri(base)
+        info = fs.get_file_info(root)
+    except (pa.ArrowException, OSError, ValueError) as e:
+        raise DataError(f"cannot open {uri!r}: {e}") from None
+    if info.type == pafs.FileType.NotFound:
+        raise DataError(f"data file {uri!r} does not exist")
+    if info.type == pafs.FileType.File and not pattern:
+        files = [root]
+    else:
+        try:
+            listed = fs.get_file_info(pafs.FileSelector(root))
+        except (pa.ArrowException, OSError) as e:
+            raise DataError(f"cannot list {uri!r}: {e}") from None
+        files = sorted(f.path for f in listed if f.type == pafs.FileType.File
+                       and not f.base_name.startswith((".", "_")))
+        if pattern:
+            tail = uri[len(base):].lstrip("/")
+            files = [f for f in files if fnmatch.fnmatchcase(f.rsplit("/", 1)[-1], tail)]
+            if not files:
+                raise DataError(f"no file matches {uri!r}")
+    return [StreamInput(f"{scheme}://{f}", fs=fs, fs_path=f) for f in files]
 
 
 _COMPRESSION = {".gz": "gzip", ".gzip": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2",
