@@ -79,8 +79,14 @@ def connect(address: str | None) -> bool:
     ray = _ray()
     if ray.is_initialized():
         return False
-    ray.init(address=address, include_dashboard=False, log_to_driver=False,
-             logging_level="ERROR")
+    try:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False,
+                 logging_level="ERROR")
+    except (ConnectionError, TimeoutError) as e:
+        raise ConfigError(
+            f"data.ray_address {address!r}: no Ray cluster answers there ({e}); start one "
+            "with `ray start --head` (then address auto on that machine), or leave "
+            "ray_address null to start a Ray of this machine for the preparation") from None
     return True
 
 

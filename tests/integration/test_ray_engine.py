@@ -77,6 +77,26 @@ def same_tree(a: Path, b: Path) -> list[str]:
     return out
 
 
+def test_an_address_without_a_cluster_is_a_clear_error(tmp_path):
+    # first in the file: address auto would find the cluster the other tests start
+    import subprocess
+    import sys
+
+    import yaml
+
+    logs = write_logs(tmp_path / "logs", files=1, rows=10)
+    raw = config(tmp_path, logs, "local", {"method": "random"}).model_dump(mode="json")
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(raw))
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    p = subprocess.run([sys.executable, "-m", "sampan.cli", "data", "prepare",
+                        str(tmp_path / "c.yaml"), "--engine", "ray", "--address", "auto",
+                        "--out", str(tmp_path / "data")], capture_output=True, text=True,
+                       timeout=120, env=env)
+    assert p.returncode == 2, p.stderr
+    assert "data.ray_address 'auto': no Ray cluster answers there" in p.stderr
+    assert "ray start --head" in p.stderr and not (tmp_path / "data" / "train").exists()
+
+
 @pytest.mark.parametrize("split", [
     {"method": "random", "train": 0.8, "valid": 0.1, "test": 0.1},
     {"method": "time", "column": "ts", "train": 0.8, "valid": 0.1, "test": 0.1},
@@ -161,3 +181,5 @@ def test_files_named_by_uri_are_read_through_their_pyarrow_filesystem(cluster, t
                .splitlines()]
     assert {(r["file"], r["line"]) for r in rejects} == {
         (f"file://{logs}/part-1.csv", 11), (f"file://{logs}/part-1.csv", 21)}
+
+
