@@ -16,9 +16,9 @@ tasks.
 
 From these it prints an **estimate** for M machines of C cores: the driver's work, plus each
 phase's task seconds and overhead spread over M x C CPUs, plus the bytes that cross the
-network (the staged rows written and read twice, the output written, the fits returned) at
-``--network-gbps``. It is arithmetic on this machine's measurements, not a measurement of a
-cluster.
+network (the staged rows written and read twice, the output written, the fits returned;
+all but a machine's own share) at ``--network-gbps``. It is arithmetic on this machine's
+measurements, not a measurement of a cluster.
 
     python benchmarks/prepare_scale.py                      # N = 10,000,000, K = 16
     python benchmarks/prepare_scale.py --rows 2000000 --readme docs/explanations/performance.md
@@ -108,19 +108,33 @@ def folder_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def estimate(r: dict, cpus: int, machines: int, cores: int, gbps: float) -> float:
-    """Seconds on ``machines`` of ``cores``, from this machine's run (see the module doc)."""
+def estimate(r: dict, machines: int, cores: int, gbps: float, scale: float = 1.0) -> float:
+    """Seconds on ``machines`` of ``cores``, from this machine's run (see the module doc),
+    for ``scale`` times its rows (every cost taken as proportional to the rows)."""
     phases = r["phases"]
     spread = machines * cores
     work = sum(p["task_seconds"] + p["tasks"] * p["overhead_per_task"] for p in phases.values())
     moved = 3 * phases["stage"]["staged_bytes"] + r["output_bytes"] + sum(
         p["result_bytes"] for p in phases.values())
-    return r["driver_seconds"] + work / spread + moved / (gbps * 1e9 / 8)
+    remote = (machines - 1) / machines  # the share of the bytes another machine holds
+    return scale * (r["driver_seconds"] + work / spread + remote * moved / (gbps * 1e9 / 8))
+
+
+SHAPES = [(1, os.cpu_count() or 2), (1, 16), (4, 16), (16, 16)]  # machines x cores
+TARGET = 200_000_000  # rows: a day of Criteo 1TB
+
+
+def estimates(ray_run: dict, rows: int, gbps: float) -> list:
+    """((machines, cores), seconds for the run's rows, seconds for TARGET rows) for each of
+    SHAPES."""
+    return [(mc, estimate(ray_run, *mc, gbps), estimate(ray_run, *mc, gbps, TARGET / rows))
+            for mc in SHAPES]
 
 
 def markdown(report: dict) -> str:
     m = report["machine"]
-    lines = [f"`python benchmarks/prepare_scale.py {report['args']}` on {m['cpu']}, "
+    command = f"python benchmarks/prepare_scale.py {report['args']}".strip()
+    lines = [f"`{command}` on {m['cpu']}, "
              f"{m['cores']} cores, Ray {report['ray']}: {report['rows']:,} Criteo rows.", "",
              "| engine | input | seconds | rows/s |", "|---|---|---|---|"]
     for r in report["runs"]:
@@ -137,10 +151,12 @@ def markdown(report: dict) -> str:
                      f"{p['result_bytes'] / 1e6:.1f} MB |")
     lines.append(f"| driver | - | {ray['driver_seconds']:.1f} | - | - | - |")
     lines += ["", f"**Estimate** (arithmetic on the figures above, not measured on a cluster; "
-              f"{report['gbps']:g} Gbit/s between machines) for {report['rows']:,} rows:", "",
-              "| machines x cores | estimated seconds |", "|---|---|"]
-    for (machines, cores), s in report["estimates"]:
-        lines.append(f"| {machines} x {cores} | {s:.0f} |")
+              f"{report['gbps']:g} Gbit/s between machines; for {TARGET:,} rows every cost "
+              "taken as proportional to the rows):", "",
+              f"| machines x cores | {report['rows']:,} rows | {TARGET:,} rows |",
+              "|---|---|---|"]
+    for (machines, cores), now, big in report["estimates"]:
+        lines.append(f"| {machines} x {cores} | {now:.0f} s | {big / 60:.0f} min |")
     return "\n".join(lines)
 
 
@@ -153,7 +169,19 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" /
                                          "prepare_scale.json"))
     ap.add_argument("--readme", default=None)
+    ap.add_argument("--render", metavar="JSON", help="only print (and with --readme write) "
+                    "the figures of an earlier run's JSON, its estimates computed again")
     a = ap.parse_args()
+    if a.render:
+        from _readme import update_block
+
+        report = json.loads(Path(a.render).read_text())
+        ray_run = next(r for r in report["runs"] if r["engine"] == "ray")
+        report["estimates"] = estimates(ray_run, report["rows"], report["gbps"])
+        print(markdown(report))
+        if a.readme:
+            update_block(Path(a.readme), "prepare_scale", markdown(report))
+        return
 
     import ray
     from _readme import shown_command, update_block
@@ -198,12 +226,10 @@ def main() -> None:
               "rows/s", flush=True)
         runs.append(r)
     ray_run = runs[-1]
-    estimates = [((m, c), estimate(ray_run, cpus, m, c, a.gbps))
-                 for m, c in [(1, os.cpu_count() or 2), (1, 16), (4, 16), (16, 16)]]
     report = {"benchmark": "prepare_scale", "rows": a.rows, "files": a.files,
               "args": shown_command(" ".join(sys.argv[1:])), "machine": machine(),
               "ray": ray.__version__, "ray_start": ray_start, "gbps": a.gbps, "runs": runs,
-              "estimates": estimates}
+              "estimates": estimates(ray_run, a.rows, a.gbps)}
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(report, indent=1))
     text = markdown(report)
