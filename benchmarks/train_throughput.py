@@ -167,6 +167,14 @@ def run_sampan_host(args: argparse.Namespace, data: dict) -> dict:
     return run_sampan(a, data)
 
 
+def run_sampan_mkl(args: argparse.Namespace, data: dict) -> dict:
+    """Sampan with every linear layer on ``nn.Linear``'s path (``train.kernels: mkl``):
+    against ``sampan`` it shows what the measured kernel choice gains inside the model."""
+    a = argparse.Namespace(**vars(args))
+    a.kernels = "mkl"
+    return run_sampan(a, data)
+
+
 def run_plain(args: argparse.Namespace, data: dict) -> dict:
     import torch
     import torch.nn.functional as F
@@ -303,7 +311,8 @@ def run_deepctr(args: argparse.Namespace, data: dict) -> dict:
 
 
 CONTENDERS = {"sampan": run_sampan, "sampan_auto": run_sampan_auto,
-              "sampan_host": run_sampan_host, "plain": run_plain, "deepctr": run_deepctr}
+              "sampan_host": run_sampan_host, "sampan_mkl": run_sampan_mkl, "plain": run_plain,
+              "deepctr": run_deepctr}
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -500,7 +509,8 @@ def main() -> None:
     ap.add_argument("--models", default="deepfm,dcn_v2,din")
     ap.add_argument("--contenders", default="sampan,sampan_auto,plain,deepctr",
                     help="of sampan, sampan_auto (Sampan's default precision; left out where "
-                    "that is fp32), sampan_host (GPU), plain, deepctr")
+                    "that is fp32), sampan_host (GPU), sampan_mkl (train.kernels: mkl), "
+                    "plain, deepctr")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batch", type=int, default=4096)
     ap.add_argument("--batches", default=None,
