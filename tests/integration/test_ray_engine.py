@@ -150,19 +150,20 @@ def test_a_wholly_broken_file_after_good_ones_is_quarantined_as_locally(cluster,
     # rows in a row do not stop it; each Ray task's log must not either
     logs = write_logs(tmp_path / "logs", files=2)
     (logs / "part-9.csv").write_text("label,user,item,price,age,tags,ts\n"
-                                     + "oops,u1,i1,1.0,30,t1,5\n" * 1100)
+                                     + "oops,u1,i1,1.0,30,t1,5\n" * 1100
+                                     + "1,u1,i1\n" * 1100)  # too few fields
     split = {"method": "random", "train": 0.8, "valid": 0.1, "test": 0.1}
 
     def cfg(engine):
         c = config(tmp_path, logs, engine, split)
         return c.model_copy(update={"data": c.data.model_copy(update={
-            "max_bad_fraction": 0.5})})
+            "max_bad_fraction": 0.6})})
 
     build_store(cfg("local"), tmp_path / "local", echo=lambda *a: None)
     build_store(cfg("ray"), tmp_path / "ray", echo=lambda *a: None)
     assert same_tree(tmp_path / "local", tmp_path / "ray") == []
     manifest = json.loads((tmp_path / "ray" / "manifest.json").read_text())
-    assert manifest["rejects"]["rejected"] == 1102
+    assert manifest["rejects"]["rejected"] == 2202
 
 
 def test_files_named_by_uri_are_read_through_their_pyarrow_filesystem(cluster, tmp_path):

@@ -95,7 +95,7 @@ def iter_delimited(cfg: DataConfig, path: Path, fmt: str, roles: ColumnRoles,
             bad.append((row.number, row.text.replace(split_on, delimiter),
                         f"expected {row.expected_columns} fields, got {row.actual_columns}"))
             # a file that is clearly misread stops here instead of filling the rejects file
-            if len(bad) >= 1000 and log.kept == 0:
+            if len(bad) >= 1000 and log.kept == 0 and log.early:
                 misread[:] = bad
                 return "error"
             return "skip"
