@@ -74,7 +74,7 @@ class Experiment:
         run = Path(run_dir)
         if not (run / "config.yaml").exists():
             raise not_a_run(run)
-        exp = cls(load_config(run / "config.yaml"))
+        exp = cls(load_config(run / "config.yaml", finished=True))
         exp.run_dir = run
         return exp
 

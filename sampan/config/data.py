@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import (
     Field,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -177,15 +178,17 @@ class DataConfig(_Strict):
         "'sampan[ray]')")
     ray_address: str | None = Field(
         None, description="engine ray: the cluster to join (auto: the one started on "
-        "this machine with ray start; ray://HOST:10001 for a remote one); null: a Ray "
-        "of this machine's cores, started for the preparation and stopped after")
+        "this machine with ray start; ray://HOST:10001 for a remote one); null: Ray's "
+        "default (the cluster RAY_ADDRESS names, else a Ray of this machine's cores "
+        "started for the preparation and stopped after)")
 
     @field_validator("engine", mode="after")
     @classmethod
-    def _ray_installed(cls, v: str) -> str:
+    def _ray_installed(cls, v: str, info: ValidationInfo) -> str:
         import importlib.util
 
-        if v == "ray" and importlib.util.find_spec("ray") is None:
+        finished = (info.context or {}).get("finished")  # a finished run, opened to use
+        if v == "ray" and not finished and importlib.util.find_spec("ray") is None:
             raise ValueError("data.engine: ray needs Ray, which is not installed; install "
                              "it with pip install 'sampan[ray]' (from a checkout: pip "
                              "install -e '.[ray]'), or use engine: local")

@@ -104,6 +104,7 @@ def load_config(
     overrides: list[str] | None = None,
     raw: dict[str, Any] | None = None,
     source: str | None = None,
+    finished: bool = False,
 ) -> ExperimentConfig:
     """Load, merge and validate a config.
 
@@ -200,7 +201,10 @@ def load_config(
     except ValidationError as e:
         raise ConfigError(format_validation_error(e, model_cls.Config, prefix=("model",))) from None
     try:
-        cfg = ExperimentConfig.model_validate(raw)
+        # a finished run's config is read to evaluate or export it: how its data was
+        # prepared (data.engine) no longer matters, so Ray need not be installed
+        cfg = ExperimentConfig.model_validate(raw, context={"finished": True} if finished
+                                              else None)
     except ValidationError as e:
         raise ConfigError(format_validation_error(e, ExperimentConfig)) from None
     from sampan.config.registry import check_embeds_something

@@ -36,7 +36,7 @@ import numpy as np
 import pyarrow as pa
 
 from sampan.data.rejects import RejectLog
-from sampan.data.sources import DataError, expand_paths, read_source
+from sampan.data.sources import DataError, expand_paths, read_inputs
 from sampan.data.splits import ROLE_CODES, Splitter
 from sampan.errors import ConfigError
 
@@ -87,6 +87,9 @@ def connect(address: str | None) -> bool:
             f"data.ray_address {address!r}: no Ray cluster answers there ({e}); start one "
             "with `ray start --head` (then address auto on that machine), or leave "
             "ray_address null to start a Ray of this machine for the preparation") from None
+    except (RuntimeError, ValueError) as e:  # a malformed address, another Ray version
+        raise ConfigError(f"data.ray_address {address!r}: cannot join that Ray cluster "
+                          f"with Ray {ray.__version__}: {e}") from None
     return True
 
 
@@ -112,18 +115,22 @@ def _run(fn: Callable[..., Any], calls: list[tuple]) -> Iterator[Any]:
     try:
         for ref in refs:
             yield ray.get(ref)
-    except ray.exceptions.RayTaskError as e:
+    except BaseException as e:
+        # nothing may go on writing into the store once its build has failed
         for r in refs:
-            ray.cancel(r)
-        if isinstance(e.cause, DataError | ConfigError):
-            raise e.cause from None
+            ray.cancel(r, force=True)
+        ray.wait(refs, num_returns=len(refs), timeout=30)
+        cause = getattr(e, "cause", None)
+        if isinstance(e, ray.exceptions.RayTaskError) and isinstance(
+                cause, DataError | ConfigError | OSError):
+            raise cause from None  # bad input, or a full disk: as the local engine says it
         raise
 
 
 # ------------------------------------------------------------------------------ staging
 
 
-def _stage_file(data: DataConfig, plugins: list[str], path: str, roles: Any, out: Path,
+def _stage_file(data: DataConfig, plugins: list[str], path: Any, roles: Any, out: Path,
                 rejects: Path, first: bool) -> tuple[int, RejectLog]:
     from sampan.config.plugins import load_all
     from sampan.data.store import _stage
@@ -131,11 +138,16 @@ def _stage_file(data: DataConfig, plugins: list[str], path: str, roles: Any, out
     load_all(plugins)  # a reader of the user's own registers itself in this worker too
     log = RejectLog(rejects)
     # as the local engine's one log, which counts the earlier files' kept rows: only the
-    # first file's first 1,000 rows, all rejected, stop the preparation early
+    # train data's first file may stop the preparation on its own; the driver checks the
+    # running totals of the others (see stage)
     log.early = first
     rejects.unlink(missing_ok=True)  # a retried task starts its rejects again
     try:
-        n = _stage(read_source(data, path, roles, log), out)
+        n = _stage(read_inputs(data, [path], roles, log), out)
+    except DataError:
+        if not (first and log.read >= 1000 and log.kept == 0):
+            raise
+        n = 0  # stopped early: the driver raises it, naming the final rejects file
     finally:
         log.close()
     return n, log
@@ -145,19 +157,26 @@ def stage(cfg: ExperimentConfig, role: str, spec: str | list[str], pipe: Feature
           staging: Path, log: RejectLog) -> tuple[list[Path], int]:
     """Read and validate each file of ``spec`` in a task of its own: the staged files in
     input order and their rows; their rejects added to ``log``."""
-    paths = [str(p) for p in expand_paths(spec)]
+    # the inputs as found here (a worker may start elsewhere: local paths made absolute;
+    # a URI's file keeps its filesystem), never expanded again from their names
+    given = expand_paths(spec)
+    paths = [p.resolve() if isinstance(p, Path) else p for p in given]
+    staging = staging.resolve()
     outs = [staging / f"{role}-{i:05d}.arrow" for i in range(len(paths))]
     # the data section only: the whole config would import the model zoo (and torch)
     # into every worker
     calls = [(cfg.data, cfg.plugins, p, pipe.roles(), out,
-              staging / f"rejects-{role}-{i:05d}.jsonl", i == 0)
+              staging / f"rejects-{role}-{i:05d}.jsonl", role == "train" and i == 0)
              for i, (p, out) in enumerate(zip(paths, outs, strict=True))]
     n = 0
-    for rows, part in _run(_stage_file, calls):
+    for (rows, part), name in zip(_run(_stage_file, calls), given, strict=True):
         n += rows
-        log.merge(part)
+        log.merge(part, file=str(name))  # as the local engine names it
         if part.path is not None:
             part.path.unlink(missing_ok=True)
+        # the local engine's one log stops on 1,000 rejected rows before any kept: the
+        # running totals, file by file, stop this build alike
+        log.check_early()
     return outs, n
 
 
@@ -294,9 +313,6 @@ def _transform_unit(pipe: FeaturePipeline, u: Unit, splitter: Splitter, oracle: 
     from sampan.data.store import stored_arrays
 
     fail = os.environ.get(FAIL_ONCE)
-    if fail and Path(fail).parent.is_dir() and not Path(fail).exists():
-        Path(fail).touch()
-        os._exit(1)  # the worker dies mid-transform; Ray runs the task again elsewhere
     pos = dict(first)
     files: dict[tuple[str, str], Any] = {}
     try:
@@ -309,6 +325,11 @@ def _transform_unit(pipe: FeaturePipeline, u: Unit, splitter: Splitter, oracle: 
                 f.seek(head + row * pos[role])
                 f.write(memoryview(np.ascontiguousarray(arrays[key], dtype=dtype)))
             pos[role] += t.num_rows
+            if fail and Path(fail).parent.is_dir() and not Path(fail).exists():
+                Path(fail).touch()
+                for f in files.values():
+                    f.flush()  # some of its rows are written: the retry writes them again
+                os._exit(1)  # the worker dies mid-transform; Ray runs the task again
     finally:
         for f in files.values():
             f.close()
@@ -319,7 +340,7 @@ def transform(pipe: FeaturePipeline, units: list[Unit], splitter: Splitter,
               rows: dict[str, int], oracle: str | None, root: Path) -> None:
     """Transform every unit in a task of its own, each writing its rows at their place;
     the splits' folders are moved into ``root`` once every task has written its rows."""
-    out = root / "staging" / "splits"
+    out = root.resolve() / "staging" / "splits"
     layout = _layout(pipe.schema(), rows, oracle, out)
     ray = _ray()
     shared = ray.put(pipe), ray.put(splitter)  # one copy for every task (the vocabularies)
@@ -333,7 +354,9 @@ def transform(pipe: FeaturePipeline, units: list[Unit], splitter: Splitter,
     for got in _run(_transform_unit, calls):
         for r, n in got.items():
             written[r] += n
-    if written != rows:
-        raise RuntimeError(f"the transform wrote {written} rows, expected {rows}")
+    off = {r: (written[r], n) for r, n in rows.items() if written[r] != n}
+    if off:
+        raise RuntimeError("the transform wrote the wrong number of rows (split: written, "
+                           f"expected): {off}")
     for role in rows:
         os.replace(out / role, root / role)

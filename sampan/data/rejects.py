@@ -42,14 +42,16 @@ class RejectLog:
             self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
         self._fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
 
-    def merge(self, other: RejectLog) -> None:
+    def merge(self, other: RejectLog, file: str | None = None) -> None:
         """Add the counts of ``other`` (a closed log of other rows), and its rejected rows
-        after this one's."""
+        after this one's; ``file``: the name its rows' file goes by here (a worker may
+        have read it under another)."""
         self.read += other.read
         self.kept += other.kept
         self.blank += other.blank
         self.reasons.update(other.reasons)
-        self.examples += other.examples[: max(0, 10 - len(self.examples))]
+        named = [dict(e, file=file) if file else e for e in other.examples]
+        self.examples += named[: max(0, 10 - len(self.examples))]
         if other.path is None or not other.path.exists() or self.path is None:
             return
         if self._fh is None:
@@ -57,6 +59,9 @@ class RejectLog:
             self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
         with open(other.path, encoding="utf-8") as f:
             for line in f:
+                if file:
+                    rec = json.loads(line)
+                    line = json.dumps({**rec, "file": file}, ensure_ascii=False) + "\n"
                 self._fh.write(line)
 
     def close(self) -> None:

@@ -86,6 +86,9 @@ def build_store(cfg: ExperimentConfig, root: str | Path, echo: Any = None) -> St
             started = ray_engine.connect(cfg.data.ray_address)
         return _build(cfg, root, echo)
     except BaseException as e:
+        if started:  # its tasks are stopped before their files go
+            ray_engine.disconnect()
+            started = False
         # nothing half-written stays: a later build starts clean; the rejects file, which
         # says why a build stopped on bad rows, is kept
         for p in root.iterdir():

@@ -325,6 +325,7 @@ class NumericEncoder:
         return float(np.sign(t) * np.expm1(abs(t))) if self.spec.log1p else t
 
     def finalize(self) -> None:
+        self._chunks = []  # fitted: nothing more is merged into it
         n_shaped, shaped_mean, _ = self._shaped
         # fill "mean": the value the mean of the shaped (clipped, log1p'd) train values comes
         # from, so a missing value enters at the average the model sees (0 once

@@ -259,7 +259,7 @@ class RunArtifacts:
         self.run = Path(run_dir)
         if not (self.run / "config.yaml").exists():
             raise not_a_run(self.run)
-        self.cfg = load_config(self.run / "config.yaml")
+        self.cfg = load_config(self.run / "config.yaml", finished=True)
         self.store = Store.open(self.run / "data")
         self.pipeline = self.store.pipeline()
         self.model = build_model(self.cfg.model, self.store.schema)

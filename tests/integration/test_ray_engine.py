@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from sampan.config import load_config
+from sampan.data.sources import DataError
 from sampan.data.store import build_store
 
 ray = pytest.importorskip("ray")
@@ -184,3 +185,30 @@ def test_files_named_by_uri_are_read_through_their_pyarrow_filesystem(cluster, t
         (f"file://{logs}/part-1.csv", 11), (f"file://{logs}/part-1.csv", 21)}
 
 
+
+
+def test_relative_paths_are_read_where_the_workers_run_elsewhere(cluster, tmp_path,
+                                                                 monkeypatch):
+    # the cluster's workers started in another directory (as `ray start` ones do)
+    write_logs(tmp_path / "logs")
+    split = {"method": "random", "train": 0.8, "valid": 0.1, "test": 0.1}
+    monkeypatch.chdir(tmp_path)
+    for engine in ("local", "ray"):
+        build_store(config(tmp_path, Path("logs"), engine, split), Path(engine),
+                    echo=lambda *a: None)
+    assert same_tree(tmp_path / "local", tmp_path / "ray") == []
+
+
+def test_a_first_file_wholly_rejected_stops_both_engines_alike(cluster, tmp_path):
+    logs = write_logs(tmp_path / "logs", files=2)
+    (logs / "part-0.csv").write_text("label,user,item,price,age,tags,ts\n"
+                                     + "oops,u1,i1,1.0,30,t1,5\n" * 1500)
+    split = {"method": "random", "train": 0.8, "valid": 0.1, "test": 0.1}
+    errors = {}
+    for engine in ("local", "ray"):
+        with pytest.raises(DataError) as e:
+            build_store(config(tmp_path, logs, engine, split), tmp_path / engine,
+                        echo=lambda *a: None)
+        errors[engine] = str(e.value).replace(str(tmp_path / engine), "ROOT")
+    assert errors["local"] == errors["ray"] and "were all rejected" in errors["ray"]
+    assert same_tree(tmp_path / "local", tmp_path / "ray") == []  # the rejects file, kept

@@ -161,3 +161,12 @@ def test_engine_ray_without_ray_fails_at_load_with_the_install_command(monkeypat
                          "data": {"format": "synthetic", "engine": "ray"}})
     plain = load_config(raw={"name": "x", "preset": "criteo", "data": {"format": "synthetic"}})
     assert plain.data.engine == "local"
+
+
+def test_a_finished_run_prepared_on_ray_opens_without_ray(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # evaluating on a machine without Ray
+    cfg = load_config(raw={"name": "x", "preset": "criteo",
+                           "data": {"format": "synthetic", "engine": "ray"}}, finished=True)
+    assert cfg.data.engine == "ray"

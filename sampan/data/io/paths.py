@@ -47,15 +47,17 @@ def _uri_files(uri: str) -> list[StreamInput]:
     """The files a URI names on its pyarrow filesystem: one file, a folder's files (hidden
     ones and markers such as ``_SUCCESS`` left out) or a glob's matches, sorted."""
     import fnmatch
+    from urllib.parse import urlsplit
 
     import pyarrow.fs as pafs
 
-    scheme = uri.split("://", 1)[0]
-    pattern = any(ch in uri for ch in "*?[")
-    base = uri[: min(uri.find(ch) for ch in "*?[" if ch in uri)].rsplit("/", 1)[0] \
-        if pattern else uri
+    where, _, query = uri.partition("?")  # ?region=...&endpoint_override=...: options
+    parts = urlsplit(where)
+    pattern = any(ch in where for ch in "*?[")
+    base = where[: min(where.find(ch) for ch in "*?[" if ch in where)].rsplit("/", 1)[0] \
+        if pattern else where
     try:
-        fs, root = pafs.FileSystem.from_uri(base)
+        fs, root = pafs.FileSystem.from_uri(base + (f"?{query}" if query else ""))
         info = fs.get_file_info(root)
     except (pa.ArrowException, OSError, ValueError) as e:
         raise DataError(f"cannot open {uri!r}: {e}") from None
@@ -71,11 +73,14 @@ def _uri_files(uri: str) -> list[StreamInput]:
         files = sorted(f.path for f in listed if f.type == pafs.FileType.File
                        and not f.base_name.startswith((".", "_")))
         if pattern:
-            tail = uri[len(base):].lstrip("/")
+            tail = where[len(base):].lstrip("/")
             files = [f for f in files if fnmatch.fnmatchcase(f.rsplit("/", 1)[-1], tail)]
             if not files:
                 raise DataError(f"no file matches {uri!r}")
-    return [StreamInput(f"{scheme}://{f}", fs=fs, fs_path=f) for f in files]
+    # as the user wrote it: hdfs://host:port/path keeps its host (the filesystem's paths
+    # start at /), s3://bucket/key its bucket (they start with it)
+    prefix = f"{parts.scheme}://" + (parts.netloc if root.startswith("/") else "")
+    return [StreamInput(prefix + f, fs=fs, fs_path=f) for f in files]
 
 
 _COMPRESSION = {".gz": "gzip", ".gzip": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2",
