@@ -142,7 +142,8 @@ def markdown(report: dict) -> str:
                      f"{r['rows'] / r['seconds']:,.0f} |")
     ray = next(r for r in report["runs"] if r["engine"] == "ray")
     lines += ["", f"Ray's start, its workers' imports included: {report['ray_start']:.1f} s "
-              "(paid once by a running cluster, not counted above). The Ray run, phase by phase:", "",
+              "(paid once by a running cluster, not counted above). The Ray run, phase by "
+              "phase:", "",
               "| phase | tasks | wall s | task s | overhead / task | returned |",
               "|---|---|---|---|---|---|"]
     for name, p in ray["phases"].items():

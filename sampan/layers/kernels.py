@@ -10,9 +10,9 @@ choice is safe. ``train.kernels: auto`` times each GEMM on both libraries, once,
 layer's real shape (the rows of a training batch, its in and out features), then times the
 whole layer (forward + backward) as ``nn.Linear``, on oneDNN and with the faster library per
 GEMM, and keeps the fastest when it beats ``nn.Linear`` by :data:`MARGIN` (5 %): for a small
-layer the work around the GEMMs outweighs them, and only the whole layer shows it. So a layer never runs slower than ``nn.Linear`` would, by
-this machine's own measurement. A layer of fewer than :data:`MIN_MACS` multiply-adds a step
-is not timed: it runs as ``nn.Linear``.
+layer the work around the GEMMs outweighs them, and only the whole layer shows it. So a
+layer never runs slower than ``nn.Linear`` would, by this machine's own measurement. A layer
+of fewer than :data:`MIN_MACS` multiply-adds a step is not timed: it runs as ``nn.Linear``.
 
 Choices are cached in ``$SAMPAN_CACHE_DIR/kernels.json`` (default
 ``~/.cache/sampan``) under a key made of the CPU model and generation (:func:`cpu_info`),
