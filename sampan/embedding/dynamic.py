@@ -160,7 +160,6 @@ class KeyIndex(nn.Module):
         # segment free[starts[t]: starts[t + 1]] popped from the top (its row 1 first)
         self.register_buffer("row_key", huge_full(self.capacity + 1, 0, i64, device))
         self.register_buffer("row_stamp", huge_full(self.capacity + 1, _NEVER, i64, device))
-        self._uses: torch.Tensor | None = None  # lfu: a batch's uses of each row (scratch)
         free = huge_empty(self.capacity, i64, device)
         for a, b in zip(starts[:-1], starts[1:], strict=True):
             torch.arange(b, a, -1, out=free[a:b])
@@ -343,67 +342,41 @@ class KeyIndex(nn.Module):
         may be given to new keys of this very batch; :meth:`table_of` and :meth:`local` say
         whose they are)."""
         flat, tab = self._flat(keys, tables, self.tables)
-        # every key is looked up as it comes, repeats included: known keys (most of a
-        # batch) need no sort; only the absent ones are made distinct, to count and admit
-        rows = self._probe(self._salted(flat, tab), tab)[1]
+        d = self._distinct(flat, tab)
+        if d is None:
+            freed: list[torch.Tensor] = []
+
+            def one_table(k: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+                rows, f = self.admit(k, step, t)
+                freed.append(f)
+                return rows
+
+            return self._per_table(one_table, flat, tab).view(keys.shape), torch.cat(freed)
+        uniq, ut, inv, cnt = d
+        rows = self._probe(uniq, ut)[1]
         hit = rows > 0
-        self._seen(rows.index_select(0, hit.nonzero().squeeze(1)), step)
+        at = hit.nonzero().squeeze(1)
+        known = rows.index_select(0, at)
+        self._stamp(known, cnt.index_select(0, at), step,
+                    old=self.row_stamp.index_select(0, known))
         out = [torch.empty(0, dtype=torch.long, device=keys.device)]
         if self.ttl_steps and step % max(1, self.ttl_steps // 8) == 0:
             out.append(self.expire(step))  # ttl: rows unseen too long go, full table or not
-        miss = (~hit).nonzero().squeeze(1)
-        if len(miss):
-            mk = flat.index_select(0, miss)
-            mt = tab.index_select(0, miss) if tab is not None else None
-            rows.index_copy_(0, miss, self._admit_absent(mk, mt, step, out))
-        return self.local(rows, tab).view(keys.shape), torch.cat(out)
-
-    def _seen(self, rows: torch.Tensor, step: int) -> None:
-        """Stamp index ``rows`` seen at ``step``, a row once for each time it appears."""
-        if self.policy != "lfu":
-            self.row_stamp.index_fill_(0, rows, step)
-            return
-        if self._uses is None or len(self._uses) != len(self.row_stamp) or \
-                self._uses.device != rows.device:
-            self._uses = torch.zeros(len(self.row_stamp), dtype=torch.int32,
-                                     device=rows.device)
-        # the uses of each row in this batch without sorting it: counted in place, read
-        # back by every repeat (which then write the same stamp), and cleared
-        self._uses.index_add_(0, rows, torch.ones_like(rows, dtype=torch.int32))
-        times = self._uses.index_select(0, rows).long()
-        self._uses.index_fill_(0, rows, 0)
-        self._stamp(rows, times, step, old=self.row_stamp.index_select(0, rows))
-
-    def _admit_absent(self, keys: torch.Tensor, tables: torch.Tensor | None, step: int,
-                      out: list[torch.Tensor]) -> torch.Tensor:
-        """Rows (local to their tables' index rows; 0: not admitted) for absent ``keys``
-        (repeats included; of ``tables``)."""
-        d = self._distinct(keys, tables)
-        if d is None:  # keys of two tables meet at one salted value: each table alone
-            return self._per_table(lambda k, t: self._admit_absent(k, t, step, out), keys,
-                                   tables)
-        uniq, ut, inv, cnt = d
-        return self._admit_new(uniq, cnt, ut, step, out).index_select(0, inv)
-
-    def _admit_new(self, keys: torch.Tensor, counts: torch.Tensor,
-                   tables: torch.Tensor | None, step: int, out: list[torch.Tensor]
-                   ) -> torch.Tensor:
-        """Index rows for the distinct, absent salted ``keys`` (seen ``counts`` times now;
-        of ``tables``): those admitted get rows (evicting into ``out`` where a table is
-        full), the rest 0."""
-        rows = torch.zeros_like(keys)
-        new = self._admitted(keys, counts, step).nonzero().squeeze(1)
+        new = (~hit).nonzero().squeeze(1)
         if len(new):
-            new_t = tables.index_select(0, new) if tables is not None else None
+            ok = self._admitted(uniq.index_select(0, new), cnt.index_select(0, new), step)
+            new = new.index_select(0, ok.nonzero().squeeze(1))
+        if len(new):
+            new_t = ut.index_select(0, new) if ut is not None else None
             got, took = self._take_rows(new_t, len(new), step, out)
             new = new.index_select(0, took)
-            new_keys = keys.index_select(0, new)
+            new_keys = uniq.index_select(0, new)
             self._insert(new_keys, got)
             self.row_key.index_copy_(0, got, self._salted(
                 new_keys, new_t.index_select(0, took) if new_t is not None else None))
-            self._stamp(got, counts.index_select(0, new), step)
+            self._stamp(got, cnt.index_select(0, new), step)
             rows.index_copy_(0, new, got)
-        return rows
+        return self.local(rows, ut).index_select(0, inv).view(keys.shape), torch.cat(out)
 
     def _take_rows(self, tables: torch.Tensor | None, n: int, step: int,
                    freed: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
