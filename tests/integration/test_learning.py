@@ -160,7 +160,7 @@ def test_next_item_model_beats_popularity(tmp_path, name):
                      "lists": [{"name": "hist_item_id", "share": "item_id", "max_len": 10}]},
         "model": {"name": name, "embedding_dim": 32, "dropout": 0.1},
         "train": {**TRAIN, "epochs": 8, "batch_size": 64, "lr": 0.005,
-                  "embedding_l2": 0.0}})["test"]
+                  "embedding_l2": 0.0, "early_stopping": {"patience": 2}}})["test"]
     assert test["queries"] == 600
     # the two likely next items hold 0.9 of the chance: an oracle's HitRate@10 is >= 0.9
     assert test["hitrate@10"] > 0.7 > 0.2 > test["pop_hitrate@10"]
