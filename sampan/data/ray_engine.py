@@ -165,7 +165,8 @@ def stage(cfg: ExperimentConfig, role: str, spec: str | list[str], pipe: Feature
     outs = [staging / f"{role}-{i:05d}.arrow" for i in range(len(paths))]
     # the data section only: the whole config would import the model zoo (and torch)
     # into every worker
-    calls = [(cfg.data, cfg.plugins, p, pipe.roles(), out,
+    roles = pipe.roles()
+    calls = [(cfg.data, cfg.plugins, p, roles, out,
               staging / f"rejects-{role}-{i:05d}.jsonl", role == "train" and i == 0)
              for i, (p, out) in enumerate(zip(paths, outs, strict=True))]
     n = 0
@@ -287,7 +288,7 @@ def _layout(schema: Any, rows: dict[str, int], oracle: str | None, out: Path
             ) -> dict[str, dict[str, tuple[int, int, Any]]]:
     """Every split's files made at their full size: split -> file -> (offset of row 0,
     bytes a row, dtype)."""
-    from sampan.data.store import split_layout
+    from sampan.data.store import split_layout, write_header
 
     layout: dict[str, dict[str, tuple[int, int, Any]]] = {}
     for role, n in rows.items():
@@ -297,10 +298,7 @@ def _layout(schema: Any, rows: dict[str, int], oracle: str | None, out: Path
         for key, shape in shapes.items():
             dtype = np.dtype(dtypes[key])
             with open(out / role / f"{key}.npy", "wb") as f:
-                np.lib.format.write_array_header_1_0(
-                    f, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False,
-                        "shape": shape})
-                head = f.tell()
+                head = write_header(f, dtype, shape)
                 row = dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))
                 f.truncate(head + row * n)
             layout[role][key] = (head, row, dtype)

@@ -376,6 +376,15 @@ def split_layout(schema: DataSchema, n: int, oracle: str | None
     return shapes, dtypes
 
 
+def write_header(f: Any, dtype: Any, shape: tuple[int, ...]) -> int:
+    """Write an ``.npy`` header for ``shape`` rows of ``dtype`` to the open file ``f``;
+    returns where the data begins."""
+    np.lib.format.write_array_header_1_0(
+        f, {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False,
+            "shape": shape})
+    return f.tell()
+
+
 def stored_arrays(arrays: dict[str, Any], oracle: str | None) -> dict[str, Any]:
     """:meth:`FeaturePipeline.transform`'s arrays named as a split's files are."""
     arrays = dict(arrays)
@@ -398,9 +407,7 @@ class _SplitWriter:
         shapes, self.dtypes = split_layout(schema, n, oracle)
         self.files = {k: open(out / f"{k}.npy", "wb") for k in shapes}  # noqa: SIM115
         for k, f in self.files.items():
-            np.lib.format.write_array_header_1_0(
-                f, {"descr": np.lib.format.dtype_to_descr(np.dtype(self.dtypes[k])),
-                    "fortran_order": False, "shape": shapes[k]})
+            write_header(f, self.dtypes[k], shapes[k])
 
     def append(self, arrays: dict[str, Any]) -> None:
         arrays = stored_arrays(arrays, self.oracle)
