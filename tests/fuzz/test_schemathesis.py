@@ -4,9 +4,9 @@ features, ranking by one of them) and a DIN bundle with feature tables and live 
 
 Every generated request the document describes must be answered as documented (status,
 content type, headers, body schema), every request it does not describe must be refused,
-and no request may fail the server. The bounded run takes half of
-``SAMPAN_FUZZ_EXAMPLES`` cases an operation (75 unless set: every case is an HTTP round
-trip, and the suite has a 10-minute budget); ``pytest -m long_fuzz`` runs 30 times as
+and no request may fail the server. The bounded run takes a third of
+``SAMPAN_FUZZ_EXAMPLES`` cases an operation (50 unless set: every case is an HTTP round
+trip, and the suite has a 10-minute budget); ``pytest -m long_fuzz`` runs 60 times as
 many."""
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ deepfm = schemathesis.pytest.from_fixture("deepfm_api")
 din = schemathesis.pytest.from_fixture("din_api")
 
 
-BOUNDED = max(1, EXAMPLES // 2)
+BOUNDED = max(1, EXAMPLES // 3)
 
 
 @deepfm.parametrize()

@@ -266,10 +266,11 @@ def losses(run):
     return [(r["step"], r["loss"]) for r in rows if r["split"] == "train"]
 
 
-# the replicated placement is checked against one process in-process too
-# (test_two_ranks_equal_one_process); its full CLI run is in `pytest -m heavy`
-@pytest.mark.parametrize("placements", [
-    ("sharded",), pytest.param(("two", "sharded"), marks=pytest.mark.heavy)])
+# both placements are checked against one process in-process (test_two_ranks_equal_one_process);
+# a row-sharded CLI run with the warm start, its checkpoint parts and its export are in
+# test_killed_two_process_run_resumes; these full CLI comparisons run under `pytest -m heavy`
+@pytest.mark.heavy
+@pytest.mark.parametrize("placements", [("sharded",), ("two", "sharded")])
 def test_two_processes_follow_one(tmp_path, placements):
     # with the first-order warm start: the LR before the model is data-parallel too, and a
     # row-sharded table takes its rows of it
@@ -342,9 +343,11 @@ def ranks_of(run) -> list[int]:
 def test_killed_two_process_run_resumes(tmp_path, placement, resume_procs):
     """Killed after a checkpoint, the run resumes to the same end; a row-sharded checkpoint
     (in per-process parts) also resumes in one process, to the same steps and AUC within
-    the 1-vs-2-process tolerance."""
+    the 1-vs-2-process tolerance. With the first-order warm start (data-parallel too: by
+    SGD, as the exact LR has no data-parallel form), and the resumed run exports."""
     cfg = write_cfg(tmp_path, epochs=3, checkpoint_every_steps=10,
-                    embedding_placement=placement)
+                    embedding_placement=placement, first_order_warm_start=True,
+                    first_order_solver="sgd")
     if resume_procs == 2:  # each rank resumes its own dropout stream
         d = yaml.safe_load(cfg.read_text())
         d["model"].update(dropout=0.5, embedding_init_std=0.3)  # masks that move the loss
@@ -384,6 +387,12 @@ def test_killed_two_process_run_resumes(tmp_path, placement, resume_procs):
         for k in ("auc", "logloss"):
             assert got[split][k] == pytest.approx(
                 want[split][k], abs=1e-6 if resume_procs == 2 else 2e-3), (split, k)
+    # the row-sharded checkpoint holds the gathered table: it exports and scores as PyTorch
+    from sampan.export import export_run
+    from sampan.serving import Predictor
+
+    bundle = export_run(run, tmp_path / "bundle")
+    assert Predictor(bundle).bundle.manifest["parity"]["max_abs_diff"] < 1e-5
 
 
 # ------------------------------------------------------------------ dynamic tables

@@ -62,7 +62,16 @@ def lr_auc(tmp_path_factory):
     return _ctr(tmp_path_factory.mktemp("lr"), "lr")
 
 
-@pytest.mark.parametrize("name", CTR)
+# the slowest models of each group learn under `pytest -m heavy` (CPU test budget); their
+# forward, backward and export are checked by default (tests/contract, test_export.py)
+HEAVY = {"fibinet", "autoint", "dien"}
+
+
+def by_default(names):  # type: ignore[no-untyped-def]
+    return [pytest.param(n, marks=pytest.mark.heavy if n in HEAVY else ()) for n in names]
+
+
+@pytest.mark.parametrize("name", by_default(CTR))
 def test_ctr_model_beats_lr(tmp_path, lr_auc, name):
     # LR reaches about 0.75 here, models of interactions 0.80-0.81 (24,000 rows)
     assert _ctr(tmp_path, name) > lr_auc + 0.02
@@ -101,7 +110,7 @@ def deepfm_sequence_auc(tmp_path_factory, sequence_data):
     return _sequence(tmp_path_factory.mktemp("deepfm"), sequence_data, "deepfm")["auc"]
 
 
-@pytest.mark.parametrize("name", SEQUENCE)
+@pytest.mark.parametrize("name", by_default(SEQUENCE))
 def test_sequence_model_beats_deepfm(tmp_path, sequence_data, deepfm_sequence_auc, name):
     # mean-pooled histories blur a single matching event; attention finds it
     # (DeepFM about 0.62, DIN 0.80, oracle 0.80)

@@ -2,7 +2,6 @@
 events that append to users' histories (memory and a real redis-server), the TTL, and the
 events route of a real server with its token, through the Python client."""
 
-import subprocess
 import time
 from pathlib import Path
 
@@ -175,15 +174,14 @@ def test_events_route_token_and_clients(bundle):
 def test_eval_ranking_per_user_matches_plain_python(bundle):
     """`sampan eval RUN --ranking K` on raw rows: each user's rows ranked as one query."""
     import json
-    import sys
 
     from sampan.train.experiment import RunArtifacts
+    from tests.integration.test_cli import sampan_here
     from tests.unit.test_metrics import _grouped_reference
 
     run = json.loads((bundle / "manifest.json").read_text())["run_dir"]
     samples = str(Path(run).parent / "samples.parquet")
-    out = subprocess.run([sys.executable, "-m", "sampan.cli", "eval", run, "--data", samples,
-                          "--ranking", "3"], capture_output=True, text=True, check=True)
+    out = sampan_here("eval", run, "--data", samples, "--ranking", "3", check=True)
     got = json.loads(out.stdout)
     probs = RunArtifacts(run).predict(samples)[:, 0]
     t = pq.read_table(samples).to_pydict()

@@ -4,14 +4,13 @@ next-item and two-tower runs alike (issue 44)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pyarrow.parquet as pq
 import pytest
 
 from sampan.data.behaviour import BuildOptions, build_sequences
 from sampan.data.synthetic import interaction_samples
+from tests.integration.test_cli import sampan_here
 from tests.integration.test_learning import TRAIN, markov_lines, run
 
 
@@ -37,10 +36,16 @@ def sasrec_run(tmp_path_factory):
     return tmp / "run-sasrec"
 
 
+@pytest.fixture(scope="module")
+def sasrec_bundle(sasrec_run):
+    """The run exported by `sampan export` (in this process), with what it printed."""
+    bundle = sasrec_run.parent / "bundle"
+    p = sampan_here("export", str(sasrec_run), "--out", str(bundle), check=True)
+    return bundle, " ".join(p.stdout.split())
+
+
 def test_eval_ranks_a_next_item_run_at_any_cutoffs_with_intervals(sasrec_run) -> None:
-    p = subprocess.run([sys.executable, "-m", "sampan.cli", "eval", str(sasrec_run),
-                        "--ranking", "1,50", "--bootstrap", "200"], capture_output=True,
-                       text=True, timeout=300)
+    p = sampan_here("eval", str(sasrec_run), "--ranking", "1,50", "--bootstrap", "200")
     assert p.returncode == 0, p.stderr
     m = json.loads(p.stdout)
     assert m["queries"] == 300
@@ -50,8 +55,7 @@ def test_eval_ranks_a_next_item_run_at_any_cutoffs_with_intervals(sasrec_run) ->
         assert m[f"hitrate@{k}"] >= m[f"ndcg@{k}"]
     assert m["hitrate@1"] == pytest.approx(m["ndcg@1"])  # one relevant item: the same at 1
     assert m["hitrate@1"] <= m["mrr"] <= m["hitrate@50"]
-    p = subprocess.run([sys.executable, "-m", "sampan.cli", "eval", str(sasrec_run),
-                        "--ranking", "ten"], capture_output=True, text=True, timeout=120)
+    p = sampan_here("eval", str(sasrec_run), "--ranking", "ten")
     assert p.returncode == 2 and "--ranking expects cut-offs like 5,10,20" in p.stderr
     # early stopping waits ten epochs for a next-item model (the task's patience)
     why = json.loads((sasrec_run / "schedule.json").read_text())["reasons"]
@@ -98,7 +102,7 @@ def _offline_top(art, history, n):
     return [(vocab[i - 2], float(scores[i])) for i in best]
 
 
-def test_export_and_serve_top_k_from_the_live_history(sasrec_run, tmp_path) -> None:
+def test_export_and_serve_top_k_from_the_live_history(sasrec_run, sasrec_bundle) -> None:
     """The bundle holds the user-state encoder and the item index: served top-K (REST and
     gRPC) is the PyTorch model's over every item, for the history the bundle's user table
     holds, for recent items sent in the request, and for the live history after events."""
@@ -108,12 +112,8 @@ def test_export_and_serve_top_k_from_the_live_history(sasrec_run, tmp_path) -> N
     from sampan.train.experiment import RunArtifacts
     from tests.conftest import Served
 
-    bundle = tmp_path / "bundle"
-    p = subprocess.run([sys.executable, "-m", "sampan.cli", "export", str(sasrec_run),
-                        "--out", str(bundle)], capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr
-    assert "retrieval for /v1/recommend: user tower user_tower.onnx" in " ".join(
-        p.stdout.split())
+    bundle, printed = sasrec_bundle
+    assert "retrieval for /v1/recommend: user tower user_tower.onnx" in printed
     art = RunArtifacts(sasrec_run)
     # each user's whole sequence, read here from the lines the run was built from
     lines = (sasrec_run.parent / "seq.txt").read_text().split("\n")
@@ -165,15 +165,13 @@ def test_export_and_serve_top_k_from_the_live_history(sasrec_run, tmp_path) -> N
         served.stop()
 
 
-def test_served_top_k_leaves_out_the_history_when_the_model_does(sasrec_run, tmp_path):
+def test_served_top_k_leaves_out_the_history_when_the_model_does(sasrec_run, sasrec_bundle):
     """``exclude_history`` (as the run's evaluation ranks): the history's items are not
     candidates, and ``n`` items still come back."""
-    from sampan.export import export_run
     from sampan.serving.retrieval import Retriever
     from sampan.train.experiment import RunArtifacts
 
-    bundle = export_run(sasrec_run, tmp_path / "bundle", feature_tables=False)
-    retriever = Retriever(bundle)
+    retriever = Retriever(sasrec_bundle[0])
     assert retriever.exclude_history is False
     retriever.exclude_history = True  # what a run with model.exclude_history exports
     art = RunArtifacts(sasrec_run)
@@ -196,9 +194,7 @@ def test_compare_two_next_item_runs_on_their_ranking_metrics(sasrec_run, tmp_pat
                 "model": {"name": "hstu", "embedding_dim": 16, "heads": 2},
                 "train": {**TRAIN, "epochs": 2, "batch_size": 64, "lr": 0.005}})
     hstu_run = other / "run-hstu"
-    p = subprocess.run([sys.executable, "-m", "sampan.cli", "compare", str(sasrec_run),
-                        str(hstu_run), "--resamples", "300"], capture_output=True, text=True,
-                       timeout=300)
+    p = sampan_here("compare", str(sasrec_run), str(hstu_run), "--resamples", "300")
     assert p.returncode == 0, p.stderr
     r = json.loads(p.stdout)
     assert r["queries"] == 300 and r["metric"] == "ndcg@10"
@@ -210,7 +206,6 @@ def test_compare_two_next_item_runs_on_their_ranking_metrics(sasrec_run, tmp_pat
         assert m["diff"] == pytest.approx(r["b"][name] - r["a"][name], abs=1e-12)
         assert m["diff_ci95"][0] <= m["diff"] <= m["diff_ci95"][1]
     assert r["diff"] == r["metrics"]["ndcg@10"]["diff"]
-    same = subprocess.run([sys.executable, "-m", "sampan.cli", "compare", str(sasrec_run),
-                           str(sasrec_run)], capture_output=True, text=True, timeout=300)
+    same = sampan_here("compare", str(sasrec_run), str(sasrec_run))
     s = json.loads(same.stdout)
     assert s["diff"] == 0.0 and s["diff_ci95"] == [0.0, 0.0] and s["p_b_better"] == 0.0

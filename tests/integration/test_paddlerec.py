@@ -24,6 +24,7 @@ from sampan.data.pipeline import FeaturePipeline
 from sampan.data.rejects import RejectLog
 from sampan.data.sources import expand_paths, read_source
 from tests.conftest import ROOT, Served
+from tests.integration.test_cli import sampan_here
 
 PADDLEREC = Path(os.environ.get("SAMPAN_PADDLEREC", ROOT.parent / "shared" / "paddlerec"))
 FOLDERS = ["rank/logistic_regression", "rank/fm", "rank/wide_deep", "rank/deepfm", "rank/dnn",
@@ -267,12 +268,10 @@ def test_the_cli_trains_a_paddlerec_folder_then_eval_export_and_serve_work(tmp_p
     assert p.returncode == 0, p.stderr
     assert "PaddleRec dnn (slot text, criteo_reader) as Sampan's dnn" in p.stdout
     assert "test" in p.stdout and "auc" in p.stdout
-    p = subprocess.run([*cmd, "eval", str(run)], capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr
+    # the run read back and exported (in this process: the CLI's handlers)
+    sampan_here("eval", str(run), check=True)
     bundle = tmp_path / "bundle"
-    p = subprocess.run([*cmd, "export", str(run), "--out", str(bundle)], capture_output=True,
-                       text=True, timeout=300)
-    assert p.returncode == 0, p.stderr
+    sampan_here("export", str(run), "--out", str(bundle), check=True)
     line = (PADDLEREC / "rank/dnn/data/sample_data/train/sample_train.txt").read_text() \
         .splitlines()[1]
     record: dict = {}

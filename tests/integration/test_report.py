@@ -16,6 +16,7 @@ from sampan.config import load_config
 from sampan.report import calibration, load_run, roc_curve, write_report
 from sampan.train.experiment import run_experiment
 from tests.conftest import tiny_config
+from tests.integration.test_cli import sampan_here
 
 pytest.importorskip("matplotlib")
 
@@ -33,9 +34,8 @@ def runs(tmp_path_factory):
 
 
 def test_one_run_and_two_together(runs, tmp_path):
-    r = subprocess.run([sys.executable, "-m", "sampan.cli", "report", *map(str, runs),
-                        "--out", str(tmp_path / "rep"), "--resamples", "200"],
-                       capture_output=True, text=True)
+    r = sampan_here("report", *map(str, runs), "--out", str(tmp_path / "rep"),
+                    "--resamples", "200")
     assert r.returncode == 0, r.stderr
     files = {p.name for p in (tmp_path / "rep").iterdir()}
     assert files == {"index.html", "compare_curves.png", "compare_roc.png",

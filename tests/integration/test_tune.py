@@ -116,9 +116,10 @@ def test_a_killed_study_resumes_to_its_budget(tmp_path):
     assert os.stat(dirs[-1] / "data" / "manifest.json").st_ino == os.stat(
         folder / "defaults" / "data" / "manifest.json").st_ino
 
-    report = subprocess.run([sys.executable, "-m", "sampan", "report", str(folder), "--out",
-                             str(tmp_path / "report"), "--resamples", "50"],
-                            capture_output=True, text=True, timeout=120)
+    from tests.integration.test_cli import sampan_here
+
+    report = sampan_here("report", str(folder), "--out", str(tmp_path / "report"),
+                         "--resamples", "50")
     assert report.returncode == 0, report.stderr
     page = (tmp_path / "report" / "index.html").read_text()
     for png in ("study_history.png", "study_curves.png", "study_parallel.png"):
