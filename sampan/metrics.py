@@ -271,7 +271,7 @@ def grouped_ranking_metrics(scores: torch.Tensor, labels: torch.Tensor, groups: 
 
 
 # ---------------------------------------------------------------- top-K ranking metrics
-def _ranks_of_relevant(scores: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor
+def ranks_of_relevant(scores: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor
                        ) -> torch.Tensor:
     """1-based rank of each relevant item ``(rows[j], cols[j])`` in its row: the number of
     items scoring at least as high, itself included (ties rank pessimistically). No sort:
@@ -310,9 +310,20 @@ def ranking_metrics(scores: torch.Tensor, relevant: torch.Tensor, k: int | tuple
     >>> {k: round(v, 4) for k, v in ranking_metrics(s, r, k=2).items()}
     {'recall@2': 0.5, 'hitrate@2': 0.5, 'ndcg@2': 0.3155, 'mrr': 0.4167, 'queries': 2.0}
     """
-    ks = (k,) if isinstance(k, int) else tuple(k)
     rows, cols = relevant.bool().nonzero(as_tuple=True)
-    total = torch.bincount(rows, minlength=len(relevant))
+    return metrics_of_ranks(ranks_of_relevant(scores, rows, cols), rows, len(relevant), k,
+                            n_relevant)
+
+
+def metrics_of_ranks(ranks: torch.Tensor, rows: torch.Tensor, n_queries: int,
+                     k: int | tuple[int, ...], n_relevant: torch.Tensor | None = None
+                     ) -> dict[str, float]:
+    """:func:`ranking_metrics` from the 1-based ``ranks`` of the relevant items (0: not
+    among the candidates) and their queries ``rows`` (each item once): for a caller that
+    knows the ranks without a ``[Q, N]`` score matrix (items ranked by one score for every
+    query, such as their popularity)."""
+    ks = (k,) if isinstance(k, int) else tuple(k)
+    total = torch.bincount(rows, minlength=n_queries)
     if n_relevant is not None:
         total = torch.maximum(n_relevant.to(total.device), total)
     has = total > 0
@@ -322,7 +333,7 @@ def ranking_metrics(scores: torch.Tensor, relevant: torch.Tensor, k: int | tuple
             out.update({f"recall@{c}": math.nan, f"hitrate@{c}": math.nan,
                         f"ndcg@{c}": math.nan})
         return {**out, "mrr": math.nan, "queries": 0.0}
-    ranks = _ranks_of_relevant(scores, rows, cols).to(torch.float64)
+    ranks = ranks.to(torch.float64)
     rows = (torch.cumsum(has, 0) - 1)[rows]  # the query's place among those with an item
     total = total[has]
     q, n_rel = len(total), total.to(torch.float64)

@@ -29,7 +29,7 @@ from torch import nn
 from sampan import distributed
 from sampan.data.store import SplitArrays
 from sampan.embedding.collection import EmbeddingCollection
-from sampan.metrics import ranking_metrics
+from sampan.metrics import metrics_of_ranks, ranks_of_relevant
 
 
 def _csr(keys: np.ndarray, values: np.ndarray, n_keys: int) -> tuple[np.ndarray, np.ndarray]:
@@ -171,28 +171,40 @@ class RetrievalTask:
         pairs = np.unique(np.stack([np.searchsorted(q_users, users), items], 1), axis=0)
         rel_off, rel_items = _csr(pairs[:, 0], pairs[:, 1], len(q_users))
         n_rel = torch.from_numpy(np.diff(rel_off))
+        # the popularity baseline ranks every query's items by one score: an item's rank is
+        # the items at least as popular (ties pessimistic), less those excluded for the query
         pop = torch.from_numpy(np.log1p(self.popularity[self.corpus_ids])).float()
+        pop_rank = len(pop) - torch.searchsorted(torch.sort(pop).values, pop)
+        n_items = len(self.corpus_ids)
         model_m, pop_m = [], []
-        step = max(1, (1 << 24) // max(len(self.corpus_ids), 1))
+        step = max(1, (1 << 24) // max(n_items, 1))
         for lo in range(0, len(q_users), step):
             hi = min(lo + step, len(q_users))
-            relevant = torch.zeros(hi - lo, len(self.corpus_ids), dtype=torch.bool)
             r_rows, r_idx = _gather_ranges(rel_off, np.arange(lo, hi))
             cols = self.corpus_pos[rel_items[r_idx]]
             ok = cols >= 0
-            relevant[torch.from_numpy(r_rows[ok]), torch.from_numpy(cols[ok])] = True
-            exclude = torch.zeros_like(relevant)
+            rows, cols = r_rows[ok], cols[ok]  # relevant items among the candidates
+            scores = U[lo:hi] @ V.T
+            pop_ranks = pop_rank[torch.from_numpy(cols)]
             if self.exclude_seen:
                 s_rows, s_idx = _gather_ranges(self.seen[0], self._seen_index(q_users[lo:hi]))
-                cols = self.corpus_pos[self.seen[1][s_idx]]
-                ok = cols >= 0
-                exclude[torch.from_numpy(s_rows[ok]), torch.from_numpy(cols[ok])] = True
-                exclude &= ~relevant
-            for scores, acc in ((U[lo:hi] @ V.T, model_m),
-                                (pop.expand(hi - lo, -1).clone(), pop_m)):
-                m = ranking_metrics(scores.masked_fill(exclude, float("-inf")), relevant,
-                                    self.cutoffs, n_rel[lo:hi])
-                acc.append(m)
+                ex = self.corpus_pos[self.seen[1][s_idx]]
+                keep = ex >= 0
+                # each (query, item) once (an item seen twice), relevant ones kept
+                key = np.setdiff1d(s_rows[keep] * n_items + ex[keep], rows * n_items + cols)
+                ex_rows, ex = key // n_items, key % n_items
+                scores[torch.from_numpy(ex_rows), torch.from_numpy(ex)] = float("-inf")
+                ex_off, ex_items = _csr(ex_rows, ex, hi - lo)
+                which, idx = _gather_ranges(ex_off, rows)  # each relevant item's exclusions
+                above = pop[torch.from_numpy(ex_items[idx])] >= pop[torch.from_numpy(
+                    cols[which])]
+                pop_ranks = pop_ranks - torch.bincount(torch.from_numpy(which),
+                                                       weights=above.double(),
+                                                       minlength=len(cols)).long()
+            rows_t = torch.from_numpy(rows)
+            ranks = ranks_of_relevant(scores, rows_t, torch.from_numpy(cols))
+            for r, acc in ((ranks, model_m), (pop_ranks, pop_m)):
+                acc.append(metrics_of_ranks(r, rows_t, hi - lo, self.cutoffs, n_rel[lo:hi]))
         for prefix, parts in (("", model_m), ("pop_", pop_m)):
             n = sum(p["queries"] for p in parts)
             for key in parts[0]:
