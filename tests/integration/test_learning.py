@@ -64,7 +64,7 @@ def lr_auc(tmp_path_factory):
 
 # the slowest models of each group learn under `pytest -m heavy` (CPU test budget); their
 # forward, backward and export are checked by default (tests/contract, test_export.py)
-HEAVY = {"fibinet", "autoint", "dien"}
+HEAVY = {"fibinet", "autoint", "xdeepfm", "dien"}
 
 
 def by_default(names):  # type: ignore[no-untyped-def]

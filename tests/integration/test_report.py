@@ -3,8 +3,6 @@ drawn checked against plain Python; a retrieval and a next-item run's ranking me
 study's counts, axes, colour scale and importances."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -276,9 +274,7 @@ def study(tmp_path_factory):
         "train.lr": {"low": 1.0e-3, "high": 2.0e-2, "log": True},
         "model.dropout": {"low": 0.0, "high": 0.5}}}
     (root / "exp.yaml").write_text(yaml.safe_dump(raw))
-    r = subprocess.run([sys.executable, "-m", "sampan", "tune", str(root / "exp.yaml"),
-                        "--out", str(root / "study")], capture_output=True, text=True,
-                       timeout=300)
+    r = sampan_here("tune", str(root / "exp.yaml"), "--out", str(root / "study"))
     assert r.returncode == 0, r.stdout + r.stderr
     return root / "study"
 
