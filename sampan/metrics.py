@@ -272,7 +272,7 @@ def grouped_ranking_metrics(scores: torch.Tensor, labels: torch.Tensor, groups: 
 
 # ---------------------------------------------------------------- top-K ranking metrics
 def ranks_of_relevant(scores: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor
-                       ) -> torch.Tensor:
+                      ) -> torch.Tensor:
     """1-based rank of each relevant item ``(rows[j], cols[j])`` in its row: the number of
     items scoring at least as high, itself included (ties rank pessimistically). No sort:
     one comparison of the item's row with its score, so the cost is the relevant items

@@ -20,27 +20,28 @@ SHARED_DATA = Path(os.environ.get("SAMPAN_SHARED_DATA", ROOT.parent / "shared" /
 # order (--no-loadscope-reorder: its default order, most tests first, put the modules of one
 # or two minute-long tests last, and one worker then ran them alone for a minute and a half).
 # The modules that take longest on 2 cores go first, longest first, so that the last ones
-# handed out are short. Figures: seconds on one worker (`pytest --durations=0`, summed).
+# handed out are short. Figures: seconds on one worker (a module's tests' durations, summed,
+# in a full run on 2 cores).
 LONGEST_FIRST = [
-    "tests/integration/test_serving.py",  # 115
-    "tests/integration/test_distributed.py",  # 110
-    "tests/integration/test_doc_blocks.py",  # 95
+    "tests/integration/test_serving.py",  # 155
+    "tests/integration/test_distributed.py",  # 100
     "tests/integration/test_stream.py",  # 95
+    "tests/integration/test_fault_injection.py",  # 80
     "tests/integration/test_export.py",  # 70
-    "tests/integration/test_fault_injection.py",  # 70
+    "tests/integration/test_doc_blocks.py",  # 60
+    "tests/fuzz/test_schemathesis.py",  # 60
     "tests/integration/test_learning.py",  # 55
-    "tests/fuzz/test_schemathesis.py",  # 55
-    "tests/realdata/test_datasets.py",  # 55
-    "tests/integration/test_plugins.py",  # 40
-    "tests/integration/test_cli.py",  # 35
+    "tests/realdata/test_datasets.py",  # 45
+    "tests/integration/test_cli.py",  # 40
+    "tests/unit/test_experiment.py",  # 35
     "tests/integration/test_tune.py",  # 30
-    "tests/integration/test_report.py",  # 27
-    "tests/integration/test_dynamic_run.py",  # 27
-    "tests/integration/test_paddlerec.py",  # 24
-    "tests/unit/test_experiment.py",  # 23
-    "tests/integration/test_next_item.py",  # 20
-    "tests/realdata/test_taobao_serving.py",  # 19
-    "tests/integration/test_ray_engine.py",  # 16
+    "tests/integration/test_plugins.py",  # 30
+    "tests/realdata/test_taobao_serving.py",  # 28
+    "tests/integration/test_report.py",  # 25
+    "tests/integration/test_paddlerec.py",  # 23
+    "tests/integration/test_dynamic_run.py",  # 23
+    "tests/integration/test_next_item.py",  # 22
+    "tests/integration/test_ray_engine.py",  # 17
 ]
 
 

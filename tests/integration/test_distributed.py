@@ -352,7 +352,9 @@ def test_killed_two_process_run_resumes(tmp_path, placement, resume_procs):
         d = yaml.safe_load(cfg.read_text())
         d["model"].update(dropout=0.5, embedding_init_std=0.3)  # masks that move the loss
         cfg.write_text(yaml.safe_dump(d))
-    run_cli("train", str(cfg), "--nproc-per-node", "2", "--run-dir", str(tmp_path / "straight"))
+    r = run_cli("train", str(cfg), "--nproc-per-node", "2", "--run-dir",
+                str(tmp_path / "straight"))
+    assert "first-order warm start: an LR on the same rows (SGD" in " ".join(r.stdout.split())
     want = json.loads((tmp_path / "straight" / "results.json").read_text())
     run = tmp_path / "interrupted"
     proc = subprocess.Popen([*SAMPAN, "train", str(cfg), "--nproc-per-node", "2",
