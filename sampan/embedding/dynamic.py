@@ -27,7 +27,7 @@ operations (CPU or GPU, no per-key Python):
   are returned, for their owner to re-initialise the weights and reset the optimizer state
   before reuse.
 
-Memory is fixed by ``capacity`` (about ``capacity * 88`` bytes, plus the sketch when
+Memory is fixed by ``capacity`` (about ``capacity * 96`` bytes, plus the sketch when
 ``min_count`` > 1: 128 to 256 bytes a row, 64 KB to 16 MB), however many distinct keys
 stream through. The map changes only in :meth:`KeyIndex.admit`, which
 the training step calls in its own thread: no lookup ever reads a row while it is freed.
@@ -156,6 +156,10 @@ class KeyIndex(nn.Module):
         # the map (rebuilt from the rows when loaded, so not saved): [salted key, row] per slot
         self.register_buffer("slots", huge_full((slots, 2), 0, i64, device), persistent=False)
         self.used_slots = 0  # full + deleted
+        # the slot of each index row's key (kept by every insert: a row leaves without a
+        # probe)
+        self.register_buffer("row_slot", huge_full(self.capacity + 1, 0, i64, device),
+                             persistent=False)
         # per index row: its key and its stamp; each table's free rows, a stack in its own
         # segment free[starts[t]: starts[t + 1]] popped from the top (its row 1 first)
         self.register_buffer("row_key", huge_full(self.capacity + 1, 0, i64, device))
@@ -230,10 +234,10 @@ class KeyIndex(nn.Module):
             return keys
         return keys ^ self.table_salt.index_select(0, tables)
 
-    def _map_keys(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The salted keys of index ``rows`` and their tables (None with one table)."""
+    def _map_keys(self, rows: torch.Tensor) -> torch.Tensor:
+        """The salted keys of index ``rows``, as the map holds them."""
         t = self.table_of(rows) if self.tables > 1 else None
-        return self._salted(self.row_key.index_select(0, rows), t), t
+        return self._salted(self.row_key.index_select(0, rows), t)
 
     def _window_of(self, pos: torch.Tensor, first_round: bool, width: int) -> torch.Tensor:
         """The slots a probe or insert round reads: the home slot alone in a large batch's
@@ -242,13 +246,11 @@ class KeyIndex(nn.Module):
             return pos[:, None]
         return (pos[:, None] + self._window[:width]) & self.mask
 
-    def _probe(self, keys: torch.Tensor, tables: torch.Tensor | None = None
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(slot, row)`` of each of the distinct salted ``keys`` (of ``tables``; None: one
-        table): the slot holding it and its index row, or ``(-1, 0)``. A key sits before the
-        first empty slot of its probe sequence, so each round stops a key at its own slot or
-        at an empty one; with several tables, a slot holding the key is its own only when
-        the row is in the key's table.
+    def _probe(self, keys: torch.Tensor, tables: torch.Tensor | None = None) -> torch.Tensor:
+        """The index row of each of the distinct salted ``keys`` (of ``tables``; None: one
+        table), or 0. A key sits before the first empty slot of its probe sequence, so each
+        round stops a key at its own slot or at an empty one; with several tables, a slot
+        holding the key is its own only when the row is in the key's table.
 
         In a large batch the first round reads the home slot alone (where most keys are: the
         map is at most half full); the keys still searching then read ``_WINDOW`` slots a
@@ -260,13 +262,12 @@ class KeyIndex(nn.Module):
         if tables is not None and self.tables > 1:
             lo, hi = self.starts.index_select(0, tables), self.starts.index_select(0, tables + 1)
         if len(keys) <= _SMALL_BATCH:  # few keys: rounds cost more than reads, all windows
-            slot, row = torch.full_like(keys, -1), torch.zeros_like(keys)
+            row = torch.zeros_like(keys)
             idx = torch.arange(len(keys), device=keys.device)
         else:
             kr = self.slots.index_select(0, pos)  # [n, 2]
             k0, r0 = kr.unbind(1)
             hit = (k0 == keys) & (r0 > 0 if lo is None else (r0 > lo) & (r0 <= hi))
-            slot = torch.where(hit, pos, -1)
             row = torch.where(hit, r0, 0)
             idx = ((r0 != 0) & ~hit).nonzero().squeeze(1)  # not there, no empty slot yet
             keys, pos = keys.index_select(0, idx), (pos.index_select(0, idx) + 1) & self.mask
@@ -282,7 +283,6 @@ class KeyIndex(nn.Module):
             stop = h | (rw == 0)
             first = stop.to(torch.uint8).argmax(1, keepdim=True)
             found = h.gather(1, first).squeeze(1).nonzero().squeeze(1)
-            slot[idx[found]] = win.gather(1, first).squeeze(1)[found]
             row[idx[found]] = rw.gather(1, first).squeeze(1)[found]
             go = (~stop.any(1)).nonzero().squeeze(1)
             idx, keys = idx.index_select(0, go), keys.index_select(0, go)
@@ -290,7 +290,7 @@ class KeyIndex(nn.Module):
             if lo is not None:
                 lo, hi = lo.index_select(0, go), hi.index_select(0, go)
             width = _LATE_WINDOW
-        return slot, row
+        return row
 
     def _distinct(self, keys: torch.Tensor, tables: torch.Tensor | None
                   ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor] | None:
@@ -330,7 +330,7 @@ class KeyIndex(nn.Module):
         if d is None:
             return self._per_table(self.find, flat, tab).view(keys.shape)
         uniq, ut, inv, _ = d
-        return self.local(self._probe(uniq, ut)[1], ut).index_select(0, inv).view(keys.shape)
+        return self.local(self._probe(uniq, ut), ut).index_select(0, inv).view(keys.shape)
 
     # -------------------------------------------------------------------- training
     def admit(self, keys: torch.Tensor, step: int, tables: torch.Tensor | None = None
@@ -353,7 +353,7 @@ class KeyIndex(nn.Module):
 
             return self._per_table(one_table, flat, tab).view(keys.shape), torch.cat(freed)
         uniq, ut, inv, cnt = d
-        rows = self._probe(uniq, ut)[1]
+        rows = self._probe(uniq, ut)
         hit = rows > 0
         at = hit.nonzero().squeeze(1)
         known = rows.index_select(0, at)
@@ -395,8 +395,11 @@ class KeyIndex(nn.Module):
                                                                       device=self.free.device)
         need = torch.bincount(tables, minlength=self.tables)
         short = need - self.n_free
-        for t in (short > 0).nonzero().squeeze(1).tolist():
-            freed.append(self.evict(max(int(short[t]), self.evict_batch[t]), step, table=t))
+        tight = (short > 0).nonzero().squeeze(1).tolist()
+        if tight:  # one choice and one release for every table short of rows
+            gap = short.tolist()
+            freed.append(self._free(self._lowest_of(
+                [(t, max(gap[t], self.evict_batch[t])) for t in tight], step)))
         order = torch.sort(tables, stable=True).indices  # by table, first come first
         st = tables.index_select(0, order)
         rank = torch.arange(n, device=tables.device) - (need.cumsum(0) - need).index_select(0, st)
@@ -465,7 +468,9 @@ class KeyIndex(nn.Module):
             won = cand.index_select(0, won_c)
             slots = at_c.index_select(0, won_c)
             self.used_slots += int((flat.index_select(0, 2 * slots + 1) == 0).sum())
-            flat.index_copy_(0, 2 * slots + 1, rows.index_select(0, won))
+            got = rows.index_select(0, won)
+            flat.index_copy_(0, 2 * slots + 1, got)
+            self.row_slot.index_copy_(0, got, slots)
             left = torch.ones(len(keys), dtype=torch.bool, device=keys.device)
             left[won] = False
             # the losers look again from the slot they lost (now full), the rest further on
@@ -506,7 +511,7 @@ class KeyIndex(nn.Module):
                 (st & _LOW32 if self.policy == "lfu" else st) != now
             return rows[ok]
 
-        if len(stamps) > _SAMPLED_EVICTION and n < len(stamps) >> 5:
+        if self._sampled(table, n):
             gen = torch.Generator(device=stamps.device).manual_seed(step)
             sample = stamps[torch.randint(0, len(stamps), (1 << 16,), generator=gen,
                                           device=stamps.device)]
@@ -517,6 +522,47 @@ class KeyIndex(nn.Module):
                 return _lowest_first(cand, stamps.index_select(0, cand), n) + base
         cand = evictable(torch.arange(len(stamps), device=stamps.device))
         return _lowest_first(cand, stamps.index_select(0, cand), min(n, len(cand))) + base
+
+    def _lowest_of(self, wanted: list[tuple[int, int]], step: int) -> torch.Tensor:
+        """:meth:`_lowest` of several tables at once, ``wanted`` = ``(table, n)`` in
+        ascending table order: the same rows, table after table. The tables small enough
+        to be sorted whole are taken together in one sort (a batch that overfills a few
+        small tables pays one pass, not one per table); the large ones each take their
+        sampled cut."""
+        alone = [(t, n) for t, n in wanted if self._sampled(t, n)]
+        together = [(t, n) for t, n in wanted if not self._sampled(t, n)]
+        chosen: dict[int, torch.Tensor] = {t: self._lowest(n, step, table=t) for t, n in alone}
+        if together:
+            dev = self.row_stamp.device
+            sizes = [self.capacities[t] for t, _ in together]
+            rows = torch.cat([torch.arange(self.starts_list[t] + 1,
+                                           self.starts_list[t + 1] + 1, device=dev)
+                              for t, _ in together])
+            which = torch.repeat_interleave(torch.arange(len(together), device=dev),
+                                            torch.tensor(sizes, device=dev),
+                                            output_size=len(rows))
+            st = self.row_stamp.index_select(0, rows)
+            now = step & _LOW32 if self.policy == "lfu" else step
+            ok = ((st != _NEVER) & ((st & _LOW32 if self.policy == "lfu" else st) != now)
+                  ).nonzero().squeeze(1)
+            rows, which, st = rows[ok], which[ok], st[ok]
+            # lowest stamp first, ties to the lower row (stable), then grouped by table
+            by = torch.sort(st, stable=True).indices
+            by = by[torch.sort(which.index_select(0, by), stable=True).indices]
+            rows, which = rows.index_select(0, by), which.index_select(0, by)
+            have = torch.bincount(which, minlength=len(together))
+            rank = torch.arange(len(rows), device=dev) - (have.cumsum(0) - have)[which]
+            n = torch.tensor([n for _, n in together], device=dev)
+            take = rank < n.index_select(0, which)
+            rows = rows[take]
+            parts = rows.split(torch.bincount(which[take], minlength=len(together)).tolist())
+            chosen |= {t: r for (t, _), r in zip(together, parts, strict=True)}
+        return torch.cat([chosen[t] for t, _ in wanted])
+
+    def _sampled(self, table: int, n: int) -> bool:
+        """Whether :meth:`_lowest` narrows ``table`` by a sampled threshold first."""
+        size = self.capacities[table]
+        return size > _SAMPLED_EVICTION and n < size >> 5
 
     def expire(self, step: int) -> torch.Tensor:
         """With ``ttl``: free every row unseen for more than ``ttl_steps`` (of every table);
@@ -531,7 +577,7 @@ class KeyIndex(nn.Module):
         first victim of a table on top (reused first)."""
         if not len(victims):
             return victims
-        self.slots[self._probe(*self._map_keys(victims))[0], 1] = -1
+        self.slots[self.row_slot.index_select(0, victims), 1] = -1
         self.row_key[victims], self.row_stamp[victims] = 0, _NEVER
         if self.tables == 1:
             n = int(self.n_free[0])
@@ -567,7 +613,7 @@ class KeyIndex(nn.Module):
         self.used_slots = 0
         live = self.live.nonzero().squeeze(1)
         if len(live):
-            self._insert(self._map_keys(live)[0], live)
+            self._insert(self._map_keys(live), live)
 
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any,
                               **kwargs: Any) -> None:

@@ -376,3 +376,48 @@ def test_lfu_counts_every_repeat_of_a_key_in_a_batch():
     uses = (idx.row_stamp >> 32).tolist()
     assert (uses[r5], uses[r9], uses[r12]) == (4, 4, 1)
     assert int(idx.row_stamp[r9]) & 0xFFFFFFFF == 2
+
+
+@pytest.mark.parametrize("policy", ["lfu", "lru"])
+def test_tables_short_of_rows_in_one_batch_evict_as_each_alone_would(policy, monkeypatch):
+    # small full tables are chosen from in one sort, a large one by its sampled cut; the
+    # freed rows (and their order: it seeds the new rows' draw) are those of maps of their
+    # own, table after table
+    big = (1 << 16) + 4000
+    caps = [30, big, 12, 5]
+    opts = dict(policy=policy, evict_fraction=0.01)
+    shared = KeyIndex(caps, **opts)
+    alone = [KeyIndex(c, **opts) for c in caps]
+    cut = []  # the tables the shared map narrowed by a sampled threshold
+    sampled = shared._sampled
+
+    def spy(t: int, n: int) -> bool:
+        if sampled(t, n):
+            cut.append(t)
+            return True
+        return False
+
+    monkeypatch.setattr(shared, "_sampled", spy)
+    g = np.random.default_rng(7)
+    fresh = 10**9
+    for step in range(12):
+        cols = []
+        for c in caps:
+            n = c + 50 if step == 0 else max(4, c // 50)  # fill, then new keys every step
+            old = g.integers(1, 10**6, n // 2)
+            new = np.arange(fresh, fresh + n - n // 2)
+            fresh += n
+            cols.append(np.concatenate([old, new]))
+        keys = torch.from_numpy(np.concatenate(cols).astype(np.int64))
+        tables = torch.from_numpy(np.repeat(np.arange(len(caps)), [len(c) for c in cols]))
+        rows, freed = shared.admit(keys, step, tables)
+        want = []
+        for t in range(len(caps)):
+            mine = tables == t
+            r, f = alone[t].admit(keys[mine] ^ shared.table_salt[t], step)
+            assert torch.equal(rows[mine], r), (step, t)
+            want.append(f + shared.starts_list[t])
+        assert torch.equal(freed, torch.cat(want)), step
+    assert all(a.summary()["evicted"] for a in alone)
+    assert shared.summary(1)["evicted"] >= 10 * shared.evict_batch[1]
+    assert set(cut) == {1}
