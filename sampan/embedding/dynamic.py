@@ -415,11 +415,11 @@ class KeyIndex(nn.Module):
         """``rows`` used ``times`` more times at ``step`` (``old``: their stamps, None for
         rows just given out)."""
         if self.policy != "lfu":
-            self.row_stamp[rows] = step
+            self.row_stamp.index_fill_(0, rows, step)
             return
         count = times if old is None else (old >> 32) + times
         # (at most 2**31 - 2 uses: a stamp never reaches _NEVER, the mark of a free row)
-        self.row_stamp[rows] = (count.clamp_max(2**31 - 2) << 32) + (step & _LOW32)
+        self.row_stamp.index_copy_(0, rows, (count.clamp_max(2**31 - 2) << 32) + (step & _LOW32))
 
     def _admitted(self, keys: torch.Tensor, counts: torch.Tensor, step: int) -> torch.Tensor:
         """Which of the new ``keys`` (seen ``counts`` times in this batch) get a row."""
@@ -529,35 +529,38 @@ class KeyIndex(nn.Module):
         to be sorted whole are taken together in one sort (a batch that overfills a few
         small tables pays one pass, not one per table); the large ones each take their
         sampled cut."""
-        alone = [(t, n) for t, n in wanted if self._sampled(t, n)]
+        alone = [self._lowest(n, step, table=t) for t, n in wanted if self._sampled(t, n)]
         together = [(t, n) for t, n in wanted if not self._sampled(t, n)]
-        chosen: dict[int, torch.Tensor] = {t: self._lowest(n, step, table=t) for t, n in alone}
-        if together:
-            dev = self.row_stamp.device
-            sizes = [self.capacities[t] for t, _ in together]
-            rows = torch.cat([torch.arange(self.starts_list[t] + 1,
-                                           self.starts_list[t + 1] + 1, device=dev)
-                              for t, _ in together])
-            which = torch.repeat_interleave(torch.arange(len(together), device=dev),
-                                            torch.tensor(sizes, device=dev),
-                                            output_size=len(rows))
-            st = self.row_stamp.index_select(0, rows)
-            now = step & _LOW32 if self.policy == "lfu" else step
-            ok = ((st != _NEVER) & ((st & _LOW32 if self.policy == "lfu" else st) != now)
-                  ).nonzero().squeeze(1)
-            rows, which, st = rows[ok], which[ok], st[ok]
-            # lowest stamp first, ties to the lower row (stable), then grouped by table
-            by = torch.sort(st, stable=True).indices
-            by = by[torch.sort(which.index_select(0, by), stable=True).indices]
-            rows, which = rows.index_select(0, by), which.index_select(0, by)
-            have = torch.bincount(which, minlength=len(together))
-            rank = torch.arange(len(rows), device=dev) - (have.cumsum(0) - have)[which]
-            n = torch.tensor([n for _, n in together], device=dev)
-            take = rank < n.index_select(0, which)
-            rows = rows[take]
-            parts = rows.split(torch.bincount(which[take], minlength=len(together)).tolist())
-            chosen |= {t: r for (t, _), r in zip(together, parts, strict=True)}
-        return torch.cat([chosen[t] for t, _ in wanted])
+        if not together:
+            return torch.cat(alone)
+        dev = self.row_stamp.device
+        ts = torch.tensor([t for t, _ in together], device=dev)
+        first = self.starts.index_select(0, ts)
+        sizes = self.starts.index_select(0, ts + 1) - first
+        which = torch.repeat_interleave(sizes, output_size=sum(
+            self.capacities[t] for t, _ in together))  # the i-th table's index for its rows
+        # table t's index rows starts[t] + 1 .. starts[t + 1], the tables one after another
+        rows = torch.arange(1, len(which) + 1, device=dev) + (
+            first - (sizes.cumsum(0) - sizes)).index_select(0, which)
+        st = self.row_stamp.index_select(0, rows)
+        now = step & _LOW32 if self.policy == "lfu" else step
+        ok = ((st != _NEVER) & ((st & _LOW32 if self.policy == "lfu" else st) != now)
+              ).nonzero().squeeze(1)
+        rows, which, st = (x.index_select(0, ok) for x in (rows, which, st))
+        # lowest stamp first, ties to the lower row (stable), then grouped by table
+        by = torch.sort(st, stable=True).indices
+        by = by.index_select(0, torch.sort(which.index_select(0, by), stable=True).indices)
+        rows, which = rows.index_select(0, by), which.index_select(0, by)
+        have = torch.bincount(which, minlength=len(together))
+        rank = torch.arange(len(rows), device=dev) - (have.cumsum(0) - have).index_select(
+            0, which)
+        n = torch.tensor([n for _, n in together], device=dev)
+        got = rows.index_select(0, (rank < n.index_select(0, which)).nonzero().squeeze(1))
+        if not alone:
+            return got
+        # back in table order (a stable sort keeps each table's own order)
+        got = torch.cat([got, *alone])
+        return got.index_select(0, torch.sort(self.table_of(got), stable=True).indices)
 
     def _sampled(self, table: int, n: int) -> bool:
         """Whether :meth:`_lowest` narrows ``table`` by a sampled threshold first."""
