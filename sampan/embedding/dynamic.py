@@ -500,15 +500,13 @@ class KeyIndex(nn.Module):
         the sample's threshold leaves too few, the whole table is sorted instead."""
         base = self.starts_list[table] + 1  # the table's first index row
         stamps = self.row_stamp[base: self.starts_list[table + 1] + 1]
-        now = step & _LOW32 if self.policy == "lfu" else step
         if keep is not None:
             keep = keep - base
 
         def evictable(rows: torch.Tensor) -> torch.Tensor:
             st = stamps.index_select(0, rows)
-            ok = st != _NEVER
-            ok &= ~torch.isin(rows, keep) if keep is not None else \
-                (st & _LOW32 if self.policy == "lfu" else st) != now
+            ok = (st != _NEVER) & ~torch.isin(rows, keep) if keep is not None else \
+                self._evictable(st, step)
             return rows[ok]
 
         if self._sampled(table, n):
@@ -543,9 +541,7 @@ class KeyIndex(nn.Module):
         rows = torch.arange(1, len(which) + 1, device=dev) + (
             first - (sizes.cumsum(0) - sizes)).index_select(0, which)
         st = self.row_stamp.index_select(0, rows)
-        now = step & _LOW32 if self.policy == "lfu" else step
-        ok = ((st != _NEVER) & ((st & _LOW32 if self.policy == "lfu" else st) != now)
-              ).nonzero().squeeze(1)
+        ok = self._evictable(st, step).nonzero().squeeze(1)
         rows, which, st = (x.index_select(0, ok) for x in (rows, which, st))
         # lowest stamp first, ties to the lower row (stable), then grouped by table
         by = torch.sort(st, stable=True).indices
@@ -554,13 +550,19 @@ class KeyIndex(nn.Module):
         have = torch.bincount(which, minlength=len(together))
         rank = torch.arange(len(rows), device=dev) - (have.cumsum(0) - have).index_select(
             0, which)
-        n = torch.tensor([n for _, n in together], device=dev)
-        got = rows.index_select(0, (rank < n.index_select(0, which)).nonzero().squeeze(1))
+        most = torch.tensor([n for _, n in together], device=dev)
+        got = rows.index_select(0, (rank < most.index_select(0, which)).nonzero().squeeze(1))
         if not alone:
             return got
         # back in table order (a stable sort keeps each table's own order)
         got = torch.cat([got, *alone])
         return got.index_select(0, torch.sort(self.table_of(got), stable=True).indices)
+
+    def _evictable(self, stamps: torch.Tensor, step: int) -> torch.Tensor:
+        """Which rows of these ``stamps`` may be evicted at ``step``: live, and not seen at
+        this step."""
+        now = step & _LOW32 if self.policy == "lfu" else step
+        return (stamps != _NEVER) & ((stamps & _LOW32 if self.policy == "lfu" else stamps) != now)
 
     def _sampled(self, table: int, n: int) -> bool:
         """Whether :meth:`_lowest` narrows ``table`` by a sampled threshold first."""
@@ -581,7 +583,8 @@ class KeyIndex(nn.Module):
         if not len(victims):
             return victims
         self.slots[self.row_slot.index_select(0, victims), 1] = -1
-        self.row_key[victims], self.row_stamp[victims] = 0, _NEVER
+        self.row_key.index_fill_(0, victims, 0)
+        self.row_stamp.index_fill_(0, victims, _NEVER)
         if self.tables == 1:
             n = int(self.n_free[0])
             self.free[n: n + len(victims)] = victims.flip(0)
