@@ -3,7 +3,8 @@
 #   bash benchmarks/gpu_wheels.sh           # here first: the wheels it lacks, into .wheels/
 #   device run: bash benchmarks/gpu_check.sh   with carry [".wheels"]; JSON + logs in $OUT
 #   bash benchmarks/gpu_check.sh --dry-run  # here: the same steps on the CPU, against an
-#                                           # emulation of the GPU image (gpu_image.py)
+#                                           # emulation of the GPU image (gpu_image.py);
+#                                           # results in runs/gpu_dry_run
 # It installs nothing over the machine's own packages (its torch stays): the carried wheels
 # go to a private --target on PYTHONPATH with the repository, so every step runs Sampan
 # from source. Steps, each under its own time limit so one slow step cannot eat the rest:
@@ -23,7 +24,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 DRY=0
 if [ "${1:-}" = "--dry-run" ]; then DRY=1; fi
-OUT="${OUT:-benchmarks/results/gpu}"
+# a dry run's CPU figures never replace the committed GPU results
+if [ "$DRY" = 1 ]; then OUT="${OUT:-runs/gpu_dry_run}"; else OUT="${OUT:-benchmarks/results/gpu}"; fi
 mkdir -p "$OUT"
 PY=$(command -v python3 || command -v python)
 TAG=$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
