@@ -12,6 +12,10 @@ Sampan ranks (the number of items scoring at least as high as the right one), an
 per user with the wall times:
 
     rb/bin/python benchmarks/recbole_sasrec.py EVENTS.tsv OUT.json --max-len 50
+
+``--estimate N`` trains N batches only and writes, instead of ranks, the seconds a batch
+and what an epoch would take (RecBole trains every prefix of every sequence, so a long
+history costs hours an epoch on a few cores): whether a run fits before starting it.
 """
 
 from __future__ import annotations
@@ -31,6 +35,9 @@ def main() -> None:
     p.add_argument("--max-len", type=int, default=50)
     p.add_argument("--epochs", type=int, default=300)
     p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--estimate", type=int, metavar="N", default=0,
+                   help="time N training batches (after 2 untimed) and write the estimate "
+                   "of an epoch instead of training")
     a = p.parse_args()
     # RecBole reloads its own best checkpoint, written a moment before by this process, with
     # torch.load's pre-2.6 default (full unpickling), which it was written for
@@ -69,6 +76,10 @@ def main() -> None:
     train, valid, test = data_preparation(config, dataset)
     model = SASRec(config, train._dataset).to(config["device"])
     trainer = Trainer(config, model)
+    if a.estimate:
+        a.out.write_text(json.dumps(estimate(trainer, model, train, a.estimate), indent=1))
+        print(a.out.read_text())
+        return
     # wall time of every epoch (training and its validation) and when the best was reached
     stamps: list[float] = []
     start = time.perf_counter()
@@ -115,6 +126,37 @@ def main() -> None:
         "recbole_test": {k: float(v) for k, v in recbole_test.items()},
         "items": int(dataset.item_num - 1), "users": len(ranks)}, indent=1))
     shutil.rmtree(work / "saved", ignore_errors=True)
+
+
+def estimate(trainer, model, train, n: int) -> dict:  # type: ignore[no-untyped-def]
+    """Seconds a training batch (the mean of ``n`` after 2 untimed) and an epoch's worth."""
+    import torch
+
+    stamps: list[float] = []
+    loss = model.calculate_loss
+
+    class Enough(Exception):
+        pass
+
+    def timed(interaction):  # type: ignore[no-untyped-def]
+        stamps.append(time.perf_counter())
+        if len(stamps) > n + 2:
+            raise Enough
+        return loss(interaction)
+
+    model.calculate_loss = timed
+    try:
+        trainer._train_epoch(train, 0, show_progress=False)
+    except Enough:
+        pass
+    if len(stamps) < 4:  # an epoch of 3 batches or fewer: time it whole
+        stamps = [stamps[0], time.perf_counter()] if stamps else [0.0, 0.0]
+        per = stamps[1] - stamps[0]
+    else:
+        per = (stamps[-1] - stamps[2]) / (len(stamps) - 3)
+    return {"seconds_per_batch": per, "batches_per_epoch": len(train),
+            "epoch_seconds": per * len(train), "train_sequences": len(train.dataset),
+            "timed_batches": max(len(stamps) - 3, 1), "threads": torch.get_num_threads()}
 
 
 if __name__ == "__main__":
