@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -272,7 +273,11 @@ def main() -> None:
     # a run on the first users only is a block (and a file) of its own
     tag = f"_first{a.max_users}users" if a.max_users else ""
     out_json = a.json.with_name(a.json.stem + tag + a.json.suffix)
-    run_info = {"command": "python benchmarks/sequential.py " + " ".join(sys.argv[1:]),
+    argv = sys.argv[1:]  # the command as typed, its --caveat (printed beside it) left out
+    if "--caveat" in argv:
+        at = argv.index("--caveat")
+        argv = argv[:at] + argv[at + 2:]
+    run_info = {"command": shlex.join(["python", "benchmarks/sequential.py", *argv]),
                 "date": dt.date.today().isoformat(), "machine": machine()}
     report = {"datasets": earlier(out_json)}
     for name in a.datasets:
