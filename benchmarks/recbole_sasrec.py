@@ -149,14 +149,14 @@ def estimate(trainer, model, train, n: int) -> dict:  # type: ignore[no-untyped-
         trainer._train_epoch(train, 0, show_progress=False)
     except Enough:
         pass
-    if len(stamps) < 4:  # an epoch of 3 batches or fewer: time it whole
-        stamps = [stamps[0], time.perf_counter()] if stamps else [0.0, 0.0]
-        per = stamps[1] - stamps[0]
-    else:
-        per = (stamps[-1] - stamps[2]) / (len(stamps) - 3)
+    if len(stamps) > n + 2:  # the n batches after the 2 untimed
+        timed_batches, per = n, (stamps[-1] - stamps[2]) / n
+    else:  # an epoch shorter than n + 2 batches: all of it
+        timed_batches = len(stamps)
+        per = (time.perf_counter() - stamps[0]) / max(len(stamps), 1) if stamps else 0.0
     return {"seconds_per_batch": per, "batches_per_epoch": len(train),
             "epoch_seconds": per * len(train), "train_sequences": len(train.dataset),
-            "timed_batches": max(len(stamps) - 3, 1), "threads": torch.get_num_threads()}
+            "timed_batches": timed_batches, "threads": torch.get_num_threads()}
 
 
 if __name__ == "__main__":
