@@ -273,8 +273,8 @@ def main() -> None:
     # a run on the first users only is a block (and a file) of its own
     tag = f"_first{a.max_users}users" if a.max_users else ""
     out_json = a.json.with_name(a.json.stem + tag + a.json.suffix)
-    argv = sys.argv[1:]  # the command as typed, its --caveat (printed beside it) left out
-    if "--caveat" in argv:
+    argv = [x for x in sys.argv[1:] if not x.startswith("--caveat=")]
+    if "--caveat" in argv:  # the command as typed, its caveat (printed beside it) left out
         at = argv.index("--caveat")
         argv = argv[:at] + argv[at + 2:]
     run_info = {"command": shlex.join(["python", "benchmarks/sequential.py", *argv]),
