@@ -16,11 +16,18 @@ per user with the wall times:
 ``--estimate N`` trains N batches only and writes, instead of ranks, the seconds a batch
 and what an epoch would take (RecBole trains every prefix of every sequence, so a long
 history costs hours an epoch on a few cores): whether a run fits before starting it.
+
+``--device cuda`` trains on a GPU (``benchmarks/recbole_gpu.sh`` runs it on a GPU machine
+without a package index). ``--time-limit S`` ends training after the epoch that passes S
+seconds (the result says so). Under NumPy 2 the aliases RecBole 1.2.1 reads (``np.float_``,
+``np.complex_``, ``np.unicode_``) are set to the types they named.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
+import hashlib
 import json
 import os
 import shutil
@@ -35,6 +42,9 @@ def main() -> None:
     p.add_argument("--max-len", type=int, default=50)
     p.add_argument("--epochs", type=int, default=300)
     p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--time-limit", type=float, default=0.0, metavar="S",
+                   help="end training after the epoch that passes S seconds (0: no limit)")
     p.add_argument("--estimate", type=int, metavar="N", default=0,
                    help="time N training batches (after 2 untimed) and write the estimate "
                    "of an epoch instead of training")
@@ -43,7 +53,12 @@ def main() -> None:
     # torch.load's pre-2.6 default (full unpickling), which it was written for
     os.environ.setdefault("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
 
+    import numpy as np
     import torch
+
+    for old, new in (("float_", np.float64), ("complex_", np.complex128), ("unicode_", np.str_)):
+        if old not in np.__dict__:  # NumPy 2 removed them; RecBole's Config reads them
+            setattr(np, old, new)
     from recbole.config import Config
     from recbole.data import create_dataset, data_preparation
     from recbole.model.sequential_recommender import SASRec
@@ -69,7 +84,8 @@ def main() -> None:
         "eval_args": {"split": {"LS": "valid_and_test"}, "order": "TO", "group_by": "user",
                       "mode": "full"},
         "metrics": ["Hit", "NDCG", "MRR"], "topk": [10], "valid_metric": "NDCG@10",
-        "epochs": a.epochs, "device": "cpu", "use_gpu": False, "show_progress": False,
+        "epochs": a.epochs, "device": a.device, "use_gpu": a.device != "cpu",
+        "show_progress": False,
         "seed": 0, "reproducibility": True, "log_wandb": False})
     init_seed(config["seed"], config["reproducibility"])
     dataset = create_dataset(config)
@@ -86,10 +102,22 @@ def main() -> None:
     fit_epoch, valid_epoch = trainer._train_epoch, trainer._valid_epoch
     best = {"score": -1.0, "at": 0.0, "epoch": -1}
 
+    limited = {"epochs": None}
+
     def timed_train(*args, **kw):  # type: ignore[no-untyped-def]
         out = fit_epoch(*args, **kw)
+        if a.device != "cpu":
+            torch.cuda.synchronize()
         stamps.append(time.perf_counter())
         return out
+
+    class TimeUp(Exception):
+        pass
+
+    def time_limit(epoch: int, score: float) -> None:  # after the epoch's validation
+        if a.time_limit and time.perf_counter() - start > a.time_limit:
+            limited["epochs"] = len(stamps)
+            raise TimeUp
 
     def timed_valid(*args, **kw):  # type: ignore[no-untyped-def]
         score, result = valid_epoch(*args, **kw)
@@ -99,7 +127,10 @@ def main() -> None:
         return score, result
 
     trainer._train_epoch, trainer._valid_epoch = timed_train, timed_valid
-    trainer.fit(train, valid, saved=True, show_progress=False)
+    try:  # (RecBole saved the best model before it called back)
+        trainer.fit(train, valid, saved=True, show_progress=False, callback_fn=time_limit)
+    except TimeUp:
+        pass
     train_seconds = time.perf_counter() - start
     recbole_test = trainer.evaluate(test, load_best_model=True, show_progress=False)
 
@@ -119,13 +150,33 @@ def main() -> None:
             ranks.update({str(u): float(r) for u, r in zip(users, rank.tolist(),
                                                            strict=True)})
     epochs = [b - a for a, b in zip([start, *stamps[:-1]], stamps, strict=True)]
+    device_name = torch.cuda.get_device_name() if a.device != "cpu" else cpu_name()
     a.out.write_text(json.dumps({
         "ranks": ranks, "epoch_seconds": epochs, "epochs": len(stamps),
         "seconds_to_best": best["at"], "best_epoch": best["epoch"],
         "train_seconds": train_seconds, "threads": torch.get_num_threads(),
+        "device": a.device, "device_name": device_name,
+        "time_limited_after_epochs": limited["epochs"],
+        "inputs": {"events_sha256": hashlib.sha256(events.read_bytes()).hexdigest(),
+                   "max_len": a.max_len, "epochs": a.epochs, "time_limit": a.time_limit},
+        "made": f"{dt.date.today().isoformat()} on {device_name}",
         "recbole_test": {k: float(v) for k, v in recbole_test.items()},
         "items": int(dataset.item_num - 1), "users": len(ranks)}, indent=1))
     shutil.rmtree(work / "saved", ignore_errors=True)
+
+
+def cpu_name() -> str:
+    """The CPU's model name, with its family and model (a virtual machine's name may not
+    say which generation it is)."""
+    info: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            k, _, v = line.partition(":")
+            info.setdefault(k.strip(), v.strip())
+    except OSError:
+        return "cpu"
+    name = info.get("model name", "cpu")
+    return f"{name} family {info.get('cpu family', '?')} model {info.get('model', '?')}"
 
 
 def estimate(trainer, model, train, n: int) -> dict:  # type: ignore[no-untyped-def]

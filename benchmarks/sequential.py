@@ -98,15 +98,24 @@ def events(name: str, work: Path, max_users: int | None = None) -> tuple[Path, P
     return samples, tsv
 
 
-def sampan_run(name: str, model: str, samples: Path, work: Path, epochs: int) -> dict:
-    """Train, then rank the test users: metrics, ranks by user and wall times."""
+def sampan_run(name: str, model: str, samples: Path, work: Path, epochs: int,
+               reuse: bool = False) -> dict:
+    """Train (``reuse``: take the finished run already in ``work``), then rank the test
+    users: metrics, ranks by user and wall times."""
     from rich.console import Console
 
     from sampan.config import load_config
-    from sampan.train.experiment import RunArtifacts, run_experiment
+    from sampan.train.experiment import run_experiment
 
     max_len = DATASETS[name][1]
     run = work / f"{samples.stem}-{model}"  # beauty-sasrec, beauty-3000-sasrec
+    if reuse:
+        if not (run / "results.json").exists():
+            raise SystemExit(f"--reuse-sampan: no finished run {run}; run without it first")
+        made = json.loads((run / "results.json").read_text())
+        if made.get("model") != MODELS[model]["name"]:
+            raise SystemExit(f"--reuse-sampan: {run} trained {made.get('model')!r}")
+        return sampan_result(run, made)
     if run.exists():
         import shutil
 
@@ -120,6 +129,17 @@ def sampan_run(name: str, model: str, samples: Path, work: Path, epochs: int) ->
                                 "kind": "sequence", "max_len": max_len}]},
         "model": MODELS[model], "train": {**TRAIN, "epochs": epochs}})
     res = run_experiment(cfg, run_dir=run, console=Console(quiet=True))
+    from accuracy import machine
+
+    (run / "made.json").write_text(json.dumps({"date": dt.date.today().isoformat(),
+                                               "machine": machine()}))
+    return sampan_result(run, res)
+
+
+def sampan_result(run: Path, res: dict) -> dict:
+    """A finished run's test ranks by user and wall times (``res``: its results)."""
+    from sampan.train.experiment import RunArtifacts
+
     history = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     valid = [h for h in history if h.get("split") == "valid"]
     logged = [h for h in history if h.get("split") == "train"]
@@ -138,13 +158,24 @@ def sampan_run(name: str, model: str, samples: Path, work: Path, epochs: int) ->
             "test": res["test"], "epochs": len(valid),
             "epoch_seconds": float(np.mean(np.diff(stamps))),
             "seconds_to_best": best["time"] - start, "train_seconds": res["train_seconds"],
-            "best_epoch": valid.index(best)}
+            "best_epoch": valid.index(best), "made": made_by(run)}
+
+
+def made_by(run: Path) -> str:
+    """When and where a Sampan run trained (its date alone for runs that did not record
+    their machine)."""
+    if (run / "made.json").exists():
+        m = json.loads((run / "made.json").read_text())
+        return f"{m['date']} on {m['machine']['cpu']}"
+    day = dt.date.fromtimestamp((run / "results.json").stat().st_mtime).isoformat()
+    return f"{day} (machine not recorded)"
 
 
 def recbole_run(python: str | None, name: str, tsv: Path, work: Path, threads: int,
-                epochs: int) -> dict:
+                epochs: int, result: Path | None = None) -> dict:
     """RecBole's SASRec on ``tsv``; with ``python`` None, its result from an earlier run in
-    ``work`` on the same events (``r["reused"]`` says when that run was)."""
+    ``work`` on the same events, or ``result``, a result made elsewhere (on a GPU machine:
+    benchmarks/recbole_gpu.sh); ``r["reused"]`` then says when and where that run was."""
     from accuracy import machine
 
     from sampan.data.hashing import stable_hash
@@ -153,15 +184,29 @@ def recbole_run(python: str | None, name: str, tsv: Path, work: Path, threads: i
     settings = {"events_bytes": tsv.stat().st_size, "max_len": DATASETS[name][1],
                 "threads": threads, "epochs": epochs}
     if python is None:
-        if not out.exists():
-            raise SystemExit(f"--reuse-recbole: no earlier RecBole result {out}; run with "
+        src = result or out
+        if not src.exists():
+            raise SystemExit(f"--reuse-recbole: no earlier RecBole result {src}; run with "
                              "--recbole PYTHON first")
-        r = json.loads(out.read_text())
-        made = r.get("settings", {})
-        # results written before the settings were recorded carry none to check
-        if made and any(made.get(k) != v for k, v in settings.items()):
-            raise SystemExit(f"--reuse-recbole: {out} was made with {made}, not {settings}")
-        r["reused"] = r.get("made", dt.date.fromtimestamp(out.stat().st_mtime).isoformat())
+        r = json.loads(src.read_text())
+        inputs = r.get("inputs", {})  # what recbole_sasrec.py trained on (since 2026-12-07)
+        if inputs and (inputs["events_sha256"] != file_sha256(tsv)
+                       or inputs["max_len"] != DATASETS[name][1]):
+            raise SystemExit(f"{src} was made on other events or another length than "
+                             f"{tsv} at {DATASETS[name][1]}: {inputs}")
+        if result is not None:
+            if not inputs:
+                raise SystemExit(f"--recbole-result: {result} does not say what it trained on")
+            r["reused"] = r.get("made", f"{dt.date.fromtimestamp(result.stat().st_mtime)} on "
+                                f"{r.get('device_name', 'an unnamed machine')}")
+        else:
+            made = r.get("settings", {})
+            # results written before the settings were recorded carry none to check
+            if made and any(made.get(k) != v for k, v in settings.items()):
+                raise SystemExit(f"--reuse-recbole: {out} was made with {made}, not "
+                                 f"{settings}")
+            r["reused"] = r.get("made", dt.date.fromtimestamp(
+                out.stat().st_mtime).isoformat())
     else:
         cmd = [python, str(ROOT / "benchmarks" / "recbole_sasrec.py"), str(tsv), str(out),
                "--max-len", str(DATASETS[name][1]), "--threads", str(threads),
@@ -178,6 +223,12 @@ def recbole_run(python: str | None, name: str, tsv: Path, work: Path, threads: i
     r["ranks"] = dict(zip(hashed, (r["ranks"][u] for u in users), strict=True))
     r["epoch_seconds"] = float(np.mean(r["epoch_seconds"])) if r["epoch_seconds"] else 0.0
     return r
+
+
+def file_sha256(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def ndcg10(ranks: np.ndarray) -> np.ndarray:
@@ -252,6 +303,15 @@ def main() -> None:
     ap.add_argument("--reuse-recbole", action="store_true",
                     help="take RecBole's result from an earlier run in --work on the same "
                     "events and settings instead of training it again")
+    ap.add_argument("--recbole-result", type=Path, metavar="JSON",
+                    help="RecBole's result made elsewhere on the same events (on a GPU "
+                    "machine: benchmarks/recbole_gpu.sh) instead of training it here; with "
+                    "one dataset")
+    ap.add_argument("--reuse-sampan", action="store_true",
+                    help="take Sampan's finished runs in --work instead of training again")
+    ap.add_argument("--events-only", action="store_true",
+                    help="only write each dataset's events (Sampan's samples and RecBole's "
+                    "TSV) into --work")
     ap.add_argument("--epochs", type=int, default=TRAIN["epochs"],
                     help="the most epochs each model trains (both stop early)")
     ap.add_argument("--caveat", help="a note on the run, printed in its line (e.g. that "
@@ -262,8 +322,11 @@ def main() -> None:
                     default=ROOT / "benchmarks" / "results" / "sequential.json")
     ap.add_argument("--results", type=Path, default=ROOT / "RESULTS.md")
     a = ap.parse_args()
-    if a.recbole and a.reuse_recbole:
-        ap.error("--recbole trains RecBole again; --reuse-recbole takes its earlier result")
+    if sum(map(bool, (a.recbole, a.reuse_recbole, a.recbole_result))) > 1:
+        ap.error("one of --recbole (train RecBole here), --reuse-recbole (its earlier result "
+                 "in --work) and --recbole-result (a result made elsewhere)")
+    if a.recbole_result and len(a.datasets) != 1:
+        ap.error("--recbole-result is one dataset's result: name that dataset alone")
     import torch
     from _readme import update_block
     from accuracy import machine
@@ -280,17 +343,32 @@ def main() -> None:
     run_info = {"command": shlex.join(["python", "benchmarks/sequential.py", *argv]),
                 "date": dt.date.today().isoformat(), "machine": machine()}
     report = {"datasets": earlier(out_json)}
+    if a.events_only:
+        for name in a.datasets:
+            print(*events(name, a.work, a.max_users))
+        return
     for name in a.datasets:
         samples, tsv = events(name, a.work, a.max_users)
-        runs = {f"sampan {m}": sampan_run(name, m, samples, a.work, a.epochs)
+        runs = {f"sampan {m}": sampan_run(name, m, samples, a.work, a.epochs, a.reuse_sampan)
                 for m in a.models}
         info = dict(run_info)
         notes = [a.caveat] if a.caveat else []
-        if a.recbole or a.reuse_recbole:
+        if a.reuse_sampan:
+            notes.append("Sampan's rows are its runs of " + ", ".join(sorted({
+                r["made"] for r in runs.values()})) + ".")
+        if a.recbole or a.reuse_recbole or a.recbole_result:
             runs["recbole sasrec"] = r = recbole_run(a.recbole, name, tsv, a.work,
-                                                     torch.get_num_threads(), a.epochs)
+                                                     torch.get_num_threads(), a.epochs,
+                                                     a.recbole_result)
             if "reused" in r:
                 notes.append(f"RecBole's row is its run of {r['reused']}.")
+            if r.get("device", "cpu") != "cpu":
+                notes.append(f"RecBole trained on a GPU ({r['device_name']}): its time "
+                             "columns are not comparable with Sampan's.")
+            if r.get("time_limited_after_epochs"):
+                n = r["time_limited_after_epochs"]
+                notes.append(f"RecBole reached its time limit after {n} epoch"
+                             f"{'s' if n != 1 else ''} (best at epoch {r['best_epoch'] + 1}).")
         if notes:
             info["caveat"] = " ".join(notes)
         users = sorted(set.intersection(*(set(r["ranks"]) for r in runs.values())))
