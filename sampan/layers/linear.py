@@ -97,7 +97,11 @@ def forward_gemm(kernel: str, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor 
 
 
 def input_grad_gemm(kernel: str, g: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """``g [N, O] W [O, K]``: the gradient of the layer's input."""
+    """``g [N, O] W [O, K]``: the gradient of the layer's input. With one output it is an
+    outer product, one broadcast multiply (the same products, each written once: both
+    libraries' GEMMs took longer for it)."""
+    if w.shape[0] == 1:
+        return g * w
     return _gemm(g, w.t(), None) if kernel == "onednn" else g.mm(w)
 
 
@@ -105,6 +109,17 @@ def weight_grad_gemm(kernel: str, g: torch.Tensor, x: torch.Tensor) -> torch.Ten
     """``g^T [O, N] x [N, K]``: the gradient of the weight. MKL takes the transposed operand
     as a flag; oneDNN needs it copied (in cache-sized blocks)."""
     return _gemm(_transposed(g), x.t(), None) if kernel == "onednn" else g.t().mm(x)
+
+
+def own_gemms(*tensors: torch.Tensor) -> bool:
+    """Whether a layer on these tensors runs its own GEMMs (:func:`forward_gemm` and the
+    others): fp32 on the CPU, outside autocast, where this torch has oneDNN. Compiled,
+    exported and traced graphs use the standard ops (inductor lowers them; it has no
+    lowering of the oneDNN call)."""
+    return (_ONEDNN and all(t.device.type == "cpu" and t.dtype == torch.float32
+                            for t in tensors)
+            and not torch.is_autocast_enabled("cpu")
+            and not torch.compiler.is_compiling() and not torch.jit.is_tracing())
 
 
 class _Linear(torch.autograd.Function):
@@ -145,10 +160,12 @@ class Linear(nn.Linear):
     """Drop-in ``nn.Linear`` (same parameters and state_dict) with a CPU library per GEMM.
 
     ``kernel`` is ``"onednn"`` (the default), ``"mkl"`` (``F.linear``, exactly
-    ``nn.Linear``), or one library per GEMM such as ``"onednn/onednn/mkl"`` (forward /
-    input gradient / weight gradient); training sets it per layer by measurement
-    (:mod:`sampan.layers.kernels`, ``train.kernels``). ``activation="relu"`` applies a ReLU
-    to the output inside the forward GEMM (what :class:`~sampan.layers.mlp.MLP` uses).
+    ``nn.Linear``; a layer with one output computes the same numbers with its input
+    gradient as a broadcast multiply), or one library per GEMM such as
+    ``"onednn/onednn/mkl"`` (forward / input gradient / weight gradient); training sets it
+    per layer by measurement (:mod:`sampan.layers.kernels`, ``train.kernels``).
+    ``activation="relu"`` applies a ReLU to the output inside the forward GEMM (what
+    :class:`~sampan.layers.mlp.MLP` uses).
 
     >>> layer = Linear(3, 2)
     >>> x = torch.randn(5, 3)
@@ -178,12 +195,8 @@ class Linear(nn.Linear):
         """``x [..., K]`` -> ``[..., O]``; ``weight`` (``[O, K]``, computed from
         ``self.weight`` by the caller) replaces the layer's own, bias and kernels kept."""
         w = self.weight if weight is None else weight
-        if (self._kernels != ALL_MKL and x.device.type == "cpu" and x.dtype == torch.float32
-                and w.dtype == torch.float32
-                and not torch.is_autocast_enabled("cpu") and _ONEDNN
-                # compiled, exported and traced graphs use the standard op (inductor
-                # lowers it; it has no lowering of the oneDNN call)
-                and not torch.compiler.is_compiling() and not torch.jit.is_tracing()):
+        if ((self._kernels != ALL_MKL or self.out_features == 1)  # (see input_grad_gemm)
+                and own_gemms(x, w)):
             return linear(x, w, self.bias, self._kernels, self.relu)
         out = F.linear(x, w, self.bias)
         return F.relu(out) if self.relu else out

@@ -3,7 +3,7 @@ stacked on or in parallel with an MLP."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from pydantic import Field
@@ -13,8 +13,61 @@ from sampan.batch import Batch
 from sampan.config import MLPModelConfig
 from sampan.layers import MLP, FeatureEmbedding, FieldInput, Linear, bias_terms
 from sampan.layers.embed import start_readout_from_lr
+from sampan.layers.linear import (
+    Choice,
+    forward_gemm,
+    input_grad_gemm,
+    own_gemms,
+    weight_grad_gemm,
+)
 from sampan.models.registry import register_model
 from sampan.schema import DataSchema
+
+
+class _CrossNet(torch.autograd.Function):
+    """A full-rank cross network's layers in one autograd node, each GEMM on its layer's
+    library (:mod:`sampan.layers.linear`). Its backward takes two passes over the
+    activations a layer (``g * x_0``, and ``g * (W x_l + b)`` added in place into ``x_0``'s
+    gradient) and adds each input gradient inside its GEMM; layer by layer, autograd takes
+    four (two products, the sum of the two paths into ``x_l``, the sum into ``x_0``)."""
+
+    @staticmethod
+    def forward(ctx: Any, x0: torch.Tensor, kernels: list[Choice],
+                *params: torch.Tensor) -> torch.Tensor:
+        x, saved = x0, []
+        for k, w, b in zip(kernels, params[0::2], params[1::2], strict=True):
+            wx = forward_gemm(k[0], x, w, b)
+            saved += [x, wx]
+            x = torch.addcmul(x, x0, wx)
+        ctx.save_for_backward(x0, *params, *saved)
+        ctx.kernels = kernels
+        return x
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x0, *rest = ctx.saved_tensors
+        n = len(ctx.kernels)
+        params, saved = rest[:2 * n], rest[2 * n:]
+        grads: list[torch.Tensor | None] = [None] * (2 * n)
+        own = False  # g is the caller's (maybe a view of a concatenation's gradient): the
+        # first layer's sum of the two paths into x_i makes this node's own copy
+        gx0: torch.Tensor | None = None
+        for i in reversed(range(n)):  # x_{i+1} = x_i + x_0 * (W_i x_i + b_i)
+            k, w, x, wx = ctx.kernels[i], params[2 * i], saved[2 * i], saved[2 * i + 1]
+            gwx = g * x0
+            gx0 = g * wx if gx0 is None else gx0.addcmul_(g, wx)
+            if ctx.needs_input_grad[2 + 2 * i]:
+                grads[2 * i] = weight_grad_gemm(k[2], gwx, x)
+            if ctx.needs_input_grad[3 + 2 * i]:
+                grads[2 * i + 1] = gwx.sum(0)
+            if k[1] == "mkl":  # the GEMM adds into g (beta = 1)
+                g = g.addmm_(gwx, w) if own else torch.addmm(g, gwx, w)
+            else:
+                gi = input_grad_gemm(k[1], gwx, w)
+                g = g.add_(gi) if own else g + gi
+            own = True
+        assert gx0 is not None
+        return (g.add_(gx0) if ctx.needs_input_grad[0] else None, None, *grads)
 
 
 class CrossNetV2(nn.Module):
@@ -32,8 +85,13 @@ class CrossNetV2(nn.Module):
                                                  Linear(rank, dim)) for _ in range(layers))
 
     def forward(self, x0: torch.Tensor) -> torch.Tensor:
+        layers = list(self.w)
+        if layers and all(isinstance(w, Linear) for w in layers) and own_gemms(
+                x0, *(w.weight for w in layers)):
+            params = [t for w in layers for t in (w.weight, w.bias)]
+            return _CrossNet.apply(x0, [w._kernels for w in layers], *params)
         x = x0
-        for w in self.w:
+        for w in layers:
             x = torch.addcmul(x, x0, w(x))  # x0 * w(x) + x in one pass
         return x
 

@@ -25,6 +25,34 @@ def test_cross_net_v2_equals_formula():
     torch.testing.assert_close(net(x0), x2)
 
 
+@pytest.mark.parametrize("kernel", ["mkl", "onednn", "onednn/mkl/onednn"])
+@pytest.mark.parametrize("contiguous_grad", [True, False])
+def test_cross_net_v2_in_one_node_has_the_gradients_of_the_formula(kernel, contiguous_grad):
+    """The full-rank cross network's own backward (one autograd node, each input gradient
+    added inside its GEMM) against autograd through the formula, on each library; the
+    upstream gradient contiguous (then it is not written into) or a view."""
+    from sampan.layers.linear import onednn_available
+
+    torch.manual_seed(0)
+    net = CrossNetV2(37, 3)
+    for w in net.w:
+        w.kernel = kernel
+    x0 = torch.randn(300, 37, requires_grad=True)
+    out = net(x0)
+    assert (type(out.grad_fn).__name__ == "_CrossNetBackward") == onednn_available()
+    up = torch.randn(300, 74)[:, ::2] if not contiguous_grad else torch.randn(300, 37)
+    kept = up.clone()
+    got = torch.autograd.grad(out, [x0, *net.parameters()], up)
+    assert torch.equal(up, kept)  # the caller's gradient is left as it was
+    x = x0
+    for w in net.w:
+        x = x0 * (x @ w.weight.T + w.bias) + x
+    want = torch.autograd.grad(x, [x0, *net.parameters()], up)
+    torch.testing.assert_close(out, x)
+    for a, b in zip(got, want, strict=True):  # fp32 sums over 300 rows in another order
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=2e-6 * b.abs().max().item())
+
+
 def test_fm_interaction_in_parts_has_the_gradient_of_the_plain_formula():
     torch.manual_seed(0)
     a = torch.randn(6, 4, 5, dtype=torch.float64, requires_grad=True)

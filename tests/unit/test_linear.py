@@ -54,6 +54,25 @@ def test_onednn_path_is_taken_when_available():
         any(n.startswith("Addmm") for n in nodes)
 
 
+@pytest.mark.parametrize("kernel", ["mkl", "onednn", "mkl/onednn/mkl"])
+def test_one_output_layer_gradients_are_nn_linears_to_the_bit(kernel):
+    """A layer with one output takes its input gradient as a broadcast multiply (an outer
+    product: no sum, so the same numbers as the GEMM), whatever its kernel."""
+    torch.manual_seed(0)
+    layer = Linear(37, 1)
+    layer.kernel = kernel
+    x = torch.randn(300, 37, requires_grad=True)
+    out = layer(x)
+    assert any(n.startswith("_LinearBackward") for n in _graph_nodes(out.grad_fn)) == \
+        onednn_available()
+    g = torch.randn_like(out)
+    out.backward(g)
+    gx = x.grad.clone()
+    x.grad = None
+    F.linear(x, layer.weight, layer.bias).backward(g)
+    assert torch.equal(gx, x.grad)
+
+
 def test_blocked_transpose():
     a = torch.randn(3000, 7)
     assert torch.equal(_transposed(a), a.t().contiguous())
