@@ -29,7 +29,8 @@ class _CrossNet(torch.autograd.Function):
     library (:mod:`sampan.layers.linear`). Its backward takes two passes over the
     activations a layer (``g * x_0``, and ``g * (W x_l + b)`` added in place into ``x_0``'s
     gradient) and adds each input gradient inside its GEMM; layer by layer, autograd takes
-    four (two products, the sum of the two paths into ``x_l``, the sum into ``x_0``)."""
+    four (two products, the sum of the two paths into ``x_l``, the sum into ``x_0``). The
+    layers' modules are not called: their forward hooks see nothing while this runs."""
 
     @staticmethod
     def forward(ctx: Any, x0: torch.Tensor, kernels: list[Choice],
@@ -86,8 +87,10 @@ class CrossNetV2(nn.Module):
 
     def forward(self, x0: torch.Tensor) -> torch.Tensor:
         layers = list(self.w)
-        if layers and all(isinstance(w, Linear) for w in layers) and own_gemms(
-                x0, *(w.weight for w in layers)):
+        # training only: without gradients the loop below is as fast, and it calls each
+        # layer's forward, whose hooks record the shapes the kernel choice times
+        if layers and torch.is_grad_enabled() and all(isinstance(w, Linear) for w in layers) \
+                and own_gemms(x0, *(w.weight for w in layers)):
             params = [t for w in layers for t in (w.weight, w.bias)]
             return _CrossNet.apply(x0, [w._kernels for w in layers], *params)
         x = x0

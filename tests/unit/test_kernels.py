@@ -132,6 +132,18 @@ def test_plan_kernels_records_shapes_and_applies_the_choice(tmp_path):
     assert old.describe().startswith("mkl for 1 layer(s), onednn for 1 layer(s)")
 
 
+def test_layers_that_train_inside_one_node_are_planned_too():
+    """DCNv2's cross network trains as one autograd node that does not call its layers'
+    modules; the planning probe (no gradients) still reaches every layer."""
+    from sampan.models.dcn_v2 import CrossNetV2
+
+    net = CrossNetV2(37, 3)
+    x = torch.randn(64, 37, requires_grad=True)
+    assert set(layer_shapes(net, lambda: net(x))) == {"w.0", "w.1", "w.2"}
+    plan_kernels(net, "mkl", lambda: net(x))
+    assert [w.kernel for w in net.w] == ["mkl"] * 3
+
+
 @pytest.mark.parametrize("kernel", ["mkl", "onednn", "onednn/mkl/onednn", "mkl/onednn/mkl"])
 @pytest.mark.parametrize("relu", [False, True])
 def test_every_kernel_choice_computes_the_same_layer(kernel, relu):
