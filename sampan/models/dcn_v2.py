@@ -18,6 +18,7 @@ from sampan.layers.linear import (
     forward_gemm,
     input_grad_gemm,
     own_gemms,
+    plain,
     weight_grad_gemm,
 )
 from sampan.models.registry import register_model
@@ -92,7 +93,7 @@ class CrossNetV2(nn.Module):
         if layers and torch.is_grad_enabled() and all(isinstance(w, Linear) for w in layers) \
                 and own_gemms(x0, *(w.weight for w in layers)):
             params = [t for w in layers for t in (w.weight, w.bias)]
-            return _CrossNet.apply(x0, [w._kernels for w in layers], *params)
+            return _CrossNet.apply(plain(x0), [w._kernels for w in layers], *params)
         x = x0
         for w in layers:
             x = torch.addcmul(x, x0, w(x))  # x0 * w(x) + x in one pass
