@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import web
+
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # the suite runs on two workers (pyproject's addopts), which share the machine's cores:
     # one thread each, and for the commands the tests start, so that no core is oversubscribed
@@ -147,7 +149,7 @@ class Served:
         self._reader.start()
         for _ in range(600):
             try:
-                if httpx.get(f"{self.url}/readyz").status_code == 200:
+                if web.get(f"{self.url}/readyz").status_code == 200:
                     return
             except httpx.HTTPError:
                 pass

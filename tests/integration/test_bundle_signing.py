@@ -12,7 +12,6 @@ import shutil
 import subprocess
 import sys
 
-import httpx
 import pytest
 from rich.console import Console
 
@@ -30,6 +29,7 @@ from sampan.errors import BundleError, ConfigError
 from sampan.export import export_run
 from sampan.serving import Predictor
 from sampan.train.experiment import run_experiment
+from tests import web
 from tests.conftest import Served, free_port, tiny_config
 from tests.integration.test_cli import sampan_here
 
@@ -197,24 +197,24 @@ def test_reload_through_a_real_server_refuses_with_a_json_error(bundles, tmp_pat
                  grpc=False)
     auth = {"authorization": f"Bearer {TOKEN}"}
     try:
-        r = httpx.post(f"{srv.url}/v1/admin/reload", json={"bundle": str(bad)}, headers=auth,
-                       timeout=60)
+        r = web.post(f"{srv.url}/v1/admin/reload", json={"bundle": str(bad)}, headers=auth,
+                     timeout=60)
         assert r.status_code == 400, r.text
         body = r.json()
         assert body["field"] == "bundle"
         assert str(bad) in body["error"] and "signature does not verify" in body["error"]
-        r = httpx.post(f"{srv.url}/v1/admin/reload", json={"bundle": str(bundles["unsigned"])},
-                       headers=auth, timeout=60)
+        r = web.post(f"{srv.url}/v1/admin/reload", json={"bundle": str(bundles["unsigned"])},
+                     headers=auth, timeout=60)
         assert r.status_code == 400 and "is not signed" in r.json()["error"], r.text
-        r = httpx.post(f"{srv.url}/v1/admin/reload",  # the retrieval bundle: checked alike
-                       json={"retrieval_bundle": str(bundles["unsigned"])}, headers=auth,
-                       timeout=60)
+        r = web.post(f"{srv.url}/v1/admin/reload",  # the retrieval bundle: checked alike
+                     json={"retrieval_bundle": str(bundles["unsigned"])}, headers=auth,
+                     timeout=60)
         assert r.status_code == 400, r.text
         assert r.json()["field"] == "retrieval_bundle" and "is not signed" in r.json()["error"]
         # the signed bundle still serves, and reloads
-        assert httpx.get(f"{srv.url}/readyz").status_code == 200
-        r = httpx.post(f"{srv.url}/v1/admin/reload", json={"bundle": str(bundles["signed"])},
-                       headers=auth, timeout=60)
+        assert web.get(f"{srv.url}/readyz").status_code == 200
+        r = web.post(f"{srv.url}/v1/admin/reload", json={"bundle": str(bundles["signed"])},
+                     headers=auth, timeout=60)
         assert r.status_code == 200, r.text
     finally:
         out = srv.stop()

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from benchmarks.serve_load import start_server
+from tests import web
 from tests.conftest import tiny_config
 from tests.integration.test_cli import ENV, SAMPAN, sampan, write_cfg
 
@@ -172,10 +173,10 @@ def kill_reload(root: Path, rng: np.random.Generator) -> None:
                for _, p in answered)
     proc, url = start(a)  # started again, then the reload that was lost is sent again
     try:
-        r = httpx.post(f"{url}/v1/admin/reload", json={"bundle": str(b)}, headers=auth,
-                       timeout=60)
+        r = web.post(f"{url}/v1/admin/reload", json={"bundle": str(b)}, headers=auth,
+                     timeout=60)
         assert r.status_code == 200, r.text
-        got = httpx.post(f"{url}/v1/predict", json={"records": records()}).json()
+        got = web.post(f"{url}/v1/predict", json={"records": records()}).json()
         np.testing.assert_allclose(got["probabilities"], want_b, atol=1e-6)
     finally:
         proc.terminate()
@@ -184,7 +185,7 @@ def kill_reload(root: Path, rng: np.random.Generator) -> None:
 
 def _quiet_post(url: str, body: dict, headers: dict) -> None:
     try:
-        httpx.post(url, json=body, headers=headers, timeout=60)
+        web.post(url, json=body, headers=headers, timeout=60)
     except httpx.HTTPError:
         pass  # killed mid-reload: no answer
 

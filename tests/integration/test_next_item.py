@@ -10,6 +10,7 @@ import pytest
 
 from sampan.data.behaviour import BuildOptions, build_sequences
 from sampan.data.synthetic import interaction_samples
+from tests import web
 from tests.integration.test_cli import sampan_here
 from tests.integration.test_learning import TRAIN, markov_lines, run
 
@@ -145,13 +146,11 @@ def test_export_and_serve_top_k_from_the_live_history(sasrec_run, sasrec_bundle)
             check(empty, [])
             assert "holds no item the retrieval model knows" in empty.warnings[0]
             # the OpenAPI document's examples are this bundle's, and each is taken
-            import httpx
-
-            schemas = httpx.get(f"{served.url}/openapi.json").json()["components"]["schemas"]
+            schemas = web.get(f"{served.url}/openapi.json").json()["components"]["schemas"]
             for name, route in (("PredictRequest", "predict"), ("RankRequest", "rank"),
                                 ("RecommendRequest", "recommend"), ("EventsRequest", "events")):
                 body = schemas[name]["examples"][0]
-                r = httpx.post(f"{served.url}/v1/{route}", json=body)
+                r = web.post(f"{served.url}/v1/{route}", json=body)
                 assert r.status_code == 200, (name, body, r.text)
             # the history comes from the live state by the user: the user is what a
             # record gives

@@ -23,6 +23,7 @@ from sampan.config import ConfigError, load_config
 from sampan.data.pipeline import FeaturePipeline
 from sampan.data.rejects import RejectLog
 from sampan.data.sources import expand_paths, read_source
+from tests import web
 from tests.conftest import ROOT, Served
 from tests.integration.test_cli import sampan_here
 
@@ -284,9 +285,8 @@ def test_the_cli_trains_a_paddlerec_folder_then_eval_export_and_serve_work(tmp_p
             record[slot] = value
     srv = Served([str(bundle)], grpc=False)
     try:
-        import httpx
 
-        r = httpx.post(f"{srv.url}/v1/predict", json={"records": [record]})
+        r = web.post(f"{srv.url}/v1/predict", json={"records": [record]})
         assert r.status_code == 200, r.text
         got = r.json()
         assert got["labels"] == ["click"] and len(got["probabilities"]) == 1

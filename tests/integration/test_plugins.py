@@ -7,7 +7,6 @@ import subprocess
 import sys
 import textwrap
 
-import httpx
 import pytest
 import yaml
 
@@ -15,6 +14,7 @@ from sampan.config import ConfigError, load_config
 from sampan.config.plugins import load
 from sampan.models import get_model_class
 from sampan.testing import check_model
+from tests import web
 from tests.conftest import ROOT
 from tests.integration.test_defaults import small_csv
 
@@ -150,7 +150,7 @@ def test_a_user_model_trains_exports_and_serves_from_the_cli(tmp_path, user_file
     sampan("export", str(run), "--out", str(bundle))
     server, url = start_server(bundle)
     try:
-        r = httpx.post(f"{url}/v1/predict", json={"records": [
+        r = web.post(f"{url}/v1/predict", json={"records": [
             {"a": "v1", "b": "2", "x": 3.5}, {"a": "v2", "b": "0", "x": 0.1}]})
         assert r.status_code == 200, r.text
         probs = r.json()["probabilities"]

@@ -23,6 +23,7 @@ from sampan.config import load_config
 from sampan.export import export_run
 from sampan.serving import Predictor
 from sampan.train.experiment import run_experiment
+from tests import web
 from tests.conftest import Served, free_port
 
 TOKEN = "test-token"
@@ -84,17 +85,17 @@ def server(bundles, tmp_path_factory):
 
 
 def rank(url, user="u3", candidates=("i1", "i2", "i3", "i4", "i59", "never"), k=3):
-    return httpx.post(f"{url}/v1/rank", json={"context": {"user_id": user},
+    return web.post(f"{url}/v1/rank", json={"context": {"user_id": user},
                                               "candidates": list(candidates), "k": k})
 
 
 def test_routes(server, bundles):
     url, _ = server
-    assert httpx.get(f"{url}/healthz").json() == {"status": "ok"}
-    ready = httpx.get(f"{url}/readyz").json()
+    assert web.get(f"{url}/healthz").json() == {"status": "ok"}
+    ready = web.get(f"{url}/readyz").json()
     assert ready["model"] == "deepfm" and ready["labels"] == ["label"]
     # predict: the user's and item's attributes are joined from the feature store
-    r = httpx.post(f"{url}/v1/predict", json={"records": [
+    r = web.post(f"{url}/v1/predict", json={"records": [
         {"user_id": "u1", "item_id": "i2"}, {"user_id": "u5", "item_id": "i7"}]})
     assert r.status_code == 200, r.text
     got = np.array(r.json()["probabilities"])
@@ -107,7 +108,7 @@ def test_routes(server, bundles):
     assert r.status_code == 200, r.text
     items = r.json()["items"]
     assert len(items) == 3 and items[0]["score"] >= items[1]["score"] >= items[2]["score"]
-    each = httpx.post(f"{url}/v1/predict", json={"records": [
+    each = web.post(f"{url}/v1/predict", json={"records": [
         {"user_id": "u3", "item_id": c} for c in ("i1", "i2", "i3", "i4", "i59", "never")]})
     scores = dict(zip(("i1", "i2", "i3", "i4", "i59", "never"),
                       np.array(each.json()["probabilities"])[:, 0], strict=True))
@@ -121,34 +122,34 @@ def test_routes(server, bundles):
 
 def test_request_errors(server):
     url, _ = server
-    r = httpx.post(f"{url}/v1/predict", json={"records": [{"user_id": "u1", "colour": 1}]})
+    r = web.post(f"{url}/v1/predict", json={"records": [{"user_id": "u1", "colour": 1}]})
     assert r.status_code == 400 and r.json()["field"] == "colour"
     assert "for model 'deepfm'" in r.json()["error"]  # errors name the model
-    r = httpx.post(f"{url}/v1/predict", json={"records": [{"user_id": "u1"}]})
+    r = web.post(f"{url}/v1/predict", json={"records": [{"user_id": "u1"}]})
     assert r.status_code == 400 and r.json()["field"] == "item_id"
-    r = httpx.post(f"{url}/v1/predict", json={"records": [
+    r = web.post(f"{url}/v1/predict", json={"records": [
         {"user_id": "u1", "item_id": "i1", "age": "old"}]})
     assert r.status_code == 400 and r.json()["field"] == "age"
     assert "is a string ('old'); expected a number" in r.json()["error"]
     # a JSON number is expected, as the OpenAPI document says: "42" is refused too
-    r = httpx.post(f"{url}/v1/predict", json={"records": [
+    r = web.post(f"{url}/v1/predict", json={"records": [
         {"user_id": "u1", "item_id": "i1", "age": "42"}]})
     assert r.status_code == 400 and r.json()["field"] == "age"
-    r = httpx.post(f"{url}/v1/rank", json={"context": {"user_id": "u1"}, "candidates": []})
+    r = web.post(f"{url}/v1/rank", json={"context": {"user_id": "u1"}, "candidates": []})
     assert r.status_code == 422 and r.json()["field"] == "candidates"
-    r = httpx.post(f"{url}/v1/rank", json={"context": {"user_id": "u1"},
+    r = web.post(f"{url}/v1/rank", json={"context": {"user_id": "u1"},
                                            "candidates": ["i1"], "k": 0})
     assert r.status_code == 422 and r.json()["field"] == "k"
-    r = httpx.post(f"{url}/v1/predict", json={"records": [
+    r = web.post(f"{url}/v1/predict", json={"records": [
         {"user_id": "u1", "item_id": "i1"}] * 20000})
     assert r.status_code == 413 and r.json()["field"] == "body"
-    r = httpx.post(f"{url}/v1/admin/reload", json={"bundle": "/nowhere"})
+    r = web.post(f"{url}/v1/admin/reload", json={"bundle": "/nowhere"})
     assert r.status_code == 401
-    r = httpx.post(f"{url}/v1/admin/reload", json={"bundle": "  "},
-                   headers={"Authorization": f"Bearer {TOKEN}"})
+    r = web.post(f"{url}/v1/admin/reload", json={"bundle": "  "},
+                 headers={"Authorization": f"Bearer {TOKEN}"})
     assert r.status_code == 422 and r.json()["field"] == "bundle"
     assert "the path is empty" in r.json()["error"]
-    r = httpx.get(f"{url}/v1/predict")  # the wrong method: JSON, and what is allowed
+    r = web.get(f"{url}/v1/predict")  # the wrong method: JSON, and what is allowed
     assert r.status_code == 405 and r.json()["field"] == "path"
     assert "POST" in r.headers["allow"]
 
@@ -166,7 +167,7 @@ def test_grpc(server, bundles):
         rec = Struct()
         rec.update({"user_id": "u1", "item_id": "i2"})
         p = stub.Predict(pb.PredictRequest(records=[rec]))
-        http = httpx.post(f"{url}/v1/predict", json={"records": [
+        http = web.post(f"{url}/v1/predict", json={"records": [
             {"user_id": "u1", "item_id": "i2"}]}).json()
         assert abs(p.probabilities[0].values[0] - http["probabilities"][0][0]) < 1e-6
         ctx = Struct()
@@ -228,19 +229,19 @@ def test_reload_under_traffic_and_metrics(server, bundles):
         t.start()
     time.sleep(0.5)
     auth = {"Authorization": f"Bearer {TOKEN}"}
-    r = httpx.post(f"{url}/v1/admin/reload", json={"bundle": str(bundles[1])}, headers=auth,
-                   timeout=60)
+    r = web.post(f"{url}/v1/admin/reload", json={"bundle": str(bundles[1])}, headers=auth,
+                 timeout=60)
     assert r.status_code == 200 and r.json()["model"] == "dcn_v2", r.text
     time.sleep(0.5)
-    r = httpx.post(f"{url}/v1/admin/reload", json={"bundle": str(bundles[0])}, headers=auth,
-                   timeout=60)
+    r = web.post(f"{url}/v1/admin/reload", json={"bundle": str(bundles[0])}, headers=auth,
+                 timeout=60)
     assert r.status_code == 200
     time.sleep(0.3)
     stop.set()
     for t in threads:
         t.join()
     assert not failures and len(done) > 50
-    text = httpx.get(f"{url}/metrics").text
+    text = web.get(f"{url}/metrics").text
     assert 'sampan_requests_total{route="/v1/rank",status="200"}' in text
     assert 'sampan_requests_total{route="/v1/admin/reload",status="200"} 2.0' in text
     assert 'sampan_model_info{bundle=' in text and 'model="deepfm"' in text
@@ -330,7 +331,7 @@ def test_recommend(server, bundles):
     from sampan.train.experiment import RunArtifacts
 
     url, _ = server
-    r = httpx.post(f"{url}/v1/recommend", json={"context": {"user_id": "u3"}, "n": 20,
+    r = web.post(f"{url}/v1/recommend", json={"context": {"user_id": "u3"}, "n": 20,
                                                 "k": 5})
     assert r.status_code == 200, r.text
     body = r.json()
@@ -352,13 +353,13 @@ def test_recommend(server, bundles):
     vecs = index.reconstruct_n(0, index.ntotal)
     names = pq.read_table(bundles[2] / "items.parquet").column("item").to_pylist()
     brute = [names[i] for i in np.argsort(-(vecs @ u), kind="stable")[:20]]
-    ranked = httpx.post(f"{url}/v1/rank", json={"context": {"user_id": "u3"},
+    ranked = web.post(f"{url}/v1/rank", json={"context": {"user_id": "u3"},
                                                 "candidates": brute, "k": 5}).json()
     assert [i["item"] for i in body["items"]] == [i["item"] for i in ranked["items"]]
     assert all(abs(i["retrieval_score"] - float(vecs[names.index(i["item"])] @ u)) < 1e-4
                for i in body["items"])
     # one context for both models: a key neither reads is ignored and said, not an error
-    r = httpx.post(f"{url}/v1/recommend", json={"context": {"user_id": "u3", "colour": 1},
+    r = web.post(f"{url}/v1/recommend", json={"context": {"user_id": "u3", "colour": 1},
                                                 "n": 20, "k": 5})
     assert r.status_code == 200 and r.json()["items"] == body["items"]
     assert r.json()["warnings"] == ["context feature 'colour' is read by no served model "
@@ -383,7 +384,7 @@ def test_reload_reaches_every_worker(bundles):
 
     def ready():  # a new connection each time, so either worker may answer
         try:
-            r = httpx.get(f"{url}/readyz", timeout=5)
+            r = web.get(f"{url}/readyz", timeout=5)
             return r.json() if r.status_code == 200 else None
         except httpx.HTTPError:
             return None
@@ -406,16 +407,16 @@ def test_reload_reaches_every_worker(bundles):
         assert len(seen) == 2 and set(seen.values()) == {"deepfm"}, seen
         # /metrics adds up every worker's counts, whichever worker answers
         for _ in range(40):  # a new connection each: both workers take some
-            assert httpx.post(f"{url}/v1/predict", json={"records": [
+            assert web.post(f"{url}/v1/predict", json={"records": [
                 {"user_id": "u1", "item_id": "i2"}]}).status_code == 200
         for _ in range(4):
-            text = httpx.get(f"{url}/metrics").text
+            text = web.get(f"{url}/metrics").text
             assert 'sampan_requests_total{route="/v1/predict",status="200"} 40.0' in text
         assert sum(line.startswith("sampan_model_info{") and line.endswith(" 1.0")
                    for line in text.splitlines()) == 2  # one per worker (pid label)
         auth = {"Authorization": f"Bearer {TOKEN}"}
-        r = httpx.post(f"{url}/v1/admin/reload", json={"bundle": str(bundles[1])},
-                       headers=auth, timeout=60)
+        r = web.post(f"{url}/v1/admin/reload", json={"bundle": str(bundles[1])},
+                     headers=auth, timeout=60)
         assert r.status_code == 200, r.text
         assert r.json()["generation"] == 1 and r.json()["workers"] == 2
         deadline = time.time() + 10
@@ -429,27 +430,27 @@ def test_reload_reaches_every_worker(bundles):
         assert {g["worker"] for g in got} == set(seen)
         # a bundle that does not load is refused by the worker that takes the request and
         # never published: every worker keeps serving dcn_v2
-        r = httpx.post(f"{url}/v1/admin/reload", json={"bundle": str(bundles[0]) + "-nope"},
-                       headers=auth, timeout=60)  # no bundle there: 404
+        r = web.post(f"{url}/v1/admin/reload", json={"bundle": str(bundles[0]) + "-nope"},
+                     headers=auth, timeout=60)  # no bundle there: 404
         assert r.status_code == 404 and r.json()["field"] == "bundle"
-        r = httpx.post(f"{url}/v1/admin/reload", json={"bundle": str(bundles[1]),
+        r = web.post(f"{url}/v1/admin/reload", json={"bundle": str(bundles[1]),
                                                        "retrieval_bundle": str(bundles[0])},
-                       headers=auth, timeout=60)  # a ranking bundle is no retrieval bundle
+                     headers=auth, timeout=60)  # a ranking bundle is no retrieval bundle
         assert r.status_code == 400 and r.json()["field"] == "retrieval_bundle", r.text
-        assert httpx.post(f"{url}/v1/admin/reload", json={}, headers=auth).status_code == 422
+        assert web.post(f"{url}/v1/admin/reload", json={}, headers=auth).status_code == 422
         time.sleep(1.0)
         assert {g["model"] for g in answers()} == {"dcn_v2"}
         # a retrieval bundle reloaded into a server started without one: /v1/recommend
         # then works on every worker
         rec = {"context": {"user_id": "u3"}, "n": 10, "k": 3}
-        assert httpx.post(f"{url}/v1/recommend", json=rec).json()["field"] == \
+        assert web.post(f"{url}/v1/recommend", json=rec).json()["field"] == \
             "retrieval_bundle"
-        r = httpx.post(f"{url}/v1/admin/reload", json={"retrieval_bundle": str(bundles[2])},
-                       headers=auth, timeout=60)
+        r = web.post(f"{url}/v1/admin/reload", json={"retrieval_bundle": str(bundles[2])},
+                     headers=auth, timeout=60)
         assert r.status_code == 200 and r.json()["generation"] == 2, r.text
         assert "model" not in r.json() and "retrieval_version" in r.json()
         time.sleep(1.5)
-        codes = [httpx.post(f"{url}/v1/recommend", json=rec).status_code for _ in range(30)]
+        codes = [web.post(f"{url}/v1/recommend", json=rec).status_code for _ in range(30)]
         assert codes == [200] * 30, codes
         assert {g["model"] for g in answers()} == {"dcn_v2"}  # the ranking side unchanged
         # a bundle exported again to the same directory and reloaded reaches every worker
@@ -457,8 +458,8 @@ def test_reload_reaches_every_worker(bundles):
         for source, model in ((bundles[0], "deepfm"), (bundles[1], "dcn_v2")):
             shutil.rmtree(same, ignore_errors=True)
             shutil.copytree(source, same)
-            r = httpx.post(f"{url}/v1/admin/reload", json={"bundle": str(same)},
-                           headers=auth, timeout=60)
+            r = web.post(f"{url}/v1/admin/reload", json={"bundle": str(same)},
+                         headers=auth, timeout=60)
             assert r.status_code == 200 and r.json()["model"] == model, r.text
             time.sleep(1.5)
             assert {g["model"] for g in answers()} == {model}
@@ -471,11 +472,11 @@ def test_reload_reaches_every_worker(bundles):
             time.sleep(0.2)
         assert fresh is not None, "uvicorn did not start a new worker"
         assert fresh["model"] == "dcn_v2"
-        codes = [httpx.post(f"{url}/v1/recommend", json=rec).status_code for _ in range(20)]
+        codes = [web.post(f"{url}/v1/recommend", json=rec).status_code for _ in range(20)]
         assert codes == [200] * 20, codes
         # the dead worker's model gauge is gone; its request counts stay in the totals
         dead = next(iter(seen))
-        text = httpx.get(f"{url}/metrics").text
+        text = web.get(f"{url}/metrics").text
         info = [line for line in text.splitlines() if line.startswith("sampan_model_info{")]
         assert not [line for line in info if f'pid="{dead}"' in line], info
         assert sum(line.endswith(" 1.0") for line in info) == 2, info
@@ -540,7 +541,7 @@ def test_hostile_http_requests(server):
         assert c.get(f"{url}/openapi.json").status_code == 200
         assert c.get(f"{url}/docs").status_code == 200
         assert c.get(f"{url}/healthz").json() == {"status": "ok"}
-    text = httpx.get(f"{url}/metrics").text
+    text = web.get(f"{url}/metrics").text
     assert 'sampan_requests_total{route="/v1/predict",status="413"}' in text
     assert 'sampan_requests_total{route="/v1/rank",status="400"} ' in text
 
@@ -581,7 +582,7 @@ def test_hostile_grpc_requests(server):
         assert "k must be at least 1" in refused(
             lambda: stub.Rank(pb.RankRequest(context=ctx, candidates=["i1"], k=-1)))
         assert len(stub.Rank(pb.RankRequest(context=ctx, candidates=["i1"])).items) == 1
-    text = httpx.get(f"{url}/metrics").text
+    text = web.get(f"{url}/metrics").text
     assert 'sampan_requests_total{route="grpc/Predict",status="INVALID_ARGUMENT"} 4.0' in text
     assert 'sampan_requests_total{route="grpc/Rank",status="OK"}' in text
 
@@ -659,7 +660,7 @@ def test_openapi_documents_every_route_with_examples(server):
     from sampan.serving.service import ROUTES
 
     url, _ = server
-    r = httpx.get(f"{url}/openapi.json")
+    r = web.get(f"{url}/openapi.json")
     assert r.status_code == 200
     spec = r.json()
     schemas = spec["components"]["schemas"]
@@ -679,7 +680,7 @@ def test_openapi_documents_every_route_with_examples(server):
             body = op["requestBody"]["content"]["application/json"]["schema"]
             assert examples(body), route
             assert "400" in op["responses"] or route.startswith("/v1/admin"), route
-    assert httpx.get(f"{url}/docs").status_code == 200
+    assert web.get(f"{url}/docs").status_code == 200
 
 
 def test_feedback_log_joins_served_items_with_their_events(bundles, tmp_path):
@@ -698,11 +699,11 @@ def test_feedback_log_joins_served_items_with_their_events(bundles, tmp_path):
         assert r.status_code == 200 and r.headers["x-sampan-variant"] == "default"
         body = r.json()
         assert body["variant"] == "default" and len(body["request_id"]) == 32
-        p = httpx.post(f"{srv.url}/v1/predict", json={"records": [
+        p = web.post(f"{srv.url}/v1/predict", json={"records": [
             {"user_id": "u1", "item_id": "i2"}, {"user_id": "u5", "item_id": "i7"}]}).json()
         assert p["request_id"] != body["request_id"]
         top = body["items"][0]["item"]
-        ok = httpx.post(f"{srv.url}/v1/feedback", json={"events": [
+        ok = web.post(f"{srv.url}/v1/feedback", json={"events": [
             {"request_id": body["request_id"], "item": top, "type": "click"},
             {"request_id": body["request_id"], "item": top, "type": "click"},  # a repeat
             {"request_id": p["request_id"], "item": 1, "type": "click"}]})
@@ -716,7 +717,7 @@ def test_feedback_log_joins_served_items_with_their_events(bundles, tmp_path):
             got = svc.ScoringStub(ch).Feedback(pb.FeedbackRequest(events=[pb.FeedbackEvent(
                 request_id=body["request_id"], item=top, type="conversion")]))
             assert got.accepted == 1
-        bad = httpx.post(f"{srv.url}/v1/feedback", json={"events": [
+        bad = web.post(f"{srv.url}/v1/feedback", json={"events": [
             {"request_id": body["request_id"], "item": top, "type": "like"}]})
         assert bad.status_code == 400 and "'like'" in bad.json()["error"]
         assert bad.json()["field"] == "type"
@@ -742,12 +743,12 @@ def test_feedback_log_joins_served_items_with_their_events(bundles, tmp_path):
         assert report["arms"]["default"]["clicks"] == 2
         assert report["arms"]["default"]["impressions"] == 5
         # its counts, for a dashboard and for a person
-        metrics = httpx.get(f"{srv.url}/metrics").text
+        metrics = web.get(f"{srv.url}/metrics").text
         assert 'sampan_feedback_rows_total{outcome="written"} 5.0' in metrics
         assert 'sampan_feedback_rows_total{outcome="duplicate"} 1.0' in metrics
         assert 'sampan_feedback_journal_total{kind="served"} 5.0' in metrics
         assert 'sampan_feedback_pending{what="items"} 0.0' in metrics
-        fb = httpx.get(f"{srv.url}/readyz").json()["feedback"]
+        fb = web.get(f"{srv.url}/readyz").json()["feedback"]
         assert fb["journal"]["served"] == 5 and fb["joiner"]["written"] == 5
         # the Python clients carry the request id and arm, and send feedback
         from sampan.client import Client, GrpcClient
@@ -766,7 +767,7 @@ def test_feedback_log_joins_served_items_with_their_events(bundles, tmp_path):
 
 def test_feedback_without_a_log_is_refused(server):
     url, _ = server
-    r = httpx.post(f"{url}/v1/feedback", json={"events": [
+    r = web.post(f"{url}/v1/feedback", json={"events": [
         {"request_id": "x", "item": "i1", "type": "click"}]})
     assert r.status_code == 409 and "feedback.dir" in r.json()["error"]
 
@@ -802,25 +803,25 @@ def test_an_experiment_keeps_each_user_in_one_arm(bundles, tmp_path):
         assert arms(srv.url) == first  # sticky
         versions = {rank(srv.url, user=u).json()["model_version"] for u in users[:20]}
         assert len(versions) == 2  # two bundles, two versions
-        ready = httpx.get(f"{srv.url}/readyz").json()["experiment"]
+        ready = web.get(f"{srv.url}/readyz").json()["experiment"]
         assert ready["buckets"] == {"control": 5000, "candidate": 5000}
         # QA: a forced arm, by header or body; marked, counted
         u = next(x for x in users if first[x] == "control")
-        r = httpx.post(f"{srv.url}/v1/rank", json={"context": {"user_id": u},
+        r = web.post(f"{srv.url}/v1/rank", json={"context": {"user_id": u},
                                                    "candidates": ["i1", "i2"]},
-                       headers={"X-Sampan-Variant": "candidate"})
+                     headers={"X-Sampan-Variant": "candidate"})
         assert r.json()["variant"] == "candidate"
         for name in ("nope", ""):  # an empty name is no arm either, not "no variant"
-            bad = httpx.post(f"{srv.url}/v1/rank", json={"context": {"user_id": u},
+            bad = web.post(f"{srv.url}/v1/rank", json={"context": {"user_id": u},
                                                          "candidates": ["i1"], "variant": name})
             assert bad.status_code == 400 and bad.json()["field"] == "variant"
-        metrics = httpx.get(f"{srv.url}/metrics").text
+        metrics = web.get(f"{srv.url}/metrics").text
         assert 'sampan_variant_requests_total{forced="true",variant="candidate"} 1.0' in metrics
         # 50/50 -> 20/80: 3,000 buckets move from control to candidate, none back
         h = {"Authorization": f"Bearer {TOKEN}"}
-        assert httpx.post(f"{srv.url}/v1/admin/weights", json={"weights": {
+        assert web.post(f"{srv.url}/v1/admin/weights", json={"weights": {
             "control": 20}}, headers=h).status_code == 400  # every arm must be named
-        w = httpx.post(f"{srv.url}/v1/admin/weights", json={"weights": {
+        w = web.post(f"{srv.url}/v1/admin/weights", json={"weights": {
             "control": 20, "candidate": 80}}, headers=h)
         assert w.status_code == 200 and w.json()["moved_buckets"] == 3000
         after = arms(srv.url)
@@ -843,7 +844,7 @@ def test_an_experiment_keeps_each_user_in_one_arm(bundles, tmp_path):
     try:
         assert arms(srv.url) == after
         # the parent joins: the workers' /metrics read its saved counts (none lost)
-        metrics = httpx.get(f"{srv.url}/metrics").text
+        metrics = web.get(f"{srv.url}/metrics").text
         written = re.search(r'sampan_feedback_rows_total\{outcome="written"\} (\S+)', metrics)
         assert written is not None and float(written.group(1)) >= len(rows), metrics
     finally:
@@ -874,13 +875,13 @@ def test_exploration_logs_propensities_that_ope_reads(bundles, tmp_path):
             user = f"u{n % 40}"
             body = rank(srv.url, user=user, candidates=cands, k=3).json()
             if user not in best:
-                scores = np.array(httpx.post(f"{srv.url}/v1/predict", json={"records": [
+                scores = np.array(web.post(f"{srv.url}/v1/predict", json={"records": [
                     {"user_id": user, "item_id": c} for c in cands]}).json()[
                     "probabilities"])[:, 0]
                 best[user] = cands[int(scores.argmax())]
             greedy += body["items"][0]["item"] == best[user]
             if rng.random() < 0.3:
-                httpx.post(f"{srv.url}/v1/feedback", json={"events": [{
+                web.post(f"{srv.url}/v1/feedback", json={"events": [{
                     "request_id": body["request_id"], "item": body["items"][0]["item"],
                     "type": "click"}]})
         # first = the best with probability 1 - 0.5 + 0.5 / 6 = 0.583 (240 draws: +-0.1)
@@ -1035,7 +1036,7 @@ def test_bodies_that_are_not_plain_json_are_refused_by_name(server):
 
     def post(body: bytes, content_type: str | None = "application/json"):
         headers = {"content-type": content_type} if content_type else {}
-        return httpx.post(f"{url}/v1/rank", content=body, headers=headers)
+        return web.post(f"{url}/v1/rank", content=body, headers=headers)
 
     ok = b'{"context": {"user_id": "u3"}, "candidates": ["i1", "i2"], "k": 1}'
     assert post(ok).status_code == 200
@@ -1072,26 +1073,26 @@ def test_bodies_that_are_not_plain_json_are_refused_by_name(server):
 def test_thousands_of_unread_context_keys_get_a_few_warnings(server):
     url, _ = server
     context = {"user_id": "u3", **{f"junk{i}": i for i in range(5000)}}
-    r = httpx.post(f"{url}/v1/rank", json={"context": context, "candidates": ["i1"]})
+    r = web.post(f"{url}/v1/rank", json={"context": context, "candidates": ["i1"]})
     assert r.status_code == 200, r.text
     warnings = r.json()["warnings"]
     assert len(warnings) == 21 and "'junk0' is read by no served model" in warnings[0]
     assert warnings[-1].startswith("... and 4,980 more context features")
-    r = httpx.post(f"{url}/v1/admin/reload", json={"bundle": "/nowhere/" + "x" * 100_000},
-                   headers={"authorization": f"Bearer {TOKEN}"})
+    r = web.post(f"{url}/v1/admin/reload", json={"bundle": "/nowhere/" + "x" * 100_000},
+                 headers={"authorization": f"Bearer {TOKEN}"})
     assert r.status_code == 404 and len(r.text) < 3000, r.text[:300]
 
 
 def test_recommend_warns_about_a_user_the_retrieval_model_never_saw(server):
     """Issue 45 item 15: an unknown user got recommendations with no warning."""
     url, gport = server
-    r = httpx.post(f"{url}/v1/recommend", json={"context": {"user_id": "u999"}, "n": 10,
+    r = web.post(f"{url}/v1/recommend", json={"context": {"user_id": "u999"}, "n": 10,
                                                 "k": 3})
     assert r.status_code == 200, r.text
     assert any("user_id 'u999' is unknown to the retrieval model" in w
                for w in r.json()["warnings"]), r.json()["warnings"]
     assert len(r.json()["items"]) == 3  # still answered: the candidates of an unseen user
-    known = httpx.post(f"{url}/v1/recommend", json={"context": {"user_id": "u3"}, "n": 10})
+    known = web.post(f"{url}/v1/recommend", json={"context": {"user_id": "u3"}, "n": 10})
     assert not any("unknown" in w for w in known.json()["warnings"])
     import grpc
     from google.protobuf.struct_pb2 import Struct
@@ -1137,26 +1138,26 @@ def test_work_in_flight_is_bounded_with_503_and_counted(bundles):
     try:
         big = json.dumps({"records": [{"user_id": "u1", "item_id": "i2"}] * 100}).encode()
         assert len(big) > 1000  # alone, over max_inflight_bytes: taken all the same
-        assert httpx.post(f"{srv.url}/v1/predict", content=big, headers={
+        assert web.post(f"{srv.url}/v1/predict", content=big, headers={
             "content-type": "application/json"}).status_code == 200
         body = json.dumps(ok).encode()
         held = _held_request(srv.url, "/v1/predict", 800)
         time.sleep(0.3)
-        r = httpx.post(f"{srv.url}/v1/predict", content=b" " * 300 + body,
-                       headers={"content-type": "application/json"})
+        r = web.post(f"{srv.url}/v1/predict", content=b" " * 300 + body,
+                     headers={"content-type": "application/json"})
         assert r.status_code == 503 and r.headers["retry-after"] == "1"
         assert r.json()["field"] == "max_inflight_bytes"
         assert "max_inflight_bytes: 1000 body bytes" in r.json()["error"]
-        assert httpx.post(f"{srv.url}/v1/predict", json=ok).status_code == 200  # fits
+        assert web.post(f"{srv.url}/v1/predict", json=ok).status_code == 200  # fits
         second = _held_request(srv.url, "/v1/rank", 10)
         time.sleep(0.3)
-        r = httpx.post(f"{srv.url}/v1/predict", json=ok)
+        r = web.post(f"{srv.url}/v1/predict", json=ok)
         assert r.status_code == 503 and r.json()["field"] == "max_inflight"
-        assert httpx.get(f"{srv.url}/healthz").status_code == 200  # not a scoring route
+        assert web.get(f"{srv.url}/healthz").status_code == 200  # not a scoring route
         assert _finish(held, body + b" " * (800 - len(body))) == 200
         assert _finish(second, b"{}" + b" " * 8) == 422
-        assert httpx.post(f"{srv.url}/v1/predict", json=ok).status_code == 200
-        metrics = httpx.get(f"{srv.url}/metrics").text
+        assert web.post(f"{srv.url}/v1/predict", json=ok).status_code == 200
+        metrics = web.get(f"{srv.url}/metrics").text
         assert 'sampan_overloaded_total{limit="max_inflight_bytes",route="/v1/predict"} 1.0' \
             in metrics
         assert 'sampan_overloaded_total{limit="max_inflight",route="/v1/predict"} 1.0' \
@@ -1193,7 +1194,7 @@ def test_grpc_takes_messages_as_large_as_rest_and_counts_unknown_methods(bundles
             with pytest.raises(grpc.RpcError) as e:
                 missing(b"")
             assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
-        metrics = httpx.get(f"{srv.url}/metrics").text
+        metrics = web.get(f"{srv.url}/metrics").text
         assert 'sampan_requests_total{route="grpc/other",status="UNIMPLEMENTED"} 1.0' \
             in metrics
     finally:
@@ -1205,7 +1206,7 @@ def test_openapi_examples_are_the_bundles_and_codes_are_complete(server):
     read, and left out status codes the server returns. Each example is now sent as it is
     and answered 200."""
     url, _ = server
-    doc = httpx.get(f"{url}/openapi.json").json()
+    doc = web.get(f"{url}/openapi.json").json()
     schemas = doc["components"]["schemas"]
     routes = {"PredictRequest": "/v1/predict", "RankRequest": "/v1/rank",
               "RecommendRequest": "/v1/recommend"}  # events: no live history here
@@ -1220,12 +1221,12 @@ def test_openapi_examples_are_the_bundles_and_codes_are_complete(server):
     context = schemas["RankRequest"]["properties"]["context"]
     assert context["required"] == ["user_id"] and context["additionalProperties"] is True
     # a record may still give what a table brings (it overrides the table)
-    r = httpx.post(f"{url}/v1/predict", json={"records": [
+    r = web.post(f"{url}/v1/predict", json={"records": [
         {**record, "age": 30, "city": "c1", "price": 9.5, "brand": "b1"}]})
     assert r.status_code == 200, r.text
     for name, route in routes.items():
         body = schemas[name]["examples"][0]
-        r = httpx.post(f"{url}{route}", json=body)
+        r = web.post(f"{url}{route}", json=body)
         assert r.status_code == 200, (name, body, r.text)
     paths = doc["paths"]
     codes = {p: set(paths[p]["post"]["responses"]) for p in paths if "post" in paths[p]}

@@ -27,6 +27,7 @@ from sampan.config import ConfigError, SyntheticConfig, load_config
 from sampan.data.synthetic import iter_synthetic
 from sampan.errors import DataError
 from sampan.train.online import TRACE_ENV, run_stream
+from tests import web
 
 ROWS, PART_ROWS, WINDOW = 16_000, 2_000, 400
 
@@ -349,7 +350,7 @@ def test_published_versions_reach_a_server_under_load(tmp_path: Path) -> None:
         url = f"http://127.0.0.1:{port}"
         while True:
             try:
-                if httpx.get(f"{url}/readyz").status_code == 200:
+                if web.get(f"{url}/readyz").status_code == 200:
                     break
             except httpx.HTTPError:
                 pass
@@ -376,7 +377,7 @@ def test_published_versions_reach_a_server_under_load(tmp_path: Path) -> None:
             (d / "_SUCCESS").touch()
             want = k + 1
             while True:
-                pub = httpx.get(f"{url}/readyz").json().get("published", {})
+                pub = web.get(f"{url}/readyz").json().get("published", {})
                 seen.add(pub.get("version"))
                 if pub.get("version", 0) >= want:
                     break
@@ -384,11 +385,11 @@ def test_published_versions_reach_a_server_under_load(tmp_path: Path) -> None:
                     streamer.communicate()[0].decode()
                 time.sleep(0.1)
         auth = {"Authorization": f"Bearer {token}"}
-        r = httpx.post(f"{url}/v1/admin/rollback", headers=auth, timeout=60)
+        r = web.post(f"{url}/v1/admin/rollback", headers=auth, timeout=60)
         assert r.status_code == 200, r.text
         assert r.json()["version"] < 4
         time.sleep(1.0)  # the watcher holds the rolled-back version
-        back = httpx.get(f"{url}/readyz").json()["published"]["version"]
+        back = web.get(f"{url}/readyz").json()["published"]["version"]
         stop.set()
         for t in clients:
             t.join()
@@ -409,10 +410,10 @@ def test_published_versions_reach_a_server_under_load(tmp_path: Path) -> None:
         v["latest"] = 99
         (models / "versions.json").write_text(json.dumps(v))
         time.sleep(1.5)
-        pub = httpx.get(f"{url}/readyz").json()["published"]
+        pub = web.get(f"{url}/readyz").json()["published"]
         assert pub["refused"] == [99] and pub["version"] == back
         assert "does not match its sha256" in " ".join(pub["errors"])
-        assert httpx.post(f"{url}/v1/predict", json={"records": records}).status_code == 200
+        assert web.post(f"{url}/v1/predict", json={"records": records}).status_code == 200
         v["versions"].pop()
         v["latest"] = last["version"]
         shutil.rmtree(models / "v000099")

@@ -7,7 +7,6 @@ encoding). A prefix of the log keeps it quick."""
 
 import gzip
 
-import httpx
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
@@ -19,6 +18,7 @@ from sampan.export import export_run
 from sampan.serving import Predictor
 from sampan.serving.retrieval import Retriever
 from sampan.train.experiment import run_experiment
+from tests import web
 from tests.conftest import ROOT, Served
 
 pytestmark = pytest.mark.realdata
@@ -79,7 +79,7 @@ def test_events_then_recommend_over_rest_grpc_and_the_client(bundles):
             assert g.events([{"user_id": user, "item_id": clicks[2]}]).accepted == 1
             after = c.recommend({"user_id": user, "colour": "red"}, n=100, k=10)
             grpc_after = g.recommend({"user_id": user}, n=100, k=10)
-            rest = httpx.post(f"{served.url}/v1/recommend", json={
+            rest = web.post(f"{served.url}/v1/recommend", json={
                 "context": {"user_id": user}, "n": 100, "k": 10}).json()
             ranked = c.rank({"user_id": user}, clicks, k=3)
             with pytest.raises(ServingError) as e:
