@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import threading
 import time
 import traceback
@@ -42,8 +43,8 @@ import pyarrow.parquet as pq
 from sampan.errors import SampanError
 from sampan.serving.journal import JOURNAL, JournalWriter, json_ready, read_lines, served_items
 
-__all__ = ["JOURNAL", "STATE", "UNSHOWN", "Joiner", "JoinerProcess", "JournalWriter",
-           "KafkaSink", "LogBusy", "saved_stats"]
+__all__ = ["JOURNAL", "STATE", "UNSHOWN", "DeliveryError", "Joiner", "JoinerProcess",
+           "JournalWriter", "KafkaSink", "LogBusy", "saved_failure", "saved_stats"]
 
 UNSHOWN = "_unshown"
 STATE = "joiner.json"
@@ -90,6 +91,15 @@ def saved_stats(root: str | Path) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return {**st.get("counts", {}), **st.get("pending", {})}
+
+
+def saved_failure(root: str | Path) -> dict[str, Any] | None:
+    """What made the joiner's last pass fail (``{"at": unix time, "error": text}``), or
+    None when it succeeded (or none has run)."""
+    try:
+        return json.loads((Path(root) / JOURNAL / STATE).read_text()).get("failure")
+    except (OSError, ValueError):
+        return None
 
 
 def _table(rows: list[dict[str, Any]]) -> pa.Table:
@@ -161,6 +171,18 @@ class Joiner:
                                    "counts": dict(self.counts),
                                    "pending": {k: v for k, v in self.stats().items()
                                                if k in ("pending", "orphan_events")}}))
+        os.replace(tmp, p)
+
+    def _save_failure(self, e: Exception) -> None:
+        """After a failed pass: the last checkpoint as it was, with the count of failed
+        passes and what failed (``failure``, until a pass succeeds), for /readyz and
+        /metrics (the rest of the counts stay those of the checkpoint's lines)."""
+        st = self._load_state()
+        st.setdefault("counts", {})["errors"] = self.counts["errors"]
+        st["failure"] = {"at": time.time(), "error": f"{type(e).__name__}: {e}"}
+        p = self.dir / STATE
+        tmp = p.with_name(STATE + ".tmp")
+        tmp.write_text(json.dumps(st))
         os.replace(tmp, p)
 
     def _replay(self, replay: dict[str, int]) -> None:
@@ -341,9 +363,13 @@ class Joiner:
         while not self._stop.wait(self.poll_seconds) and not (done and done()):
             try:
                 self.step()
-            except Exception:  # noqa: BLE001 - kept running; the next pass retries
+            except Exception as e:  # noqa: BLE001 - kept running; the next pass retries
                 self.counts["errors"] += 1
-                traceback.print_exc()
+                self._save_failure(e)
+                if isinstance(e, DeliveryError):
+                    print(f"sampan-joiner: {e}", file=sys.stderr, flush=True)
+                else:
+                    traceback.print_exc()
 
     def start(self) -> Joiner:
         """:meth:`run` in a thread of this process (see :class:`JoinerProcess`)."""
@@ -437,6 +463,11 @@ class JoinerProcess:
         return saved_stats(self.fb.dir)
 
 
+class DeliveryError(RuntimeError):
+    """Rows the Kafka sink could not deliver: the joiner's pass changes nothing, and the
+    next pass sends them again."""
+
+
 class KafkaSink:
     """Sends labelled rows to a Kafka topic (serve config ``feedback.kafka``): one JSON
     object per row, keyed ``request_id:item``, waiting for the broker's acknowledgement so
@@ -450,20 +481,22 @@ class KafkaSink:
 
             raise ConfigError("feedback.kafka needs confluent-kafka: pip install "
                               "'sampan[stream]'") from None
-        self.topic, self.timeout = cfg.topic, timeout
+        self.topic, self.brokers, self.timeout = cfg.topic, cfg.brokers, timeout
         self.producer = ck.Producer({"bootstrap.servers": cfg.brokers, "acks": "all",
                                      "linger.ms": 5, "log_level": 0, **cfg.options})
-        self._failed = 0
+        self._delivered_now = 0
 
     def _delivered(self, err: Any, _msg: Any) -> None:
-        if err is not None:
-            self._failed += 1
+        if err is None:
+            self._delivered_now += 1
 
     def send(self, rows: list[dict[str, Any]]) -> Counter:
-        """Send ``rows`` and wait for them: ``{"kafka_sent": n}``; raises when some were
-        not delivered within the timeout (the joiner's pass fails before its checkpoint,
-        and the next pass sends them again)."""
-        self._failed = 0
+        """Send ``rows`` and wait for them, ``timeout`` seconds at most in all:
+        ``{"kafka_sent": n}``. Raises :class:`DeliveryError` when some were not delivered
+        in time, after dropping this call's undelivered rows from the producer's queue (the
+        joiner's pass fails before its checkpoint, and the next pass sends them again)."""
+        self._delivered_now = 0
+        deadline = time.monotonic() + self.timeout
         for r in rows:
             key = f"{r['request_id']}:{r['item'] if r['item'] is not None else r['position']}"
             while True:
@@ -471,13 +504,23 @@ class KafkaSink:
                     self.producer.produce(self.topic, json.dumps(r, default=json_ready).encode(),
                                           key.encode(), on_delivery=self._delivered)
                     break
-                except BufferError:  # the local queue is full: let it drain
+                except BufferError:  # the local queue is full: let it drain, in time
+                    if time.monotonic() >= deadline:
+                        self._give_up(len(rows))
                     self.producer.poll(0.1)
-        left = self.producer.flush(self.timeout)
-        if left or self._failed:
-            raise RuntimeError(f"feedback.kafka: {left + self._failed} of {len(rows)} rows "
-                               f"were not delivered to topic {self.topic!r}")
+        self.producer.flush(max(0.0, deadline - time.monotonic()))
+        if self._delivered_now < len(rows):
+            self._give_up(len(rows))
         return Counter({"kafka_sent": len(rows)})
+
+    def _give_up(self, n: int) -> None:
+        missing = n - self._delivered_now
+        self.producer.purge()  # what is queued goes: the next pass sends it again
+        self.producer.poll(0)
+        raise DeliveryError(f"feedback.kafka: {missing} of {n} rows were not delivered to "
+                            f"topic {self.topic!r} at {self.brokers} within {self.timeout:g} "
+                            "s; the log writes nothing until they are (the next pass sends "
+                            "them again)")
 
     def close(self) -> None:
         self.producer.flush(self.timeout)

@@ -410,10 +410,13 @@ def create_app(state: ServerState):  # type: ignore[no-untyped-def]
                              for a in state.arms.values() if a.predictor is not None},
                 "buckets": state.allocation.counts()}
         if state.journal is not None:  # this process's journal; the log's joiner's counts
-            from sampan.serving.feedback import saved_stats
+            from sampan.serving.feedback import saved_failure, saved_stats
 
             out["feedback"] = {"journal": dict(state.journal.written),
                                "joiner": saved_stats(state.cfg.feedback.dir)}
+            failure = saved_failure(state.cfg.feedback.dir)
+            if failure is not None:  # the last pass failed: nothing written since
+                out["feedback"]["failure"] = failure
         if state.watcher is not None and state.watcher.serving is not None:
             w = state.watcher
             out["published"] = {"version": w.serving["version"],

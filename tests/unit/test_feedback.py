@@ -205,7 +205,7 @@ def test_shown_rows_also_go_to_kafka_and_a_failed_send_changes_nothing(tmp_path,
     joiner's checkpoint; unshown candidates are not; a send that fails leaves every row
     pending and nothing written, and the next pass delivers."""
     from sampan.config import FeedbackConfig
-    from sampan.serving.feedback import KafkaSink
+    from sampan.serving.feedback import DeliveryError, KafkaSink, saved_failure, saved_stats
 
     ck, brokers = kafka_broker
     now = time.time()
@@ -222,11 +222,27 @@ def test_shown_rows_also_go_to_kafka_and_a_failed_send_changes_nothing(tmp_path,
                          kafka={"brokers": "127.0.0.1:9", "topic": "feedback"})
     j = Joiner.from_config(cfg)
     j.sink = KafkaSink(cfg.kafka, timeout=1.0)  # nothing listens there
-    with pytest.raises(RuntimeError, match="not delivered"):
-        j.step(now=now)
+    for _ in range(2):  # each failed pass counts its own rows: none are left queued
+        with pytest.raises(DeliveryError, match="6 of 6 rows were not delivered"):
+            j.step(now=now)
+        assert len(j.sink.producer) == 0
     assert len(j.pending) == 7 and not any(tmp_path.rglob("*.parquet"))
+    # a queue too small for the pass's rows: the wait for room is bounded too
+    tiny = KafkaSink(cfg.kafka.model_copy(update={"options": {
+        "queue.buffering.max.messages": "2"}}), timeout=1.0)
+    t0 = time.monotonic()
+    with pytest.raises(DeliveryError, match="6 of 6"):
+        tiny.send([j._row(r) for r in j.pending.values() if r["position"] >= 0])
+    assert time.monotonic() - t0 < 5
+    # a joiner that keeps failing says so where /readyz and /metrics read (the checkpoint
+    # itself unchanged), until a pass succeeds
+    j.poll_seconds = 0.01
+    j.run(done=lambda: j.counts["errors"] >= 3)
+    assert saved_stats(tmp_path)["errors"] == 3
+    assert "not delivered" in saved_failure(tmp_path)["error"]
     j.sink = KafkaSink(cfg.kafka.model_copy(update={"brokers": brokers}))
     assert j.step(now=now) == 7
+    assert saved_failure(tmp_path) is None and saved_stats(tmp_path)["errors"] == 3
     j.stop()
     c = ck.Consumer({"bootstrap.servers": brokers, "group.id": "t", "log_level": 0,
                      "auto.offset.reset": "earliest"})
