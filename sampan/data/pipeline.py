@@ -293,6 +293,36 @@ class FeaturePipeline:
         path.write_text(json.dumps(state, indent=1))
         return path
 
+    def relabel(self, features: FeaturesConfig) -> str | None:
+        """Read the labels from the columns ``features`` names (its ``label`` and
+        ``label_threshold``), the features as fitted: a model trained on ratings can keep
+        learning from a log whose label is a click. The labels keep their names (the
+        model's outputs), so their number must stay. Returns what changed, for the run's
+        header, or None."""
+        from sampan.config import LabelSpec
+
+        def read(s: LabelSpec) -> tuple[str, float | None]:
+            return s.column or s.name, s.threshold
+
+        old, new = self.features.label_specs, features.label_specs
+        if [read(s) for s in old] == [read(s) for s in new]:
+            return None
+        if len(old) != len(new):
+            from sampan.errors import ConfigError
+
+            raise ConfigError(f"features.label: {len(new)} label(s) "
+                              f"({', '.join(s.name for s in new)}), but the model was "
+                              f"trained for {len(old)} ({', '.join(s.name for s in old)}); "
+                              "expected as many")
+        self.features = self.features.model_copy(update={"label_threshold": None, "label": [
+            LabelSpec(name=o.name, column=read(n)[0], threshold=n.threshold)
+            for o, n in zip(old, new, strict=True)]})
+
+        def said(specs: list[LabelSpec]) -> str:
+            return ", ".join(repr(read(s)[0]) + (f" >= {s.threshold:g}" if s.threshold
+                                                  is not None else "") for s in specs)
+        return f"labels read from {said(new)} (the run was trained on {said(old)})"
+
     @classmethod
     def load(cls, directory: str | Path) -> FeaturePipeline:
         d = Path(directory)

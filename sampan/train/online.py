@@ -119,6 +119,9 @@ class StreamRun:
             sd.truncate_trace(0)
             if self.from_run is not None:
                 self.pipe = FeaturePipeline.load(self.from_run / "data" / "pipeline")
+                relabelled = self.pipe.relabel(cfg.features)
+                if relabelled:
+                    self.console.print(relabelled)
             else:  # from scratch: the pipeline is fitted on the first window
                 self.pipe = FeaturePipeline(cfg.features)
             roles = read_roles(self.pipe, self.s, cfg.data)

@@ -583,3 +583,27 @@ def test_merged_samples_stay_a_uniform_sample_within_the_dkw_bound():
     # the share of all values below each sample quantile is within DKW's bound of it (99 %)
     share = np.searchsorted(every, np.quantile(sample, qs)) / len(every)
     assert np.abs(share - qs).max() < np.sqrt(np.log(2 / 0.01) / (2 * size))
+
+
+def test_a_fitted_pipeline_reads_its_labels_where_new_data_has_them(tmp_path):
+    """A run trained on ratings keeps learning from a feedback log whose label is a click:
+    relabel() reads the label from the log's column, the features as fitted (saved and
+    loaded too); a different number of labels is refused."""
+    from sampan.errors import ConfigError
+
+    t = pa.table({"u": ["a", "b", "a", "c"], "rating": [5.0, 1.0, 4.0, 3.0]})
+    pipe = FeaturePipeline(FeaturesConfig(label="rating", label_threshold=4,
+                                          categorical=["u"])).fit([t])
+    ids = pipe.transform(t)["sparse"]
+    assert pipe.relabel(FeaturesConfig(label="rating", label_threshold=4,
+                                       categorical=["u"])) is None
+    said = pipe.relabel(FeaturesConfig(label="label", categorical=["u"]))
+    assert said == "labels read from 'label' (the run was trained on 'rating' >= 4)"
+    log = pa.table({"u": ["c", "a", "zz"], "label": [1, 0, 1]})
+    pipe.save(tmp_path / "p")
+    out = FeaturePipeline.load(tmp_path / "p").transform(log)
+    assert out["labels"][:, 0].tolist() == [1.0, 0.0, 1.0]
+    assert out["sparse"][:2].tolist() == [ids[3].tolist(), ids[0].tolist()]  # as fitted
+    assert pipe.features.labels == ["rating"]  # the model's output keeps its name
+    with pytest.raises(ConfigError, match="2 label.*trained for 1"):
+        pipe.relabel(FeaturesConfig(label=["click", "like"], categorical=["u"]))
