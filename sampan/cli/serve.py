@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 import typer.core
@@ -109,7 +109,12 @@ def serve(
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = f"{shared}/metrics"
         os.environ["SAMPAN_GRPC_IN_WORKER"] = "1"
         console.print(verification_note(signing), highlight=False)
-        console.print(f"serving {cfg.bundle} on {where} with {cfg.workers} workers")
+        what = cfg.bundle if cfg.experiment is None else \
+            f"experiment {cfg.experiment.name!r} (" + ", ".join(
+                f"{v.name}: {v.bundle or v.watch}" for v in cfg.experiment.variants) + ")"
+        _say_allocation(cfg)
+        console.print(f"serving {what} on {where} with {cfg.workers} workers",
+                      highlight=False)
         joiner = None
         if cfg.feedback.dir is not None:  # the workers journal; this process joins
             from sampan.serving.feedback import JoinerProcess
@@ -136,6 +141,7 @@ def serve(
         from sampan.serving.grpc_server import start_grpc
 
         grpc_server = start_grpc(state, cfg.host, cfg.grpc_port)
+    _say_allocation(cfg)
     for name, arm in state.arms.items():
         p = arm.predictor
         share = f" [{state.allocation.shares()[name]:.0%} of users]" \
@@ -150,3 +156,23 @@ def serve(
         if grpc_server is not None:
             grpc_server.stop(grace=1)
         state.close()
+
+
+def _say_allocation(cfg: Any) -> None:
+    """A note when the experiment's saved allocation (weights changed while serving) is
+    served instead of the weights the command line or config gives."""
+    from sampan.serving.service import allocation_path
+    from sampan.serving.variants import Allocation
+
+    if cfg.experiment is None:
+        return
+    given = [(v.name, v.weight) for v in cfg.experiment.variants]
+    path = allocation_path(cfg)
+    kept = Allocation.load_or_start(path, given)
+    if kept.counts() == Allocation.from_weights(given).counts():
+        return
+    total = sum(w for _, w in given)
+    console.print(f"experiment: the allocation saved in {path} (weights changed while "
+                  "serving) is kept over the weights given ("
+                  + ", ".join(f"{n} {w / total:.0%}" for n, w in given)
+                  + "); remove that file to start from the given ones", highlight=False)

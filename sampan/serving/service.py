@@ -94,6 +94,17 @@ class Submitted(NamedTuple):
     forced: bool
 
 
+def allocation_path(cfg: Any) -> Path | None:
+    """Where a serve config's experiment keeps its allocation (``experiment.state``, else
+    ``feedback.dir/experiment.json``; None without an experiment or a place for it)."""
+    exp = cfg.experiment
+    if exp is None:
+        return None
+    if exp.state:
+        return Path(exp.state)
+    return Path(cfg.feedback.dir) / "experiment.json" if cfg.feedback.dir else None
+
+
 class ServerState:
     """The serving process: its arms (each a predictor and feature store, reloadable and
     watched), the experiment's assignment of users to arms, batcher, metrics and feedback
@@ -169,9 +180,7 @@ class ServerState:
             if arm.watcher is not None:
                 arm.watcher.start()
         self.allocation: Allocation | None = None
-        self.allocation_path = None if exp is None else (
-            Path(exp.state) if exp.state else Path(cfg.feedback.dir) / "experiment.json"
-            if cfg.feedback.dir else None)
+        self.allocation_path = allocation_path(cfg)
         self._follow: threading.Thread | None = None
         self._stop_follow = threading.Event()
         if exp is not None:

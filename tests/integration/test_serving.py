@@ -838,7 +838,8 @@ def test_an_experiment_keeps_each_user_in_one_arm(bundles, tmp_path):
         assert len(forced) == 2 and {r["variant"] for r in forced} == {"candidate"}
         assert {r["variant"] for r in rows} == {"control", "candidate"}
     finally:
-        srv.stop()
+        out = srv.stop()
+    assert "is kept over the weights given" not in out
     # a restart with 2 workers: the changed weights are read back, every worker agrees
     srv = Served([*args, "--workers", "2"], grpc=False)
     try:
@@ -848,7 +849,9 @@ def test_an_experiment_keeps_each_user_in_one_arm(bundles, tmp_path):
         written = re.search(r'sampan_feedback_rows_total\{outcome="written"\} (\S+)', metrics)
         assert written is not None and float(written.group(1)) >= len(rows), metrics
     finally:
-        srv.stop()
+        out = " ".join(srv.stop().split())
+    assert "(weights changed while serving) is kept over the weights given (control 50%, " \
+        "candidate 50%)" in out, out
     rep = report(log_dir, tmp_path / "rep")  # shares from the saved experiment.json
     assert rep["srm"]["shares_given"] and rep["srm"]["shares"]["candidate"] == 0.8
 
