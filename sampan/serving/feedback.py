@@ -148,7 +148,7 @@ class Joiner:
         self.done_hours = set(st.get("done_hours", []))
         self.counts.update(st.get("counts", {}))
         self._finish(st.get("renames", []))
-        self._replay(st.get("replay", {}))
+        self._replay(st.get("replay", {}), {(n, o) for n, o in st.get("orphans", [])})
 
     @classmethod
     def from_config(cls, fb: Any, lock_wait: float = 30.0) -> Joiner:
@@ -162,10 +162,12 @@ class Joiner:
         p = self.dir / STATE
         return json.loads(p.read_text()) if p.exists() else {}
 
-    def _save_state(self, replay: dict[str, int], renames: list[list[str]]) -> None:
+    def _save_state(self, replay: dict[str, int], renames: list[list[str]],
+                    orphans: list[tuple[str, int]]) -> None:
         p = self.dir / STATE
         tmp = p.with_name(STATE + ".tmp")
         tmp.write_text(json.dumps({"read": self.read, "replay": replay, "renames": renames,
+                                   "orphans": orphans,
                                    "written_until": self.written_until, "seq": self.seq,
                                    "done_hours": sorted(self.done_hours),
                                    "counts": dict(self.counts),
@@ -185,17 +187,19 @@ class Joiner:
         tmp.write_text(json.dumps(st))
         os.replace(tmp, p)
 
-    def _replay(self, replay: dict[str, int]) -> None:
+    def _replay(self, replay: dict[str, int], orphans: set[tuple[str, int]]) -> None:
         """After a restart: the items served after the last written cut-off, and the
-        events for them, read again from the oldest pending item's line (counters are not
-        counted twice: they were checkpointed with ``read``)."""
+        events for them, read again from the oldest pending item's (or waiting event's)
+        line. Counters are not counted twice: they were checkpointed with ``read``; the
+        events that were waiting for their item (``orphans``) had not been counted, and
+        are counted when they join it or when their wait ends (``unknown``)."""
         for name, start in replay.items():
             path = self.dir / name
             if not path.exists():
                 continue
             stop = self.read.get(name, 0)
             for off, _, rec in read_lines(path, start, stop):
-                self._apply(name, off, rec, count=False)
+                self._apply(name, off, rec, count=(name, off) in orphans)
 
     # ------------------------------------------------------------------- reading
     @staticmethod
@@ -219,8 +223,8 @@ class Joiner:
             row = {**rec, "_at": (name, off), "_seen": set()}
             self.pending[key] = row
             self.counts["served"] += count
-            for ev in self.orphans.pop(key, []):
-                self._event(row, ev, count)
+            for ev in self.orphans.pop(key, []):  # counted now, whenever it was read
+                self._event(row, ev, ev["_count"])
             return
         key = self._key(rec)
         row = self.pending.get(key)
@@ -230,7 +234,7 @@ class Joiner:
             self.counts["late"] += count
         else:  # its item may still be in another process's unflushed journal
             self.orphans.setdefault(key, []).append({**rec, "_got": time.time(),
-                                                     "_count": count})
+                                                     "_count": count, "_at": (name, off)})
 
     def _event(self, row: dict[str, Any], ev: dict[str, Any], count: bool) -> None:
         kind = ev.get("type")
@@ -297,20 +301,20 @@ class Joiner:
             tmp_parts.append((tmp, final))
             self.seq += 1
             self.counts["written"] += len(rows)
+        self._expire(now)  # the events whose wait is over: counted unknown, not replayed
         # the oldest line any pending item (or an orphan) came from: where a restart reads
         replay: dict[str, int] = {}
-        for r in self.pending.values():
-            name, off = r["_at"]
+        orphans = [e["_at"] for evs in self.orphans.values() for e in evs]
+        for name, off in [r["_at"] for r in self.pending.values()] + orphans:
             replay[name] = min(replay.get(name, off), off)
         for name in self.read:
             replay.setdefault(name, self.read[name])
         if ready:
             self.written_until = max(self.written_until, cut)
-        self._expire(now)
         self._mark_done(now)
         # the state that says these rows are written is saved first, naming the parts; then
         # they become visible (a restart in between finishes the renames)
-        self._save_state(replay, [[str(t), str(f)] for t, f in tmp_parts])
+        self._save_state(replay, [[str(t), str(f)] for t, f in tmp_parts], orphans)
         self._finish(tmp_parts)
         self._drop_read_journals(replay, now)
         return len(ready)

@@ -59,6 +59,35 @@ def test_rows_are_labelled_by_the_rule_and_odd_events_counted(tmp_path):
     assert all((h / "_SUCCESS").exists() for h in hours)
 
 
+def test_events_waiting_for_their_item_survive_a_restart(tmp_path):
+    """An event whose item is not in any journal yet waits (it may be in another process's
+    unflushed journal). Across a joiner's restart it still joins its item when that comes,
+    or is counted unknown when its wait ends: counted once either way."""
+    t0 = time.time() - 3 * 3600
+    w = JournalWriter(tmp_path, flush_seconds=60)
+    w.events([{"request_id": "r1", "item": "b", "type": "click", "ts": t0 + 5},
+              {"request_id": "nope", "item": "a", "type": "click", "ts": t0 + 3}])
+    w.close()
+    j = Joiner(tmp_path, window_seconds=WINDOW)
+    assert j.step(now=t0 + 10) == 0 and j.stats()["orphan_events"] == 2
+    j.stop()
+    w2 = JournalWriter(tmp_path, flush_seconds=60)  # another process's journal, later
+    serve(w2, "r1", t0)
+    w2.close()
+    j = Joiner(tmp_path, window_seconds=WINDOW)
+    assert j.stats()["orphan_events"] == 2  # read again from the saved state
+    assert j.step() == 3
+    s = j.stats()
+    assert (s["events_click"], s["unknown"], s["orphan_events"]) == (1, 1, 0), s
+    rows = {r["item"]: r["label"] for r in read_log(tmp_path).to_pylist()}
+    assert rows == {"a": 0, "b": 1, "c": 0}
+    j.stop()
+    j = Joiner(tmp_path, window_seconds=WINDOW)  # nothing is counted twice
+    j.step()
+    assert (j.stats()["events_click"], j.stats()["unknown"]) == (1, 1)
+    j.stop()
+
+
 def test_arms_with_different_features_keep_all_their_columns_in_one_part(tmp_path):
     t0 = time.time() - 3 * 3600
     w = JournalWriter(tmp_path, flush_seconds=60)
