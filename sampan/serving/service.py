@@ -599,8 +599,8 @@ class ServerState:
             retriever, store = self.retriever, self.retrieval_store
         if retriever is None:
             raise ConflictError("no retrieval bundle is configured (serve with --set "
-                               "retrieval_bundle=PATH of an exported two_tower run, or "
-                               "reload one)", "retrieval_bundle")
+                               "retrieval_bundle=PATH of an exported two_tower, sasrec "
+                               "or hstu run, or reload one)", "retrieval_bundle")
         return retriever.search_with_notes(context, n, store)
 
     def recommend_future(self, context: dict[str, Any], n: int, variant: str | None = None
