@@ -186,7 +186,8 @@ def ope(
     r = ope_mod.evaluate(log, scores, policy, temperature, reward_model, resamples)
     r["variants"] = sorted(set(column(table, "variant").astype(str)))
     r["left_out"] = {a: {"missing_inputs": g} for a, g in lacking.items()}
-    t = Table(title=f"candidate {candidate} on {r['requests']:,} logged requests")
+    t = Table(title=f"candidate {candidate} on {r['requests']:,} logged requests "
+              f"({'+'.join(r['variants'])})")
     for col in ("estimator", "click rate", "95 % interval"):
         t.add_column(col)
     t.add_row("logged policy", f"{r['logged_ctr']:.4f}", "")
