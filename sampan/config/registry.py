@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import typing
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -35,6 +36,12 @@ def register_model(name: str) -> Callable[[type[T]], type[T]]:
                               f"{cls.__module__}.{cls.__qualname__}; choose another name")
         if not hasattr(cls, "Config"):
             raise TypeError(f"model {cls.__name__} must define a nested pydantic `Config` class")
+        field = getattr(cls.Config, "model_fields", {}).get("name")
+        allowed = () if field is None else typing.get_args(field.annotation) or (
+            (field.default,) if isinstance(field.default, str) else ())  # (unresolved)
+        if allowed and name not in allowed:
+            raise ConfigError(f"model {cls.__qualname__} is registered as {name!r}, but its "
+                              f"Config.name is Literal{list(allowed)}: make them the same")
         cls.name = name  # type: ignore[attr-defined]
         _MODELS[name] = cls
         return cls

@@ -30,9 +30,13 @@ class RejectLog:
         return sum(self.reasons.values())
 
     def reject(self, file: str, line: int | None, reason: str, column: str | None,
-               text: str) -> None:
+               text: str, value: Any = None) -> None:
+        """Count and keep one rejected row: ``text`` is the row (its columns joined by the
+        delimiter), ``value`` the bad cell's text where one cell was bad."""
         self.reasons[reason] += 1
         rec = {"file": file, "line": line, "reason": reason, "column": column, "text": text}
+        if value is not None:
+            rec["value"] = value
         if len(self.examples) < 10:
             self.examples.append(rec)
         if self.path is None:
@@ -77,8 +81,9 @@ class RejectLog:
             if self.examples:
                 e = self.examples[0]
                 col = f", column {e['column']!r}" if e["column"] else ""
+                bad = f" {e['value']!r}" if "value" in e else ""
                 first = (f". First: {e['file']} line {e['line']}{col}: "
-                         f"{e['reason'].replace('_', ' ')} in {e['text'][:120]!r}")
+                         f"{e['reason'].replace('_', ' ')}{bad} in {e['text'][:120]!r}")
             raise DataError(
                 f"{self.rejected} of {self.read} rows ({self.rejected / self.read:.2%}) were "
                 f"rejected, above data.max_bad_fraction={max_bad_fraction:g}. Reasons: "

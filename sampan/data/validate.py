@@ -74,7 +74,9 @@ def validate_table(table: pa.Table, roles: ColumnRoles, lines: np.ndarray, file:
         try:  # fast path: the whole column casts
             vals = strings[c].cast(pa.float64())
         except pa.ArrowInvalid:  # find the bad cells (and accept " 1" after ", ")
-            col = strings[c] = pc.utf8_trim_whitespace(strings[c])
+            col = pc.utf8_trim_whitespace(strings[c])
+            # an empty cell (a reader's "price=") is a missing value, as an empty CSV field
+            col = strings[c] = pc.if_else(pc.equal(col, ""), pa.scalar(None, pa.string()), col)
             ok = pc.fill_null(pc.match_substring_regex(col, NUMBER_RE), True).to_numpy(
                 zero_copy_only=False)
             if not ok.all():
@@ -104,7 +106,8 @@ def validate_table(table: pa.Table, roles: ColumnRoles, lines: np.ndarray, file:
             reason, column = reasons[r]
             cells = [strings[c][r].as_py() for c in roles.all]
             text = delimiter.join("" if v is None else str(v) for v in cells)
-            log.reject(file, int(lines[r]), reason, column, text)
+            log.reject(file, int(lines[r]), reason, column, text,
+                       value=strings[column][r].as_py() if column in strings else None)
         keep = pa.array(~bad)
         strings = {c: pc.filter(a, keep) for c, a in strings.items()}
         typed = {c: pc.filter(a, keep) for c, a in typed.items()}

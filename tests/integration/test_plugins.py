@@ -188,6 +188,7 @@ def test_a_reader_of_your_own_trains_predicts_and_rejects_by_reason(tmp_path):
     small_csv(tmp_path / "d.csv")
     rows = pacsv.read_csv(tmp_path / "d.csv").to_pylist()
     rows[7]["label"] = "yes"  # the 8th record: not a label
+    rows[3]["x"] = ""  # "x=": an empty value is missing (filled), not unparsable
     (tmp_path / "clicks.log").write_text("".join(
         "|".join(f"{k}={v}" for k, v in r.items()) + "\n" for r in rows))
     (tmp_path / "readers.py").write_text(USER_READER)
@@ -203,7 +204,7 @@ def test_a_reader_of_your_own_trains_predicts_and_rejects_by_reason(tmp_path):
                         str(run)], capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 0, r.stderr + r.stdout
     rejects = [json.loads(x) for x in (run / "data" / "rejects.jsonl").read_text().splitlines()]
-    assert [(x["line"], x["column"]) for x in rejects] == [(8, "label")]
+    assert [(x["line"], x["column"], x["value"]) for x in rejects] == [(8, "label", "yes")]
     assert json.loads((run / "results.json").read_text())["test"]["auc"] > 0.5
     # new rows in the same format, through the saved run's reader
     (tmp_path / "new.log").write_text("".join(
@@ -223,3 +224,19 @@ def test_an_unknown_format_names_the_nearest_and_a_builtin_name_is_refused(tmp_p
                          "features": {"categorical": ["a"]}})
     with pytest.raises(ConfigError, match="built in"):
         register_reader("csv")(lambda path, options: iter(()))
+
+
+def test_a_model_whose_config_name_differs_from_its_registered_name_is_refused():
+    from typing import Literal
+
+    from torch import nn
+
+    from sampan.config import ModelConfig
+    from sampan.config.registry import register_model
+
+    with pytest.raises(ConfigError, match=r"registered as 'sum_ranker', but its Config.name "
+                                          r"is Literal\['sumranker'\]"):
+        @register_model("sum_ranker")
+        class SumRanker(nn.Module):
+            class Config(ModelConfig):
+                name: Literal["sumranker"] = "sumranker"
