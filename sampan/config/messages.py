@@ -44,6 +44,13 @@ def format_validation_error(
                          f"valid keys are: {', '.join(valid)}")
         elif e["type"] == "missing":
             lines.append(f"{where}: required key is missing")
+        elif e["type"] == "invalid_key" and isinstance(e.get("input"), bool):
+            # YAML 1.1 reads an unquoted on / off / yes / no as true / false
+            valid = _keys_at(root, loc[:-1])
+            parent = _loc_str(prefix + loc[:-1]) or "top level"
+            lines.append(f"a key in {parent} was read as {e['input']!r}: YAML reads an "
+                         "unquoted on, off, yes or no as a boolean (quote it if you meant "
+                         f"the word); valid keys are: {', '.join(valid)}")
         else:
             got = e.get("input")
             shown = "" if isinstance(got, dict) else f" (got {got!r})"

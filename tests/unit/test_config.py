@@ -170,3 +170,14 @@ def test_a_finished_run_prepared_on_ray_opens_without_ray(monkeypatch):
     cfg = load_config(raw={"name": "x", "preset": "criteo",
                            "data": {"format": "synthetic", "engine": "ray"}}, finished=True)
     assert cfg.data.engine == "ray"
+
+
+def test_a_key_yaml_read_as_a_boolean_is_explained():
+    """`on: user_id` in a join: YAML reads `on` as true; the message says so and lists the
+    keys there (the join's is `by`)."""
+    raw = yaml.safe_load("data: {train: x.csv, joins: [{path: u.csv, on: user_id}]}\n"
+                         "features: {categorical: [a]}\n")
+    with pytest.raises(ConfigError, match=r"a key in data.joins\[0\] was read as True: YAML "
+                                          r"reads an unquoted on, off, yes or no as a boolean"
+                                          r".*valid keys are: path, by, key"):
+        load_config(raw=raw)
