@@ -10,7 +10,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from sampan.data.entities import entity_keys, entity_tables
+from sampan.data.entities import entity_keys, entity_tables, raw_columns
 from sampan.data.rejects import RejectLog
 from sampan.data.sources import read_source
 
@@ -19,13 +19,21 @@ FILES = {"items": "features/items.parquet", "users": "features/users.parquet"}
 
 def model_keys(cfg: Any, model: Any, schema: Any) -> tuple[str | None, str | None]:
     """The run's ``(user, item)`` key columns: a sequence model's target item, a two-tower
-    model's id columns, else ``features.group`` / columns named user_id and item_id."""
+    model's id columns, else ``features.group`` / columns named user_id and item_id; with
+    no item column found that way, the one other id feature a side table is joined by
+    (MovieLens' ``movie_id``, joined to ``movies.dat``)."""
     item = getattr(cfg.model, "target", None)
     user = None
     if getattr(model, "task", "binary") == "retrieval":
         item = schema.sparse[model.item_column].name
         user = schema.sparse[model.user_column].name
-    return entity_keys(cfg.features, item, user)
+    user_key, item_key = entity_keys(cfg.features, item, user)
+    if item_key is None:
+        ids = set(raw_columns(cfg.features).values())
+        joined = {j.by for j in cfg.data.joins if j.by in ids and j.by != user_key}
+        if len(joined) == 1:
+            item_key = joined.pop()
+    return user_key, item_key
 
 
 def write_feature_tables(art: Any, model: Any, schema: Any, out: Path) -> dict[str, Any]:

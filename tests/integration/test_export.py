@@ -193,3 +193,23 @@ def test_tampered_bundles_are_refused(tmp_path, raw):
     (b / "manifest.json").write_text("{")
     with pytest.raises(BundleError, match="not valid JSON"):
         Bundle(b)
+
+
+def test_the_item_table_is_keyed_by_the_id_a_side_table_is_joined_by():
+    """An item column not named item_id (MovieLens-1M's movie_id) keys the bundle's item
+    table when it is the one other id feature a side table is joined by."""
+    from sampan.export.tables import model_keys
+
+    def keys(joins, categorical):
+        cfg = load_config(raw={"data": {"train": "r.csv", "joins": joins}, "features": {
+            "label": "y", "group": "user_id", "categorical": categorical},
+            "model": {"name": "deepfm"}})
+        return model_keys(cfg, object(), None)
+
+    users = {"path": "u.csv", "by": "user_id"}
+    movies = {"path": "m.csv", "by": "movie_id"}
+    assert keys([users, movies], ["user_id", "movie_id"]) == ("user_id", "movie_id")
+    assert keys([users], ["user_id", "movie_id"]) == ("user_id", None)  # nothing says so
+    assert keys([users, movies, {"path": "c.csv", "by": "city"}],
+                ["user_id", "movie_id", "city"]) == ("user_id", None)  # two: ambiguous
+    assert keys([movies], ["user_id", "movie_id", "item_id"]) == ("user_id", "item_id")
