@@ -86,20 +86,22 @@ def saved_stats(root: str | Path) -> dict[str, Any]:
     """A feedback log's counts as its joiner saved them after its last pass (empty before
     the first): rows ``written``, ``late`` / ``duplicate`` / ``unknown`` events, ... and
     the items and events ``pending``."""
-    try:
-        st = json.loads((Path(root) / JOURNAL / STATE).read_text())
-    except (OSError, ValueError):
-        return {}
+    st = _saved_state(root)
     return {**st.get("counts", {}), **st.get("pending", {})}
 
 
 def saved_failure(root: str | Path) -> dict[str, Any] | None:
     """What made the joiner's last pass fail (``{"at": unix time, "error": text}``), or
     None when it succeeded (or none has run)."""
+    return _saved_state(root).get("failure")
+
+
+def _saved_state(root: str | Path) -> dict[str, Any]:
+    """The joiner's saved state of the log at ``root`` ({} before its first pass)."""
     try:
-        return json.loads((Path(root) / JOURNAL / STATE).read_text()).get("failure")
+        return json.loads((Path(root) / JOURNAL / STATE).read_text())
     except (OSError, ValueError):
-        return None
+        return {}
 
 
 def _table(rows: list[dict[str, Any]]) -> pa.Table:
@@ -164,15 +166,18 @@ class Joiner:
 
     def _save_state(self, replay: dict[str, int], renames: list[list[str]],
                     orphans: list[tuple[str, int]]) -> None:
+        self._write_state({"read": self.read, "replay": replay, "renames": renames,
+                           "orphans": orphans, "written_until": self.written_until,
+                           "seq": self.seq, "done_hours": sorted(self.done_hours),
+                           "counts": dict(self.counts),
+                           "pending": {k: v for k, v in self.stats().items()
+                                       if k in ("pending", "orphan_events")}})
+
+    def _write_state(self, st: dict[str, Any]) -> None:
+        """``st`` as the saved state, replaced whole (a crash leaves the old or the new)."""
         p = self.dir / STATE
         tmp = p.with_name(STATE + ".tmp")
-        tmp.write_text(json.dumps({"read": self.read, "replay": replay, "renames": renames,
-                                   "orphans": orphans,
-                                   "written_until": self.written_until, "seq": self.seq,
-                                   "done_hours": sorted(self.done_hours),
-                                   "counts": dict(self.counts),
-                                   "pending": {k: v for k, v in self.stats().items()
-                                               if k in ("pending", "orphan_events")}}))
+        tmp.write_text(json.dumps(st))
         os.replace(tmp, p)
 
     def _save_failure(self, e: Exception) -> None:
@@ -182,10 +187,7 @@ class Joiner:
         st = self._load_state()
         st.setdefault("counts", {})["errors"] = self.counts["errors"]
         st["failure"] = {"at": time.time(), "error": f"{type(e).__name__}: {e}"}
-        p = self.dir / STATE
-        tmp = p.with_name(STATE + ".tmp")
-        tmp.write_text(json.dumps(st))
-        os.replace(tmp, p)
+        self._write_state(st)
 
     def _replay(self, replay: dict[str, int], orphans: set[tuple[str, int]]) -> None:
         """After a restart: the items served after the last written cut-off, and the
