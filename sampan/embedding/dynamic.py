@@ -21,7 +21,9 @@ operations (CPU or GPU, no per-key Python):
   (``lru``, ``ttl``) or least frequently used (``lfu``; ties by recency) rows give theirs
   up, at least
   ``evict_fraction`` of the capacity at a time. The choice is exact: a sampled threshold
-  narrows the candidates in one pass, then the lowest are taken from those. Rows the
+  narrows the candidates in one pass, then the lowest are taken from those; the rows under
+  that threshold are kept, and later evictions take theirs from them (a stamp only grows)
+  until too few are left or a row is given out under it, without another pass. Rows the
   current batch uses are never evicted. With ``ttl``, rows unseen for ``ttl_steps`` are
   also freed, full table or not (checked every ``ttl_steps / 8`` steps). The freed rows
   are returned, for their owner to re-initialise the weights and reset the optimizer state
@@ -50,6 +52,7 @@ _SMALL_BATCH = 4096  # keys a probe or insert reads whole windows for from the f
 _SAMPLED_EVICTION = 1 << 16
 _MAX_FILL = 0.75  # full + deleted slots over all slots: rebuilt above it
 _NEVER = torch.iinfo(torch.int64).max  # the stamp of a free row: never evicted, never seen
+_FLOOR = torch.iinfo(torch.int64).min  # no eviction cut kept (see KeyIndex._cand)
 _LOW32 = 0xFFFFFFFF
 _SKETCH_SALTS = (0, 0x5BD1E995, 0x27D4EB2F, 0x165667B1)  # one hash per count-min row
 _SKETCH_PER_ROW = 8  # counters per row of capacity (the sketch's width, before its bounds)
@@ -186,6 +189,16 @@ class KeyIndex(nn.Module):
         salts = mix64(torch.arange(len(caps), dtype=i64) + _TABLE_SALT)
         salts[0] = 0
         self.register_buffer("table_salt", salts.to(device), persistent=False)
+        # Eviction's candidates: per table, its rows whose stamp was at or under the cut
+        # of its last full pass (ascending local rows; None: no pass to reuse) and that cut
+        # (int64 min: none). A stamp only grows while its row lives, so until a row is given
+        # out at or under the cut, the rows at or under it are among these: a later eviction
+        # takes its rows from them without another pass over the table (see _lowest).
+        self._cand: list[torch.Tensor | None] = [None] * len(caps)
+        self.register_buffer("_cut", torch.full((len(caps),), _FLOOR, dtype=i64,
+                                                device=device), persistent=False)
+        self._last_step: int | None = None
+        self.eviction_passes = 0  # evictions that read every stamp of their table
 
     # -------------------------------------------------------------------- queries
     @property
@@ -342,6 +355,9 @@ class KeyIndex(nn.Module):
         may be given to new keys of this very batch; :meth:`table_of` and :meth:`local` say
         whose they are)."""
         flat, tab = self._flat(keys, tables, self.tables)
+        if self._last_step is not None and step < self._last_step:
+            self._forget_cuts()  # stamps of this step may be under the kept cuts
+        self._last_step = step
         d = self._distinct(flat, tab)
         if d is None:
             freed: list[torch.Tensor] = []
@@ -416,10 +432,31 @@ class KeyIndex(nn.Module):
         rows just given out)."""
         if self.policy != "lfu":
             self.row_stamp.index_fill_(0, rows, step)
+            if old is None:
+                self._given(rows, torch.full_like(rows, step))
             return
         count = times if old is None else (old >> 32) + times
         # (at most 2**31 - 2 uses: a stamp never reaches _NEVER, the mark of a free row)
-        self.row_stamp.index_copy_(0, rows, (count.clamp_max(2**31 - 2) << 32) + (step & _LOW32))
+        stamps = (count.clamp_max(2**31 - 2) << 32) + (step & _LOW32)
+        self.row_stamp.index_copy_(0, rows, stamps)
+        if old is None:
+            self._given(rows, stamps)
+
+    def _given(self, rows: torch.Tensor, stamps: torch.Tensor) -> None:
+        """Index ``rows`` were just given out with ``stamps``: a table whose kept eviction
+        cut one of them is at or under loses its candidates (the row is not among them)."""
+        if not len(rows) or not any(c is not None for c in self._cand):
+            return
+        t = self.table_of(rows)
+        under = stamps <= self._cut.index_select(0, t)
+        if bool(under.any()):
+            for i in torch.unique(t[under]).tolist():
+                self._cand[i] = None
+                self._cut[i] = _FLOOR
+
+    def _forget_cuts(self) -> None:
+        self._cand = [None] * self.tables
+        self._cut.fill_(_FLOOR)
 
     def _admitted(self, keys: torch.Tensor, counts: torch.Tensor, step: int) -> torch.Tensor:
         """Which of the new ``keys`` (seen ``counts`` times in this batch) get a row."""
@@ -503,23 +540,43 @@ class KeyIndex(nn.Module):
         if keep is not None:
             keep = keep - base
 
-        def evictable(rows: torch.Tensor) -> torch.Tensor:
-            st = stamps.index_select(0, rows)
+        def evictable(rows: torch.Tensor, st: torch.Tensor) -> torch.Tensor:
             ok = (st != _NEVER) & ~torch.isin(rows, keep) if keep is not None else \
                 self._evictable(st, step)
-            return rows[ok]
+            return ok.nonzero().squeeze(1)
 
         if self._sampled(table, n):
+            kept = self._cand[table]
+            if kept is not None and kept.device == stamps.device:
+                # the rows at or under the last pass's cut are among the kept ones: when
+                # enough of them are still under it, the lowest n are there
+                st = stamps.index_select(0, kept)
+                under = (st <= self._cut[table]).nonzero().squeeze(1)
+                kept, st = kept.index_select(0, under), st.index_select(0, under)
+                self._cand[table] = kept  # a row over the cut never comes back under it
+                ok = evictable(kept, st)
+                if len(ok) >= n:
+                    return _lowest_first(kept.index_select(0, ok), st.index_select(0, ok),
+                                         n) + base
             gen = torch.Generator(device=stamps.device).manual_seed(step)
             sample = stamps[torch.randint(0, len(stamps), (1 << 16,), generator=gen,
                                           device=stamps.device)]
             k = min(len(sample), int(len(sample) * (2.0 * n / len(stamps) + 0.01)) + 1)
             cut = sample.kthvalue(k).values
-            cand = evictable((stamps <= cut).nonzero().squeeze(1))
-            if len(cand) >= n:
-                return _lowest_first(cand, stamps.index_select(0, cand), n) + base
-        cand = evictable(torch.arange(len(stamps), device=stamps.device))
-        return _lowest_first(cand, stamps.index_select(0, cand), min(n, len(cand))) + base
+            cand = (stamps <= cut).nonzero().squeeze(1)
+            self._cand[table], self._cut[table] = cand, cut
+            self.eviction_passes += 1
+            st = stamps.index_select(0, cand)
+            ok = evictable(cand, st)
+            if len(ok) >= n:
+                return _lowest_first(cand.index_select(0, ok), st.index_select(0, ok),
+                                     n) + base
+        self.eviction_passes += 1
+        cand = torch.arange(len(stamps), device=stamps.device)
+        st = stamps
+        ok = evictable(cand, st)
+        cand, st = cand.index_select(0, ok), st.index_select(0, ok)
+        return _lowest_first(cand, st, min(n, len(cand))) + base
 
     def _lowest_of(self, wanted: list[tuple[int, int]], step: int) -> torch.Tensor:
         """:meth:`_lowest` of several tables at once, ``wanted`` = ``(table, n)`` in
@@ -638,6 +695,8 @@ class KeyIndex(nn.Module):
             else:  # saved without counting (min_count 1), or this index does not count
                 state_dict = {**state_dict, prefix + "sketch": self.sketch.clone()}
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        self._forget_cuts()  # the stamps are the loaded ones
+        self._last_step = None
         self._rebuild()
 
     def extra_repr(self) -> str:

@@ -273,6 +273,44 @@ def test_the_sampled_eviction_never_takes_a_row_seen_at_this_step(policy):
     assert torch.equal(torch.sort(idx.row_stamp[by_keep]).values, want)
 
 
+class _NoKeptCut(KeyIndex):
+    """Every eviction takes its own pass over the table, as before the cut was kept."""
+
+    def _lowest(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self._forget_cuts()
+        return super()._lowest(*args, **kwargs)
+
+
+@pytest.mark.parametrize("policy", ["lfu", "lru", "ttl"])
+def test_evictions_from_the_kept_cut_free_the_rows_a_fresh_pass_would(policy):
+    """Evictions after the first take their rows from the rows under the last pass's cut
+    (a stamp only grows): the same rows, step after step, as a pass over the whole table
+    each time, through the cases that must throw the kept rows away: a row given out
+    under the cut (LFU: new keys used once where the table's rows were used three times)
+    and the step going back (rows seen again get lower stamps)."""
+    g = np.random.default_rng(7)
+    size = 1 << 17  # sampled eviction (above _SAMPLED_EVICTION), 1,310 rows a time
+    opts = dict(policy=policy, ttl_steps=500 if policy == "ttl" else None)
+    kept, fresh = KeyIndex(size, **opts), _NoKeptCut(size, **opts)
+    hot = 10**12 + np.arange(size // 4)
+    for i, step in enumerate([*range(90), *range(0, 20)]):
+        new = 10**9 + i * 10**5 + np.arange(1500)
+        uses = 3 if i < 60 else 1  # LFU: from the 60th step on, new rows under the cut
+        if i == 90:  # the step goes back: live keys only, stamped under the cut
+            live = kept.row_key[kept.live].numpy()
+            keys = g.choice(live, 20_000, replace=False)
+        else:
+            keys = np.concatenate([g.choice(hot, 1000), np.repeat(new, uses)])
+        keys = torch.from_numpy(g.permutation(keys).astype(np.int64))
+        ra, fa = kept.admit(keys, step)
+        rb, fb = fresh.admit(keys, step)
+        assert torch.equal(ra, rb) and torch.equal(fa, fb), (i, step)
+    assert invariants(kept) == invariants(fresh)
+    # a third of the evictions or more took their rows from the kept ones
+    assert kept.eviction_passes < 0.67 * fresh.eviction_passes, (kept.eviction_passes,
+                                                                 fresh.eviction_passes)
+
+
 def test_eviction_ties_go_to_the_lowest_rows():
     """Which of several equally old rows is evicted does not depend on the device: the
     result is a stable sort's (by stamp, then row), as on CPU so on CUDA."""
