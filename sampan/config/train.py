@@ -162,6 +162,11 @@ class TrainConfig(_Strict):
         "a quarter of the device's free memory")
     threads: int | None = Field(None, gt=0, description="torch intra-op threads "
                                 "(torch.set_num_threads); null: torch's default")
+    reuse_memory: bool = Field(
+        True, description="CPU runs on Linux with glibc: keep the memory a step frees in "
+        "the process for the next step (no mmap for blocks up to 32 MB, no trimming of the "
+        "heap), instead of handing it back and faulting it in again page by page each step; "
+        "the process then keeps its peak memory until it exits. false: malloc's defaults")
     prefetch: int = Field(2, ge=0, description="batches prepared ahead in a background "
                           "thread, in training and evaluation (0: none; unused for a split "
                           "held on the device)")

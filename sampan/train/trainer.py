@@ -37,6 +37,7 @@ from sampan.train.compute import (
     l1_shrink_targets,
     plan_for,
     resolve_amp,
+    reuse_freed_memory,
     shrink_l1,
 )
 from sampan.train.evaluate import (  # noqa: F401  (importable from here as before)
@@ -108,6 +109,10 @@ class Trainer:
         if why:
             self.plan.reasons["data_on_device"] = why
         amp, self.plan.reasons["amp"] = resolve_amp(self.tc.amp, self.device, model)
+        if self.device.type == "cpu" and self.tc.reuse_memory:
+            done = reuse_freed_memory()
+            if done:
+                self.plan.reasons["reuse_memory"] = done
         self.tc = self.plan.train = self.tc.model_copy(update={"amp": amp})
         self.loader = BatchLoader(train, self.tc.batch_size, shuffle=self.tc.shuffle,
                                   seed=cfg.seed, prefetch=self.tc.prefetch,
