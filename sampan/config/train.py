@@ -164,8 +164,8 @@ class TrainConfig(_Strict):
                                 "(torch.set_num_threads); null: torch's default")
     reuse_memory: bool = Field(
         True, description="CPU runs on Linux with glibc: keep the memory a step frees in "
-        "the process for the next step (no mmap for blocks up to 32 MB, no trimming of the "
-        "heap), instead of handing it back and faulting it in again page by page each step; "
+        "the process for the next step (glibc malloc: no mapping of its own for any block, "
+        "no trimming of the heap), instead of handing it back and faulting it in again page by page each step; "
         "the process then keeps its peak memory until it exits. false: malloc's defaults")
     prefetch: int = Field(2, ge=0, description="batches prepared ahead in a background "
                           "thread, in training and evaluation (0: none; unused for a split "

@@ -79,9 +79,8 @@ def resolve_amp(setting: str, device: torch.device, model: nn.Module) -> tuple[s
                     "evaluated in fp32, as served")
 
 
-# glibc's mallopt parameters, and the largest mmap threshold it accepts on 64-bit systems
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-_MMAP_THRESHOLD_MAX = 32 << 20
+# glibc's mallopt parameters
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
 
 
 @functools.cache
@@ -89,13 +88,14 @@ def reuse_freed_memory() -> str:
     """Keep the memory a training step frees in the process for the next step's tensors
     (``train.reuse_memory``); what was done, or why not ("" where there is nothing to do).
 
-    glibc's malloc serves each block over its mmap threshold (128 KB, raised as large blocks
-    are freed) with a fresh mapping and hands it back on free, and trims freed memory off
-    the top of its heap: a step's activations, several MB each, are then faulted in again,
-    page by page, every step (measured: 16,000 page faults a DCNv2 step at batch 4096, and
-    for DIN 140,000 to 230,000, a third to half of its step time). With the threshold at
-    its 32 MB maximum and no trimming, freed blocks are reused instead; the process keeps
-    its peak memory until it exits. Set once for the whole process (Linux with glibc)."""
+    glibc's malloc serves each block over its mmap threshold (128 KB, raised up to 32 MB as
+    large blocks are freed) with a fresh mapping and hands it back on free, and trims freed
+    memory off the top of its heap: a step's activations, several MB each, are then faulted
+    in again, page by page, every step (measured at batch 4096: 16,000 page faults a DCNv2
+    step, 140,000 to 230,000 a DIN step, whose attention activations are 65 MB). With no
+    mapping of its own for any block and no trimming, freed blocks are reused instead; the
+    process keeps its peak memory until it exits. Set once for the whole process (Linux
+    with glibc; a thread's arena still maps what its heap cannot hold)."""
     if not sys.platform.startswith("linux"):
         return ""
     try:
@@ -106,11 +106,10 @@ def reuse_freed_memory() -> str:
     except (OSError, AttributeError):
         return ""
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    if not (mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX)
-            and mallopt(_M_TRIM_THRESHOLD, 2**31 - 1)):
+    if not (mallopt(_M_MMAP_MAX, 0) and mallopt(_M_TRIM_THRESHOLD, 2**31 - 1)):
         return f"glibc {version().decode()} refused the malloc settings: its defaults stay"
-    return ("on: a step's freed memory serves the next step (glibc malloc keeps blocks up "
-            "to 32 MB in its heap) instead of being faulted in again")
+    return ("on: a step's freed memory serves the next step (glibc malloc keeps every block "
+            "in its heap) instead of being faulted in again")
 
 
 def apply_saved(model: nn.Module, run_dir: Path) -> KernelPlan | None:
