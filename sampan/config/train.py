@@ -165,8 +165,9 @@ class TrainConfig(_Strict):
     reuse_memory: bool = Field(
         True, description="CPU runs on Linux with glibc: keep the memory a step frees in "
         "the process for the next step (glibc malloc: no mapping of its own for any block, "
-        "no trimming of the heap), instead of handing it back and faulting it in again page by page each step; "
-        "the process then keeps its peak memory until it exits. false: malloc's defaults")
+        "no trimming of the heap), instead of handing it back and faulting it in again page "
+        "by page each step; the process then keeps its peak memory until it exits. false: "
+        "malloc's defaults")
     prefetch: int = Field(2, ge=0, description="batches prepared ahead in a background "
                           "thread, in training and evaluation (0: none; unused for a split "
                           "held on the device)")
