@@ -9,6 +9,7 @@ import ctypes
 import functools
 import json
 import os
+import platform
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -147,12 +148,34 @@ def plan_for(trainer: Trainer, measure: bool) -> KernelPlan | None:
     return plan
 
 
+# ATen's CPU capability (ATEN_CPU_CAPABILITY) -> the -march that compiles code for it
+_MARCH_OF_CAPABILITY = {"avx2": "x86-64-v3", "default": "x86-64"}
+
+
+def compiled_march() -> str | None:
+    """The ``-march`` compiled CPU kernels need when ``ATEN_CPU_CAPABILITY`` holds ATen
+    below the CPU (``avx2`` on an AVX-512 CPU), or None. The compiler otherwise builds them
+    with ``-march=native``, and that code, mixed with ATen's AVX2 kernels, gave non-finite
+    values within 15 steps of DIN training (an AMD EPYC family 25 model 17 and an Intel
+    family 6 model 167, both AVX-512; an AVX2-only CPU trains it)."""
+    cap = os.environ.get("ATEN_CPU_CAPABILITY", "").lower()
+    return _MARCH_OF_CAPABILITY.get(cap) if platform.machine() in ("x86_64", "AMD64") else None
+
+
 def compile_dense(model: nn.Module) -> None:
     """``torch.compile`` every child module that holds no embedding table, in place (so
     state_dict keys do not change). The lookup (``torch.unique``, data-dependent shapes)
     stays eager, and so does an MLP whose every activation is a ReLU fused into its layer's
     GEMM: it has nothing for the compiler to fuse, and eager it keeps the GEMM libraries
-    measured for it (a compiled graph uses ``F.linear``)."""
+    measured for it (a compiled graph uses ``F.linear``). CPU kernels are built for the ISA
+    ATen is held to, if it is (:func:`compiled_march`), unless inductor's own ``march`` is
+    set."""
+    march = compiled_march()
+    if march is not None:
+        from torch._inductor import config as inductor
+
+        if inductor.cpp.march is None:
+            inductor.cpp.march = march
     for child in model.children():
         if any(isinstance(m, EmbeddingCollection) for m in child.modules()):
             compile_dense(child)

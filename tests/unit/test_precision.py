@@ -54,3 +54,25 @@ def test_this_machine_agrees_with_its_flags():
                   and torch.ops.mkldnn._is_mkldnn_bf16_supported()
                   and compute.os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper()
                   in compute._BF16_ONEDNN)
+
+
+@pytest.mark.parametrize("cap, march", [("avx2", "x86-64-v3"), ("AVX2", "x86-64-v3"),
+                                        ("default", "x86-64"), ("avx512", None), ("", None)])
+def test_compiled_kernels_follow_the_isa_aten_is_held_to(monkeypatch, cap, march):
+    """With ATEN_CPU_CAPABILITY=avx2 on an AVX-512 CPU, torch.compile's CPU kernels built
+    with -march=native gave DIN non-finite values; they are built for the capped ISA."""
+    import platform
+
+    from torch._inductor import config as inductor
+
+    from sampan.train.compute import compile_dense, compiled_march
+
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", cap)
+    assert compiled_march() == march
+    monkeypatch.setattr(inductor.cpp, "march", None)
+    compile_dense(torch.nn.Sequential())  # nothing to compile: sets the march alone
+    assert inductor.cpp.march == march
+    monkeypatch.setattr(inductor.cpp, "march", "znver4")  # the user's own is kept
+    compile_dense(torch.nn.Sequential())
+    assert inductor.cpp.march == "znver4"
