@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 import sys
 from pathlib import Path
 
@@ -52,8 +53,13 @@ def test_only_large_contiguous_cpu_tensors_are_advised():
 @needs_thp
 def test_the_tables_are_advised_for_huge_pages():
     t = huge_full((64 << 20) // 8, 0, torch.int64)
-    plain = torch.zeros((64 << 20) // 8, dtype=torch.int64)
+    # a mapping of its own, never advised (malloc's memory may be: a training run has it
+    # reuse freed blocks, advised tables' among them)
+    region = mmap.mmap(-1, 64 << 20)
+    plain = torch.frombuffer(region, dtype=torch.int64)
     assert advised(t) and not advised(plain)
+    del plain
+    region.close()
     index = KeyIndex(1 << 20)  # its map alone is 32 MB
     assert advised(index.slots) and advised(index.row_key) and advised(index.row_stamp)
     table = EmbeddingCollection([TableSpec("a", 1 << 20, 16, ("a",))], 0.01)  # 64 MB
