@@ -204,8 +204,9 @@ class ServeConfig(_Strict):
                                     "memory of large concurrent requests; past it 503 as "
                                     "for max_inflight, except that a worker with nothing in "
                                     "flight always takes the request")
-    item_key: str = Field("item_id", description="the raw column /v1/rank fills with the "
-                          "candidate ids")
+    item_key: str | None = Field(None, description="the raw column /v1/rank fills with "
+                                 "the candidate ids; null: the column the bundle's item "
+                                 "table is keyed by (features/items.parquet), else item_id")
     unit_key: str = Field("user_id", description="the request field (context or record) "
                           "that names the unit: the user, for the feedback log and A/B "
                           "assignment")

@@ -78,7 +78,7 @@ def request_schemas(state: ServerState | None) -> dict[str, dict[str, Any]]:
                         "a missing value), the same keys in every record; a feature a table "
                         "or live history brings may be given too, overriding it"},
             "variant": arms}}}
-    item = cfg.item_key
+    item = state.item_key(predictor)
     context, need = record_schema(predictor, store, {item})
     candidates = {"type": "array", "minItems": 1, "maxItems": cfg.max_records,
                   "items": {"type": ["string", "integer"]},
@@ -168,7 +168,7 @@ def request_examples(state: ServerState | None) -> dict[str, dict[str, Any]]:
     def example(props: dict[str, Any]) -> dict[str, Any]:
         return {c: value.get(c) for c in props}
 
-    item_key, unit_key = state.cfg.item_key, state.cfg.unit_key
+    item_key, unit_key = state.item_key(predictor), state.cfg.unit_key
     out: dict[str, dict[str, Any]] = {
         "PredictRequest": {"records": [example(record_schema(predictor, store)[0])]}}
     context = example(record_schema(predictor, store, {item_key})[0])

@@ -68,6 +68,14 @@ class Predictor:
         return {k: v for k, v in context.items() if k in known}
 
     @property
+    def item_key(self) -> str:
+        """The raw column a candidate id goes in: the column the bundle's item table is
+        keyed by (``features/items.parquet``), else ``item_id``."""
+        items = (self.bundle.manifest.get("feature_tables") or {}).get("items")
+        key = items.get("key") if isinstance(items, dict) else None
+        return key if isinstance(key, str) and key in self.columns else "item_id"
+
+    @property
     def version(self) -> str:
         m = self.bundle.manifest
         return f"{m.get('model', '?')}@{m.get('created', '?')}"
@@ -184,7 +192,9 @@ class Predictor:
             raise RequestError("context must be an object of raw features", "context")
         if item_key not in self.known(store):
             raise ConflictError(f"{self.name} has no feature {item_key!r} to put candidates "
-                               f"in; its raw features are {self.columns}", "candidates")
+                               f"in; its raw features are {self.columns} (the serve config's "
+                               "item_key names the column: sampan serve BUNDLE --set "
+                               "item_key=COLUMN)", "candidates")
         if item_key in context:
             raise RequestError(f"{item_key!r} comes from candidates, not from context",
                                item_key)

@@ -447,6 +447,14 @@ class ServerState:
         self.variant_requests.labels(arm, str(forced).lower()).inc()
         return Submitted(predictor, table, self.batcher.submit(predictor, table), arm, forced)
 
+    def item_key(self, predictor: Predictor | None = None) -> str:
+        """The column /v1/rank puts candidates in: the serve config's ``item_key``, else
+        the one ``predictor``'s bundle names (the control arm's by default)."""
+        predictor = predictor or self.predictor
+        if self.cfg.item_key is not None or predictor is None:
+            return self.cfg.item_key or "item_id"
+        return predictor.item_key
+
     def rank_future(self, context: dict[str, Any], candidates: list[Any],
                     variant: str | None = None, assigned: tuple[str, bool] | None = None
                     ) -> Submitted:
@@ -454,7 +462,8 @@ class ServerState:
         arm, forced = assigned or self.assign(context.get(self.cfg.unit_key)
                                               if isinstance(context, dict) else None, variant)
         predictor, store = self.current(arm)
-        table = predictor.candidates_table(context, candidates, self.cfg.item_key, store)
+        table = predictor.candidates_table(context, candidates, self.item_key(predictor),
+                                           store)
         self.variant_requests.labels(arm, str(forced).lower()).inc()
         return Submitted(predictor, table, self.batcher.submit(predictor, table), arm, forced)
 

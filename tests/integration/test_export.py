@@ -213,3 +213,45 @@ def test_the_item_table_is_keyed_by_the_id_a_side_table_is_joined_by():
     assert keys([users, movies, {"path": "c.csv", "by": "city"}],
                 ["user_id", "movie_id", "city"]) == ("user_id", None)  # two: ambiguous
     assert keys([movies], ["user_id", "movie_id", "item_id"]) == ("user_id", "item_id")
+
+
+def test_rank_puts_candidates_in_the_column_the_item_table_is_keyed_by(tmp_path):
+    """A bundle whose item table is keyed by movie_id (joined to a movies side table) ranks
+    candidates as movie ids with no item_key in the serve config; one set there wins."""
+    from sampan.config import load_serve_config
+    from sampan.serving.service import ServerState
+
+    rng = np.random.default_rng(1)
+    (tmp_path / "movies.csv").write_text("movie_id,genre\n" + "".join(
+        f"m{i},g{i % 3}\n" for i in range(12)))
+    u, m = rng.integers(0, 15, 500), rng.integers(0, 12, 500)
+    y = (rng.random(500) < np.where(m % 3 == 0, 0.7, 0.2)).astype(int)
+    (tmp_path / "ratings.csv").write_text("click,user_id,movie_id\n" + "".join(
+        f"{a},u{b},m{c}\n" for a, b, c in zip(y, u, m, strict=True)))
+    cfg = load_config(raw={
+        "output_dir": str(tmp_path), "data": {"train": str(tmp_path / "ratings.csv"), "joins": [
+            {"path": str(tmp_path / "movies.csv"), "by": "movie_id"}]},
+        "features": {"label": "click", "group": "user_id",
+                     "categorical": ["user_id", "movie_id", "genre"]},
+        "model": {"name": "deepfm", "embedding_dim": 4},
+        "train": {"epochs": 1, "max_steps": 4, "batch_size": 64, "progress": False,
+                  "tensorboard": False}})
+    run = run_experiment(cfg, run_dir=tmp_path / "run", console=Console(quiet=True))
+    bundle = export_run(run["run_dir"], tmp_path / "bundle")
+    assert Predictor(bundle).item_key == "movie_id"
+    cands = ["m0", "m1", "m5"]
+    state = ServerState(load_serve_config(raw={"bundle": str(bundle)}))
+    try:
+        assert state.item_key() == "movie_id"
+        got = state.rank_future({"user_id": "u3"}, cands).future.result()[:, 0]
+    finally:
+        state.close()
+    # the genre comes from the item table, keyed by the candidate's movie id
+    want = Predictor(bundle).predict([{"user_id": "u3", "movie_id": c, "genre": f"g{i % 3}"}
+                                      for c, i in zip(cands, (0, 1, 5), strict=True)])[:, 0]
+    assert np.abs(got - want).max() < 1e-6
+    state = ServerState(load_serve_config(raw={"bundle": str(bundle), "item_key": "genre"}))
+    try:
+        assert state.item_key() == "genre"
+    finally:
+        state.close()
