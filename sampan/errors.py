@@ -37,6 +37,11 @@ class RunError(SampanError, ValueError):
     label it does not predict, runs that did not score the same rows)."""
 
 
+class MissingExtraError(SampanError, ImportError):
+    """A feature needs an optional dependency that is not installed; the message names the
+    extra that brings it."""
+
+
 class MissingPathError(SampanError, FileNotFoundError):
     """A path the user named (a run directory, a checkpoint, a file) does not exist or is
     not what it should be."""

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from sampan.errors import MissingPathError
+from sampan.errors import MissingExtraError, MissingPathError
 
 BINS = 10
 # the validation metrics a run logs (sampan.metrics, sampan.tasks): the rest of a record
@@ -176,8 +176,8 @@ def _plt():  # type: ignore[no-untyped-def]
     try:
         import matplotlib
     except ImportError:
-        raise ImportError("sampan report draws with matplotlib: pip install "
-                          "'sampan[report]' (or matplotlib)") from None
+        raise MissingExtraError("sampan report draws with matplotlib: pip install "
+                                "'sampan[report]' (or matplotlib)") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -45,6 +45,10 @@ class DynamicEvict(_Strict):
     def _ttl_needs_steps(self) -> DynamicEvict:
         if self.policy == "ttl" and self.ttl_steps is None:
             raise ValueError("evict.policy ttl needs evict.ttl_steps")
+        if self.policy != "ttl" and self.ttl_steps is not None:
+            raise ValueError(f"evict.ttl_steps {self.ttl_steps} is read only with policy ttl "
+                             f"(the policy is {self.policy}): set policy: ttl, or drop "
+                             "ttl_steps")
         return self
 
 

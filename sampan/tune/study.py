@@ -41,6 +41,7 @@ from typing import Any
 from rich.console import Console
 
 from sampan.config import ConfigError, TuneConfig, dump_config, load_config
+from sampan.errors import MissingExtraError
 from sampan.tune.space import check_space, grid, sample, trial_config
 
 STUDY_FILE = "study.json"  # what the folder's study is: name, storage, metric, direction
@@ -56,8 +57,8 @@ def _optuna():  # type: ignore[no-untyped-def]
     try:
         import optuna
     except ImportError:
-        raise ImportError("sampan tune runs on Optuna: pip install 'sampan[tune]' "
-                          "(or optuna)") from None
+        raise MissingExtraError("sampan tune runs on Optuna: pip install 'sampan[tune]' "
+                                "(or optuna)") from None
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     return optuna

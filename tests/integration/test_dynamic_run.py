@@ -116,6 +116,10 @@ def test_dynamic_with_vocabulary_settings_is_a_config_error(tmp_path):
         "capacity": 100, "evict": {"policy": "ttl"}}}]}
     with pytest.raises(ConfigError, match="ttl_steps"):
         load_config(raw=raw)
+    raw["features"] = {"categorical": [{"name": "C1", "dynamic": {  # ttl_steps unread
+        "capacity": 100, "evict": {"policy": "lru", "ttl_steps": 5}}}]}
+    with pytest.raises(ConfigError, match="ttl_steps 5 is read only with policy ttl"):
+        load_config(raw=raw)
 
 
 def test_the_map_changes_only_in_the_training_thread_and_never_under_a_read_row(

@@ -88,3 +88,18 @@ def test_anything_else_is_a_bug_and_keeps_its_traceback(monkeypatch, tmp_path):
     assert isinstance(r.exception, ValueError)  # propagated, not turned into "error: ..."
     assert r.exit_code == 1
     assert "error:" not in r.output
+
+
+@pytest.mark.parametrize("module, lib, extra", [("sampan.report", "matplotlib", "report"),
+                                                ("sampan.tune.study", "optuna", "tune")])
+def test_a_missing_extra_is_named_not_a_traceback(monkeypatch, module, lib, extra):
+    """Without matplotlib, sampan report says which extra brings it (a SampanError: the CLI
+    prints it as one line); so does sampan tune without Optuna."""
+    import importlib
+    import sys
+
+    monkeypatch.setitem(sys.modules, lib, None)  # import fails as if not installed
+    load = getattr(importlib.import_module(module), "_plt" if lib == "matplotlib" else "_optuna")
+    with pytest.raises(errors.MissingExtraError, match=rf"pip install 'sampan\[{extra}\]'"):
+        load()
+    assert issubclass(errors.MissingExtraError, ImportError)
