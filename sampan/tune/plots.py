@@ -92,27 +92,26 @@ def draw_history(study: Any, meta: dict[str, Any], defaults: float | None, out: 
     ax.set(xlabel="trial", ylabel=f"valid {meta['metric']}",
            title=f"study {meta['study']}: {meta['direction']} valid {meta['metric']}")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # trial numbers
-    _zoom(ax, ys, keep=defaults)
+    _zoom(ax, ys, keep=[defaults, (max if maximize else min)(ys) if ys else None])
     ax.legend(fontsize=8, loc="lower right" if maximize else "upper right")
     fig.savefig(out, dpi=90)
     plt.close(fig)
     return out
 
 
-def _zoom(ax: Any, ys: list[float], keep: float | None = None) -> None:
+def _zoom(ax: Any, ys: list[float], keep: list[float | None] | None = None) -> None:
     """Limit the y axis to the values that matter: a diverged trial, more than ten median
     absolute deviations from the median (about seven standard deviations of normal noise),
     would flatten the rest. Those are left off the axis and counted on the plot; every other
-    value is in view, and ``keep`` (the defaults' value) too."""
+    value is in view, and those of ``keep`` (the defaults' value, the best trial's) too."""
     ys = [y for y in ys if y is not None and math.isfinite(y)]
     if len(ys) < 2:
         return
+    kept = {y for y in keep or [] if y is not None and math.isfinite(y)}
     mid = float(np.median(ys))
     reach = 10 * max(float(np.median(np.abs(np.array(ys) - mid))), 1e-4)
-    inside = [y for y in ys if abs(y - mid) <= reach]
-    lo, hi = min(inside), max(inside)
-    if keep is not None and math.isfinite(keep):
-        lo, hi = min(lo, keep), max(hi, keep)
+    inside = [y for y in ys if abs(y - mid) <= reach or y in kept]
+    lo, hi = min([*inside, *kept]), max([*inside, *kept])
     pad = max(hi - lo, 1e-4) * 0.25
     ax.set_ylim(lo - pad, hi + pad)
     if off := len(ys) - len(inside):
@@ -142,7 +141,11 @@ def draw_curves(study: Any, meta: dict[str, Any], out: Path, plt: Any) -> Path:
         _colorbar(fig, ax, plt, cmap, lo, hi, f"final valid {meta['metric']}")
     ax.set(xlabel="epochs", ylabel=f"valid {meta['metric']}",
            title="validation curve of every trial")
-    _zoom(ax, [v for t in complete for v in t.intermediate_values.values()])
+    # the best trial's curve stays in view, however far it is from the rest
+    best = (max if meta["direction"] == "maximize" else min)(
+        complete, key=lambda t: t.value) if complete else None
+    _zoom(ax, [v for t in complete for v in t.intermediate_values.values()],
+          keep=list(best.intermediate_values.values()) if best is not None else None)
     ax.legend(fontsize=8)
     fig.savefig(out, dpi=90)
     plt.close(fig)
