@@ -185,32 +185,45 @@ def prepare(config: Path, overrides: list[str], folder: Path | None = None, *,
     return job
 
 
-def _fingerprint(job: TuneJob, cfg: Any) -> str:
+def _fingerprint(job: TuneJob, cfg: Any) -> tuple[str, dict[str, str]]:
     """What a resumed study must share with the one it resumes: the experiment, the space,
-    the metric and the sampler (not the budget, the time or the pruner)."""
+    the metric and the sampler (not the budget, the time or the pruner); and each of them
+    alone (the experiment and the space by digest), to say which one differs."""
     base = dump_config(cfg.model_copy(update={"tune": None}))
     space = json.dumps({k: s.model_dump() for k, s in job.tune.space.items()}, sort_keys=True,
                        default=str)
     text = "\n".join([base, space, job.metric, job.direction, job.tune.sampler])
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def digest(t: str) -> str:
+        return hashlib.sha256(t.encode()).hexdigest()[:16]
+
+    return digest(text), {"experiment": digest(base), "search space": digest(space),
+                          "metric": f"{job.metric} ({job.direction})",
+                          "sampler": job.tune.sampler}
 
 
 def _create(job: TuneJob, cfg: Any, points: list[dict[str, Any]] | None) -> None:
     optuna = _optuna()
-    mark = _fingerprint(job, cfg)
+    mark, parts = _fingerprint(job, cfg)
     study = optuna.create_study(study_name=job.name, storage=job.storage(),
                                 direction=job.direction, load_if_exists=True)
     had = study.user_attrs.get("sampan_fingerprint")
     if had is None:
         study.set_user_attr("sampan_fingerprint", mark)
+        study.set_user_attr("sampan_parts", parts)
         study.set_user_attr("metric", job.metric)
         for p in points or []:  # a grid: every point queued once, in order
             study.enqueue_trial(p, skip_if_exists=False)
     elif had != mark:
+        then = study.user_attrs.get("sampan_parts") or {}
+        what = [k if k in ("experiment", "search space") else
+                f"{k} ({then[k]} then, {v} now)" for k, v in parts.items()
+                if k in then and then[k] != v]
         raise ConfigError(
-            f"the study {job.name!r} in {job.storage_url} was made from another experiment, "
-            "search space, metric or sampler; resume it with the config it was made from, or "
-            "start a new one with --out (another folder) or another experiment name")
+            f"the study {job.name!r} in {job.storage_url} was made from another "
+            f"{' and another '.join(what) or 'experiment, search space, metric or sampler'}"
+            "; resume it with the config it was made from, or start a new one with --out "
+            "(another folder) or another experiment name")
     (job.folder / STUDY_FILE).write_text(json.dumps(
         {"study": job.name, "storage": job.storage_url, "metric": job.metric,
          "direction": job.direction, "budget": job.budget, "config": str(job.config),

@@ -124,8 +124,14 @@ def test_best_yaml_is_the_file_with_the_trials_values_and_loads_to_its_config(tm
     # the folder's study is the same one when opened again; another space is refused
     assert prepare(path, ["train.epochs=3"], tmp_path / "study").budget == 30
     other = write(tmp_path, {"train.lr": {"low": 0.001, "high": 0.01}})
-    with pytest.raises(ConfigError, match="made from another experiment"):
+    with pytest.raises(ConfigError, match="made from another search space; resume"):
         prepare(other, ["train.epochs=3"], tmp_path / "study")
+    # the refusal names what differs, with both values where they are short
+    path = write(tmp_path, BRANCHED)  # (the same file again)
+    with pytest.raises(ConfigError, match=r"another sampler \(tpe then, random now\)"):
+        prepare(path, ["train.epochs=3", "tune.sampler=random"], tmp_path / "study")
+    with pytest.raises(ConfigError, match="made from another experiment; resume"):
+        prepare(path, ["train.epochs=4"], tmp_path / "study")
 
 
 def test_a_dead_processs_trial_is_failed_and_queued_again(tmp_path):
