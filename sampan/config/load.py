@@ -69,6 +69,9 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
     except yaml.YAMLError as e:
         raise ConfigError(f"--set {key}: value {text!r} is not valid YAML ({e})") from None
     parts = key.split(".")
+    if parts[:2] == ["tune", "space"] and len(parts) > 2:
+        _set_space_entry(raw, key, ".".join(parts[2:]), value)
+        return
     node: Any = raw
     for i, part in enumerate(parts[:-1]):
         where = ".".join(parts[: i + 1])
@@ -88,6 +91,29 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
         node[_list_index(last, node, key)] = value
     else:
         node[last] = value
+
+
+def _set_space_entry(raw: dict[str, Any], key: str, rest: str, value: Any) -> None:
+    """``--set tune.space.PATH=...``: a search space's keys are dotted config paths, so
+    ``rest`` is one whole key (``model.dropout``), or an existing key and one of its
+    fields (``model.dropout.high``)."""
+    tune = raw.get("tune")
+    if tune is None:
+        tune = raw["tune"] = {}
+    if not isinstance(tune, dict):
+        raise ConfigError(f"--set {key}: 'tune' is not a mapping")
+    space = tune.get("space")
+    if space is None:
+        space = tune["space"] = {}
+    if not isinstance(space, dict):
+        raise ConfigError(f"--set {key}: 'tune.space' is not a mapping")
+    owner = next((k for k in space if rest.startswith(k + ".")), None)
+    if owner is None:
+        space[rest] = value
+    elif isinstance(space[owner], dict):
+        space[owner][rest[len(owner) + 1:]] = value
+    else:
+        raise ConfigError(f"--set {key}: tune.space {owner!r} is not a mapping")
 
 
 def _list_index(part: str, node: list[Any], where: str) -> int:

@@ -185,3 +185,17 @@ def test_the_pruners_count_in_hundredths_of_an_epoch_and_the_deadline_stops_aski
     job.deadline = 0.0  # --timeout passed: no trial is asked for
     assert work(job, 0, Console(quiet=True)) == 0
     assert sum(counts(job.study()).values()) == 0
+
+
+def test_set_adds_or_changes_one_entry_of_the_space(tmp_path):
+    """--set tune.space.PATH: PATH is one whole space key (dotted), or a key and a field."""
+    path = write(tmp_path, BRANCHED)
+    cfg = load_config(path, overrides=["tune.space.model.dropout={low: 0.0, high: 0.3}",
+                                       "tune.space.train.lr.high=0.05"])
+    space = cfg.tune.space
+    assert space["model.dropout"].low == 0.0 and space["model.dropout"].high == 0.3
+    assert space["train.lr"].high == 0.05 and space["train.lr"].low == 1.0e-3
+    with pytest.raises(ConfigError, match="'dropoot' in model: did you mean 'dropout'"):
+        check_space(path, ["tune.space.model.dropoot={low: 0.0, high: 0.3}"],
+                    load_config(path, overrides=[
+                        "tune.space.model.dropoot={low: 0.0, high: 0.3}"]).tune.space)
