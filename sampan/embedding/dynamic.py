@@ -2,8 +2,9 @@
 vocabulary: admission, eviction and a fixed memory cap (the dynamic tables of issue 16).
 
 :class:`KeyIndex` gives every admitted key a row of its own in ``[1, capacity]``; row 0 is
-the shared default row that keys not admitted (or evicted) read. It is all tensor
-operations (CPU or GPU, no per-key Python):
+the shared default row that keys not admitted (or evicted) read. It is tensor operations
+(CPU or GPU, no per-key Python), with the probe and the insert in C on the CPU
+(:mod:`sampan.embedding.native`: one pass over the keys, the same rows and stamps):
 
 * **the map** is an open-addressing hash table (linear probing, at most half full) whose
   slots hold a key and its row side by side (one cache line; row 0: empty, -1: deleted). A
@@ -42,6 +43,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from sampan.embedding import native
 from sampan.embedding.pages import huge_empty, huge_full
 
 _WINDOW = 8  # slots looked at per probe round: 8 int64 keys are one or two cache lines
@@ -129,6 +131,8 @@ class KeyIndex(nn.Module):
     >>> two.find(torch.tensor([7, 8]), tables=torch.tensor([1, 1])).tolist(), len(two)
     ([1, 0], 2)
     """
+
+    native = True  # on the CPU, probe and insert with the C kernels where they are built
 
     def __init__(self, capacity: int | list[int], *, min_count: int = 1,
                  probability: float = 1.0, policy: Literal["lru", "lfu", "ttl"] = "lfu",
@@ -339,6 +343,8 @@ class KeyIndex(nn.Module):
         """Rows of ``keys`` (any shape; with several tables, ``tables`` of the same shape
         names each key's) in their tables, 0 for keys without one; changes nothing."""
         flat, tab = self._flat(keys, tables, self.tables)
+        if self._native(flat):
+            return self._native_probe(flat, tab, 0, 0)[0].view(keys.shape)
         d = self._distinct(flat, tab)
         if d is None:
             return self._per_table(self.find, flat, tab).view(keys.shape)
@@ -358,27 +364,49 @@ class KeyIndex(nn.Module):
         if self._last_step is not None and step < self._last_step:
             self._forget_cuts()  # stamps of this step may be under the kept cuts
         self._last_step = step
+        out = [torch.empty(0, dtype=torch.long, device=keys.device)]
+        if self._native(flat):  # one pass finds and stamps the known keys; the rest below
+            found, miss = self._native_probe(flat, tab, 2 if self.policy == "lfu" else 1,
+                                             step)
+            self._expire_due(step, out)
+            if len(miss):
+                rows, freed = self._admit_distinct(
+                    flat.index_select(0, miss),
+                    tab.index_select(0, miss) if tab is not None else None, step, probe=False)
+                found.index_copy_(0, miss, rows)
+                out.append(freed)
+            return found.view(keys.shape), torch.cat(out)
+        rows, freed = self._admit_distinct(flat, tab, step, out=out)
+        return rows.view(keys.shape), freed
+
+    def _admit_distinct(self, flat: torch.Tensor, tab: torch.Tensor | None, step: int, *,
+                        probe: bool = True, out: list[torch.Tensor] | None = None
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`admit` of the flat ``keys`` (of ``tab``) by their distinct keys: rows in
+        their tables and the rows freed (after ``out``'s). ``probe=False``: none of the keys
+        is in the map (the C probe found them missing, stamped the rest and expired)."""
+        out = out if out is not None else []
         d = self._distinct(flat, tab)
         if d is None:
-            freed: list[torch.Tensor] = []
-
             def one_table(k: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-                rows, f = self.admit(k, step, t)
-                freed.append(f)
+                rows, f = self._admit_distinct(k, t, step, probe=probe, out=[])
+                out.append(f)
                 return rows
 
-            return self._per_table(one_table, flat, tab).view(keys.shape), torch.cat(freed)
+            return self._per_table(one_table, flat, tab), torch.cat(out)
         uniq, ut, inv, cnt = d
-        rows = self._probe(uniq, ut)
-        hit = rows > 0
-        at = hit.nonzero().squeeze(1)
-        known = rows.index_select(0, at)
-        self._stamp(known, cnt.index_select(0, at), step,
-                    old=self.row_stamp.index_select(0, known))
-        out = [torch.empty(0, dtype=torch.long, device=keys.device)]
-        if self.ttl_steps and step % max(1, self.ttl_steps // 8) == 0:
-            out.append(self.expire(step))  # ttl: rows unseen too long go, full table or not
-        new = (~hit).nonzero().squeeze(1)
+        if probe:
+            rows = self._probe(uniq, ut)
+            hit = rows > 0
+            at = hit.nonzero().squeeze(1)
+            known = rows.index_select(0, at)
+            self._stamp(known, cnt.index_select(0, at), step,
+                        old=self.row_stamp.index_select(0, known))
+            self._expire_due(step, out)
+            new = (~hit).nonzero().squeeze(1)
+        else:
+            rows = torch.zeros_like(uniq)
+            new = torch.arange(len(uniq), device=uniq.device)
         if len(new):
             ok = self._admitted(uniq.index_select(0, new), cnt.index_select(0, new), step)
             new = new.index_select(0, ok.nonzero().squeeze(1))
@@ -392,7 +420,31 @@ class KeyIndex(nn.Module):
                 new_keys, new_t.index_select(0, took) if new_t is not None else None))
             self._stamp(got, cnt.index_select(0, new), step)
             rows.index_copy_(0, new, got)
-        return self.local(rows, ut).index_select(0, inv).view(keys.shape), torch.cat(out)
+        if not out:
+            out.append(torch.empty(0, dtype=torch.long, device=flat.device))
+        return self.local(rows, ut).index_select(0, inv), torch.cat(out)
+
+    def _expire_due(self, step: int, out: list[torch.Tensor]) -> None:
+        """With ``ttl``, every ``ttl_steps / 8`` steps: rows unseen too long go, full table
+        or not (appended to ``out``)."""
+        if self.ttl_steps and step % max(1, self.ttl_steps // 8) == 0:
+            out.append(self.expire(step))
+
+    def _native(self, keys: torch.Tensor) -> bool:
+        """Whether this call runs on the C kernels (a CPU map, :attr:`native` on, and they
+        could be built: :func:`sampan.embedding.native.status`)."""
+        return self.native and self.slots.device.type == "cpu" and \
+            keys.device.type == "cpu" and native.library() is not None
+
+    def _native_probe(self, keys: torch.Tensor, tables: torch.Tensor | None, mode: int,
+                      step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each key's row in its table (0: none), in one C pass; ``mode`` 1 / 2 also stamps
+        the rows found (lru, ttl / lfu), 0 reads only. And the positions of the keys that
+        have none."""
+        i64 = torch.int64
+        return native.probe(self.slots, self.mask, keys.to(i64).contiguous(),
+                            None if tables is None else tables.to(i64).contiguous(),
+                            self.table_salt, self.starts, self.row_stamp, mode, step)
 
     def _take_rows(self, tables: torch.Tensor | None, n: int, step: int,
                    freed: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -489,6 +541,10 @@ class KeyIndex(nn.Module):
         from it. (Which one wins changes where a key sits, never its row.)"""
         if self.used_slots + len(keys) > _MAX_FILL * (self.mask + 1):
             self._rebuild()
+        if self._native(keys):  # one key after another: no rounds
+            self.used_slots += native.insert(self.slots, self.mask, keys.contiguous(),
+                                             rows.contiguous(), self.row_slot)
+            return
         flat = self.slots.view(-1)  # slot s: key at 2 s, row at 2 s + 1
         pos = mix64(keys) & self.mask
         first_round = len(keys) > _SMALL_BATCH

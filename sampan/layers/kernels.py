@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sampan.embedding.native import cache_root
 from sampan.errors import ConfigError
 from sampan.layers.linear import (
     ALL_MKL,
@@ -123,9 +124,7 @@ def machine_key(threads: int | None = None) -> str:
 
 
 def cache_file() -> Path:
-    root = os.environ.get("SAMPAN_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "sampan")
-    return Path(root) / "kernels.json"
+    return cache_root() / "kernels.json"
 
 
 def _operands(shape: Shape) -> tuple[torch.Tensor, ...]:

@@ -26,7 +26,7 @@ from sampan.config import ConfigError, ExperimentConfig, dump_config
 from sampan.data.loader import Batch, BatchLoader
 from sampan.data.store import SplitArrays
 from sampan.distributed.strategy import SingleProcess, strategy_for
-from sampan.embedding import EmbeddingCollection, make_sparse_optimizer
+from sampan.embedding import EmbeddingCollection, make_sparse_optimizer, native
 from sampan.layers.embed import lr_start_part
 from sampan.tasks import make_task
 from sampan.train import checkpoint as ckpt
@@ -127,6 +127,10 @@ class Trainer:
             compile_dense(self.model)
 
         collections = [m for m in model.modules() if isinstance(m, EmbeddingCollection)]
+        if any(c.dynamic for c in collections) and self.device.type == "cpu":
+            self.plan.reasons["dynamic_tables"] = (
+                "key map on C kernels" if native.library() is not None
+                else f"key map on tensor operations (C kernels {native.status()})")
         self.dense_params = [p for p in model.parameters() if p.requires_grad]
         self.sparse_opt = make_sparse_optimizer(
             self.tc.sparse_optimizer, collections, lr=self.tc.sparse_lr or self.tc.lr,

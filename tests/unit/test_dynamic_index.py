@@ -459,3 +459,63 @@ def test_tables_short_of_rows_in_one_batch_evict_as_each_alone_would(policy, mon
     assert all(a.summary()["evicted"] for a in alone)
     assert shared.summary(1)["evicted"] >= 10 * shared.evict_batch[1]
     assert set(cut) == {1}
+
+
+def _tensor_path(idx: KeyIndex) -> KeyIndex:
+    idx.native = False
+    return idx
+
+
+@pytest.mark.parametrize("opts", [
+    dict(policy="lfu"), dict(policy="lru", min_count=2), dict(policy="ttl", ttl_steps=6),
+    dict(policy="lfu", probability=0.7, min_count=2)], ids=["lfu", "lru", "ttl", "lfu-p"])
+@pytest.mark.parametrize("caps", [[300], [120, 40, 200]], ids=["one", "three"])
+def test_the_c_kernels_give_the_rows_stamps_and_evictions_of_the_tensor_path(caps, opts):
+    """The C probe (which stamps the rows it finds, one use per occurrence) and insert
+    against the tensor operations that run on a GPU: the same rows, freed rows, stamps,
+    free stacks and lookups, step after step, through evictions, rebuilds of the map, keys
+    of two tables that meet after salting, and a batch of more than 8,192 keys (the probe
+    on several threads)."""
+    from sampan.embedding import native
+
+    if native.library() is None:
+        pytest.skip(f"the C kernels: {native.status()}")
+    g = np.random.default_rng(11)
+    c, t = KeyIndex(caps, evict_fraction=0.05, **opts), \
+        _tensor_path(KeyIndex(caps, evict_fraction=0.05, **opts))
+    n_t = len(caps)
+    for step in range(80):
+        size = 9000 if step % 20 == 7 else 256
+        keys = torch.from_numpy(g.zipf(1.2, size).astype(np.int64) * 7919 - 10**6)
+        tables = torch.from_numpy(g.integers(0, n_t, size))
+        if n_t > 1 and step % 10 == 3:  # table 1's key salted onto table 0's
+            keys[:2] = torch.tensor([5, 5 ^ int(c.table_salt[1])])
+            tables[:2] = torch.tensor([0, 1])
+        args = (keys, step) if n_t == 1 else (keys, step, tables)
+        (ra, fa), (rb, fb) = c.admit(*args), t.admit(*args)
+        assert torch.equal(ra, rb) and torch.equal(fa, fb), step
+        assert torch.equal(c.row_stamp, t.row_stamp) and torch.equal(c.row_key, t.row_key)
+        assert torch.equal(c.free, t.free) and torch.equal(c.n_free, t.n_free)
+        probe = torch.from_numpy(g.zipf(1.2, 500).astype(np.int64) * 7919 - 10**6)
+        on = torch.from_numpy(g.integers(0, n_t, 500))
+        fargs = (probe,) if n_t == 1 else (probe, on)
+        assert torch.equal(c.find(*fargs), t.find(*fargs))
+    assert int(c.freed_total.sum()) > 0 and int(c.freed_total.sum()) == int(t.freed_total.sum())
+    if n_t == 1:
+        invariants(c)
+
+
+def test_without_a_c_compiler_the_map_runs_on_tensor_operations(tmp_path):
+    """No compiler: the kernels are off, the status says why, and the map still works."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import torch; from sampan.embedding import native; "
+            "from sampan.embedding.dynamic import KeyIndex; i = KeyIndex(4); "
+            "print(i.admit(torch.tensor([3, 9, 3]), 1)[0].tolist(), native.status())")
+    env = {**os.environ, "CC": "/bin/false", "SAMPAN_CACHE_DIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("[1, 2, 1] off: /bin/false failed"), out.stdout

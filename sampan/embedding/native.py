@@ -1,0 +1,127 @@
+"""The C kernels of the dynamic tables' key map (``keymap.c``), built on first use.
+
+A CPU :class:`~sampan.embedding.dynamic.KeyIndex` probes a batch of keys in one C pass over
+them (and stamps the rows it finds in the same pass), and inserts new keys the same way,
+instead of rounds of tensor operations and a sort of the whole batch: the sort is left to
+the keys that miss, a few percent of a training batch. The results are the same rows,
+stamps and evictions either way (``tests/unit/test_dynamic.py`` runs both).
+
+The library is compiled the first time a process needs it, with the system C compiler
+(``$CC``, else ``cc``; the one ``train.compile`` uses too), into
+``$SAMPAN_CACHE_DIR/native`` (default ``~/.cache/sampan/native``) under a name made of the
+source's hash, so a changed source is rebuilt and concurrent processes never load a
+half-written file. Without a compiler, or with ``SAMPAN_NATIVE=0``, the map runs on tensor
+operations alone (as on a GPU), and :func:`status` says why.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+_SOURCE = Path(__file__).with_name("keymap.c")
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+_why: str | None = None  # why there is no library (None: not tried yet, or loaded)
+_tried = False
+
+
+def cache_root() -> Path:
+    """``$SAMPAN_CACHE_DIR``, else ``$XDG_CACHE_HOME/sampan`` or ``~/.cache/sampan``."""
+    return Path(os.environ.get("SAMPAN_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "sampan"))
+
+
+def _build() -> ctypes.CDLL:
+    src = _SOURCE.read_bytes()
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        raise OSError("no C compiler (set CC, or install gcc)")
+    tag = hashlib.sha256(src + cc.encode() + platform.machine().encode()).hexdigest()[:16]
+    out = cache_root() / "native" / f"keymap-{tag}.so"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+        os.close(fd)
+        try:
+            for flags in (["-fopenmp"], []):  # without OpenMP (clang without libomp): one thread
+                done = subprocess.run([cc, "-O3", "-shared", "-fPIC", *flags, "-o", tmp,
+                                       str(_SOURCE)], capture_output=True, text=True,
+                                      timeout=120)
+                if not done.returncode:
+                    break
+            if done.returncode:
+                raise OSError(f"{cc} failed: {done.stderr.strip()[-500:]}")
+            os.replace(tmp, out)  # atomic: another process sees the whole file or none
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    lib = ctypes.CDLL(str(out))
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    lib.keymap_probe.argtypes = [p, i64, p, p, p, p, i64, p, p, p, ctypes.c_int, i64,
+                                  ctypes.c_int]
+    lib.keymap_probe.restype = i64
+    lib.keymap_insert.argtypes = [p, i64, p, p, i64, p]
+    lib.keymap_insert.restype = i64
+    return lib
+
+
+def library() -> ctypes.CDLL | None:
+    """The loaded kernels, built if needed; None where they cannot be (see :func:`status`)."""
+    global _lib, _why, _tried
+    if _tried:
+        return _lib
+    with _lock:
+        if not _tried:
+            if os.environ.get("SAMPAN_NATIVE", "1").strip().lower() in ("0", "false", "off"):
+                _why = "off: SAMPAN_NATIVE=0"
+            else:
+                try:
+                    _lib = _build()
+                except (OSError, subprocess.SubprocessError) as e:
+                    _why = f"off: {e}"
+            _tried = True
+    return _lib
+
+
+def status() -> str:
+    """One line: whether the key map's C kernels are in use, and why not."""
+    return "on" if library() is not None else str(_why)
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def probe(slots: torch.Tensor, mask: int, keys: torch.Tensor, tables: torch.Tensor | None,
+          salts: torch.Tensor, starts: torch.Tensor, stamps: torch.Tensor | None,
+          mode: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each key's row in its table (0: none) and the positions of the keys that have none;
+    ``mode`` 1 or 2 stamps the rows found (lru / lfu; ``stamps`` the map's row stamps), 0
+    reads only. Every tensor contiguous int64 on the CPU."""
+    lib = library()
+    assert lib is not None
+    out, miss = torch.empty_like(keys), torch.empty_like(keys)
+    m = lib.keymap_probe(_ptr(slots), mask, _ptr(keys), _ptr(tables), _ptr(salts),
+                         _ptr(starts), len(keys), _ptr(out), _ptr(miss), _ptr(stamps), mode,
+                         step, torch.get_num_threads())
+    return out, miss[:m]
+
+
+def insert(slots: torch.Tensor, mask: int, keys: torch.Tensor, rows: torch.Tensor,
+           row_slot: torch.Tensor) -> int:
+    """Put absent, distinct salted ``keys`` with their index ``rows`` in the map; returns
+    the empty slots used."""
+    lib = library()
+    assert lib is not None
+    return int(lib.keymap_insert(_ptr(slots), mask, _ptr(keys), _ptr(rows), len(keys),
+                                 _ptr(row_slot)))
