@@ -4,7 +4,7 @@ vocabulary: admission, eviction and a fixed memory cap (the dynamic tables of is
 :class:`KeyIndex` gives every admitted key a row of its own in ``[1, capacity]``; row 0 is
 the shared default row that keys not admitted (or evicted) read. It is tensor operations
 (CPU or GPU, no per-key Python), with the probe and the insert in C on the CPU
-(:mod:`sampan.embedding.native`: one pass over the keys, the same rows and stamps):
+(:mod:`sampan.native`: one pass over the keys, the same rows and stamps):
 
 * **the map** is an open-addressing hash table (linear probing, at most half full) whose
   slots hold a key and its row side by side (one cache line; row 0: empty, -1: deleted). A
@@ -43,7 +43,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from sampan.embedding import native
+from sampan import native
 from sampan.embedding.pages import huge_empty, huge_full
 
 _WINDOW = 8  # slots looked at per probe round: 8 int64 keys are one or two cache lines
@@ -432,7 +432,7 @@ class KeyIndex(nn.Module):
 
     def _native(self, keys: torch.Tensor) -> bool:
         """Whether this call runs on the C kernels (a CPU map, :attr:`native` on, and they
-        could be built: :func:`sampan.embedding.native.status`)."""
+        could be built: :func:`sampan.native.status`)."""
         return self.native and self.slots.device.type == "cpu" and \
             keys.device.type == "cpu" and native.library() is not None
 

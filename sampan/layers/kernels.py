@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sampan.embedding.native import cache_root
+from sampan import native
 from sampan.errors import ConfigError
 from sampan.layers.linear import (
     ALL_MKL,
@@ -54,6 +54,7 @@ from sampan.layers.linear import (
     parse_kernel,
     weight_grad_gemm,
 )
+from sampan.native import cache_root
 
 Shape = tuple[int, int, int]  # rows, in features, out features
 # Layers with fewer multiply-adds a step than this run as nn.Linear without being timed:
@@ -118,9 +119,12 @@ def machine_key(threads: int | None = None) -> str:
     info = cpu_info()
     cpu, isa = info["name"], info["isa"]
     # "per GEMM": the entries' layout (older versions of Sampan keep one time per library
-    # under the key without it, and read only that)
+    # under the key without it, and read only that); "C backward": oneDNN's weight
+    # gradient reads its transposed copy from the C pass (sampan.native), which changes
+    # what it costs against MKL's
     return (f"{cpu} | {' '.join(isa) or 'no-avx2'} | {effective_isa()} | torch "
-            f"{torch.__version__} | {threads or torch.get_num_threads()} threads | per GEMM")
+            f"{torch.__version__} | {threads or torch.get_num_threads()} threads | per GEMM"
+            + (" | C backward" if native.library() is not None else ""))
 
 
 def cache_file() -> Path:

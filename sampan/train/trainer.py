@@ -22,11 +22,12 @@ import torch
 from rich.console import Console
 from torch import nn
 
+from sampan import native
 from sampan.config import ConfigError, ExperimentConfig, dump_config
 from sampan.data.loader import Batch, BatchLoader
 from sampan.data.store import SplitArrays
 from sampan.distributed.strategy import SingleProcess, strategy_for
-from sampan.embedding import EmbeddingCollection, make_sparse_optimizer, native
+from sampan.embedding import EmbeddingCollection, make_sparse_optimizer
 from sampan.layers.embed import lr_start_part
 from sampan.tasks import make_task
 from sampan.train import checkpoint as ckpt

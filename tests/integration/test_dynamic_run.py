@@ -45,7 +45,7 @@ def test_a_dynamic_run_trains_evaluates_exports_and_serves(tmp_path):
     assert results["test"]["auc"] > 0.65
     c1 = results["dynamic_tables"]["C1"]  # how full each table got, for sizing capacity
     assert c1["capacity"] == 4000 and 0 < c1["live"] <= 4000 and c1["evicted"] == 0
-    from sampan.embedding import native  # the run header says what maps the keys
+    from sampan import native  # the run header says what maps the keys
 
     why = json.loads((tmp_path / "run" / "schedule.json").read_text())["reasons"]
     assert why["dynamic_tables"] == ("key map on C kernels" if native.library() is not None

@@ -476,7 +476,7 @@ def test_the_c_kernels_give_the_rows_stamps_and_evictions_of_the_tensor_path(cap
     free stacks and lookups, step after step, through evictions, rebuilds of the map, keys
     of two tables that meet after salting, and a batch of more than 8,192 keys (the probe
     on several threads)."""
-    from sampan.embedding import native
+    from sampan import native
 
     if native.library() is None:
         pytest.skip(f"the C kernels: {native.status()}")
@@ -511,7 +511,7 @@ def test_without_a_c_compiler_the_map_runs_on_tensor_operations(tmp_path):
     import subprocess
     import sys
 
-    code = ("import torch; from sampan.embedding import native; "
+    code = ("import torch; from sampan import native; "
             "from sampan.embedding.dynamic import KeyIndex; i = KeyIndex(4); "
             "print(i.admit(torch.tensor([3, 9, 3]), 1)[0].tolist(), native.status())")
     env = {**os.environ, "CC": "/bin/false", "SAMPAN_CACHE_DIR": str(tmp_path)}

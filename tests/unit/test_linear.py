@@ -4,6 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from sampan import native
 from sampan.layers.linear import Linear, _transposed, onednn_available
 from sampan.train.trainer import compile_dense
 
@@ -100,9 +101,47 @@ def test_gemms_get_row_or_column_major_operands_only(monkeypatch):
     assert wide.grad is not None and wide.grad[..., 8].abs().sum() == 0
 
 
-def test_blocked_transpose():
-    a = torch.randn(3000, 7)
+@pytest.mark.parametrize("c_kernels", [True, False], ids=["c", "tensor-ops"])
+def test_blocked_transpose(c_kernels, monkeypatch):
+    import sampan.layers.linear as lin
+
+    monkeypatch.setattr(lin, "_native_grads", lambda: c_kernels and native.library() is not None)
+    a = torch.randn(3000, 37)
     assert torch.equal(_transposed(a), a.t().contiguous())
+
+
+@pytest.mark.skipif(not onednn_available(), reason="this torch has no oneDNN GEMM")
+@pytest.mark.parametrize("kernel", ["onednn", "onednn/onednn/mkl", "mkl/mkl/onednn"])
+@pytest.mark.parametrize("relu", [True, False])
+def test_the_c_backward_pass_gives_the_gradients_of_the_tensor_path(kernel, relu,
+                                                                    monkeypatch):
+    """The C pass (the ReLU's backward, the bias's gradient and the transposed copy in one)
+    against threshold_backward, sum and the blocked copy: the same input and weight
+    gradients to the bit (the GEMMs read the same numbers), the bias's within fp32
+    rounding; shapes that are not whole tiles, and outputs exactly 0 (the ReLU's edge)."""
+    import sampan.layers.linear as lin
+
+    if native.library() is None:
+        pytest.skip(f"the C kernels: {native.status()}")
+    torch.manual_seed(0)
+    layer = Linear(45, 37, activation="relu" if relu else None)
+    layer.kernel = kernel
+    x = torch.randn(1003, 45)
+    x[:5] = 0.0
+    with torch.no_grad():
+        layer.bias[:3] = 0.0  # rows of zeros: outputs exactly 0 in those columns
+    up = torch.randn(1003, 37)
+
+    def grads(c_kernels: bool) -> list[torch.Tensor]:
+        monkeypatch.setattr(lin, "_native_grads", lambda: c_kernels)
+        xi = x.clone().requires_grad_()
+        layer.zero_grad()
+        layer(xi).backward(up)
+        return [xi.grad, layer.weight.grad.clone(), layer.bias.grad.clone()]
+
+    (gx, gw, gb), (rx, rw, rb) = grads(True), grads(False)
+    assert torch.equal(gx, rx) and torch.equal(gw, rw)
+    torch.testing.assert_close(gb, rb, rtol=1e-5, atol=1e-5)
 
 
 def test_autocast_falls_back_to_functional_linear():

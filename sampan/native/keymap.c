@@ -1,7 +1,7 @@
 /* The CPU kernels of sampan.embedding.dynamic.KeyIndex: the probe of a batch of keys and
  * the insert of new ones, one pass over the keys each, on the map's own memory.
  *
- * Built by sampan/embedding/native.py with the system C compiler the first time a CPU map
+ * Built by sampan/native/__init__.py with the system C compiler the first time a CPU map
  * needs it, and called through ctypes (the GIL is released for the call). The layout and
  * the hash are those of dynamic.py: slot s holds [salted key, index row] at 2s and 2s + 1
  * (row 0: empty, -1: deleted); a key's probe sequence starts at mix64(key) & mask and goes

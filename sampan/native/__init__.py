@@ -1,17 +1,22 @@
-"""The C kernels of the dynamic tables' key map (``keymap.c``), built on first use.
+"""Sampan's C kernels for the CPU, built on first use: one library from the ``.c`` files here.
 
-A CPU :class:`~sampan.embedding.dynamic.KeyIndex` probes a batch of keys in one C pass over
-them (and stamps the rows it finds in the same pass), and inserts new keys the same way,
-instead of rounds of tensor operations and a sort of the whole batch: the sort is left to
-the keys that miss, a few percent of a training batch. The results are the same rows,
-stamps and evictions either way (``tests/unit/test_dynamic.py`` runs both).
+* ``keymap.c``: a CPU :class:`~sampan.embedding.dynamic.KeyIndex` probes a batch of keys in
+  one C pass over them (and stamps the rows it finds in the same pass), and inserts new
+  keys the same way, instead of rounds of tensor operations and a sort of the whole batch:
+  the sort is left to the keys that miss, a few percent of a training batch. The results
+  are the same rows, stamps and evictions either way
+  (``tests/unit/test_dynamic_index.py`` runs both).
+* ``dense.c``: the backward of :class:`~sampan.layers.linear.Linear` on the CPU (fp32)
+  makes the gradient at a layer's output ready for both GEMMs in one pass: the ReLU's
+  backward, the bias's gradient, and the transposed copy that oneDNN's weight-gradient
+  GEMM reads (``tests/unit/test_linear.py`` compares them with PyTorch's).
 
 The library is compiled the first time a process needs it, with the system C compiler
 (``$CC``, else ``cc``; the one ``train.compile`` uses too), into
 ``$SAMPAN_CACHE_DIR/native`` (default ``~/.cache/sampan/native``) under a name made of the
 source's hash, so a changed source is rebuilt and concurrent processes never load a
-half-written file. Without a compiler, or with ``SAMPAN_NATIVE=0``, the map runs on tensor
-operations alone (as on a GPU), and :func:`status` says why.
+half-written file. Without a compiler, or with ``SAMPAN_NATIVE=0``, the same work runs on
+tensor operations (as on a GPU), and :func:`status` says why.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-_SOURCE = Path(__file__).with_name("keymap.c")
+_SOURCES = sorted(Path(__file__).parent.glob("*.c"))
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
 _why: str | None = None  # why there is no library (None: not tried yet, or loaded)
@@ -42,12 +47,12 @@ def cache_root() -> Path:
 
 
 def _build() -> ctypes.CDLL:
-    src = _SOURCE.read_bytes()
+    src = b"".join(p.name.encode() + p.read_bytes() for p in _SOURCES)
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not cc:
         raise OSError("no C compiler (set CC, or install gcc)")
     tag = hashlib.sha256(src + cc.encode() + platform.machine().encode()).hexdigest()[:16]
-    out = cache_root() / "native" / f"keymap-{tag}.so"
+    out = cache_root() / "native" / f"sampan-{tag}.so"
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
@@ -55,7 +60,7 @@ def _build() -> ctypes.CDLL:
         try:
             for flags in (["-fopenmp"], []):  # without OpenMP (clang without libomp): one thread
                 done = subprocess.run([cc, "-O3", "-shared", "-fPIC", *flags, "-o", tmp,
-                                       str(_SOURCE)], capture_output=True, text=True,
+                                       *map(str, _SOURCES)], capture_output=True, text=True,
                                       timeout=120)
                 if not done.returncode:
                     break
@@ -72,6 +77,8 @@ def _build() -> ctypes.CDLL:
     lib.keymap_probe.restype = i64
     lib.keymap_insert.argtypes = [p, i64, p, p, i64, p]
     lib.keymap_insert.restype = i64
+    lib.dense_grad.argtypes = [p, p, i64, i64, p, p, p, ctypes.c_int]
+    lib.dense_grad.restype = ctypes.c_int
     return lib
 
 
@@ -94,7 +101,7 @@ def library() -> ctypes.CDLL | None:
 
 
 def status() -> str:
-    """One line: whether the key map's C kernels are in use, and why not."""
+    """One line: whether the C kernels are in use, and why not."""
     return "on" if library() is not None else str(_why)
 
 
@@ -125,3 +132,16 @@ def insert(slots: torch.Tensor, mask: int, keys: torch.Tensor, rows: torch.Tenso
     assert lib is not None
     return int(lib.keymap_insert(_ptr(slots), mask, _ptr(keys), _ptr(rows), len(keys),
                                  _ptr(row_slot)))
+
+
+def dense_grad(g: torch.Tensor, y: torch.Tensor | None, relu_out: torch.Tensor | None,
+               transposed: torch.Tensor | None, bias: torch.Tensor | None) -> None:
+    """In one pass over ``g [n, o]`` (contiguous fp32 on the CPU): ``relu_out`` = ``g``
+    where ``y > 0`` else 0 (``y`` the layer's output; None: no ReLU), ``transposed [o, n]``
+    = that gradient transposed, ``bias [o]`` = its column sums; each None is not written."""
+    lib = library()
+    assert lib is not None
+    n, o = g.shape
+    if lib.dense_grad(_ptr(g), _ptr(y), n, o, _ptr(relu_out), _ptr(transposed), _ptr(bias),
+                      torch.get_num_threads()):
+        raise MemoryError(f"dense_grad: no memory for the bias sums of a [{n}, {o}] gradient")
