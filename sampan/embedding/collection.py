@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sampan import native
 from sampan.embedding.dynamic import KeyIndex
 from sampan.embedding.pages import advise_huge_pages, huge_empty
 from sampan.schema import TableSpec
@@ -42,8 +43,15 @@ class Dedup(NamedTuple):
 
 def dedup(flat: torch.Tensor, bound: int | None = None) -> Dedup:
     """:class:`Dedup` of the 1-D ``flat``, in one stable sort. ``bound``: the values are
-    known to lie in ``[0, bound)``; when that fits int32 the CPU sorts int32 keys, about
-    twice as fast as int64."""
+    known to lie in ``[0, bound)``; on the CPU that sort is then a radix sort over the bits
+    ``bound`` needs, in C (:mod:`sampan.native`; about 5x faster than ``torch.sort`` for a
+    Criteo batch's 106,496 ids), or where the C kernels are not built, ``torch.sort`` of
+    int32 keys when they fit (about twice as fast as int64)."""
+    if (bound is not None and bound <= 2**32 and flat.device.type == "cpu"
+            and flat.dtype == torch.int64 and native.library() is not None):
+        got = native.sort_dedup(flat.contiguous(), bound)  # one radix sort, in C
+        if got is not None:
+            return Dedup(*got)
     keys = flat
     if bound is not None and bound <= 2**31 and flat.device.type == "cpu":
         keys = flat.to(torch.int32)
@@ -58,8 +66,13 @@ def dedup(flat: torch.Tensor, bound: int | None = None) -> Dedup:
 def segment_sum(grads: torch.Tensor, d: Dedup) -> torch.Tensor:
     """``[U, D]``: row ``u`` the sum of the rows of ``grads [N, D]`` at the positions of
     ``d.uniq[u]``, in position order (what ``zeros(U, D).index_add_(0, d.inverse, grads)``
-    gives). On the CPU a sparse ``[U, N]`` x ``[N, D]`` product, 2-3x faster than
-    ``index_add_``; on accelerators (atomic adds) and for other dtypes, ``index_add_``."""
+    gives). On the CPU for fp32, one C pass over the groups (:mod:`sampan.native`), else a
+    sparse ``[U, N]`` x ``[N, D]`` product, 2-3x faster than ``index_add_``; on accelerators
+    (atomic adds) and for other dtypes, ``index_add_``."""
+    if grads.device.type == "cpu" and grads.dtype == torch.float32 and \
+            native.library() is not None:
+        return native.segment_sum(grads.contiguous(), d.order.contiguous(),
+                                  d.counts.contiguous())
     if grads.device.type == "cpu" and grads.dtype in (torch.float32, torch.float64):
         crow = torch.zeros(len(d.counts) + 1, dtype=torch.int64)
         torch.cumsum(d.counts, 0, out=crow[1:])

@@ -10,6 +10,9 @@
   makes the gradient at a layer's output ready for both GEMMs in one pass: the ReLU's
   backward, the bias's gradient, and the transposed copy that oneDNN's weight-gradient
   GEMM reads (``tests/unit/test_linear.py`` compares them with PyTorch's).
+* ``rows.c``: an embedding lookup's row ids deduplicated by one radix sort, and the
+  gradients summed per distinct row (``tests/unit/test_embedding.py`` compares them with
+  the tensor path).
 
 The library is compiled the first time a process needs it, with the system C compiler
 (``$CC``, else ``cc``; the one ``train.compile`` uses too), into
@@ -79,6 +82,10 @@ def _build() -> ctypes.CDLL:
     lib.keymap_insert.restype = i64
     lib.dense_grad.argtypes = [p, p, i64, i64, p, p, p, ctypes.c_int]
     lib.dense_grad.restype = ctypes.c_int
+    lib.sort_dedup.argtypes = [p, i64, i64, p, p, p, p]
+    lib.sort_dedup.restype = i64
+    lib.segment_sum.argtypes = [p, i64, p, p, i64, p, ctypes.c_int]
+    lib.segment_sum.restype = ctypes.c_int
     return lib
 
 
@@ -145,3 +152,34 @@ def dense_grad(g: torch.Tensor, y: torch.Tensor | None, relu_out: torch.Tensor |
     if lib.dense_grad(_ptr(g), _ptr(y), n, o, _ptr(relu_out), _ptr(transposed), _ptr(bias),
                       torch.get_num_threads()):
         raise MemoryError(f"dense_grad: no memory for the bias sums of a [{n}, {o}] gradient")
+
+
+def sort_dedup(keys: torch.Tensor, bound: int
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """``(uniq, inverse, order, counts)`` of the int64 ``keys`` (contiguous, on the CPU, in
+    ``[0, bound)``, ``bound`` at most 2**32) by one stable radix sort; None when a key is
+    out of that range (the caller's general path then says what is wrong)."""
+    lib = library()
+    assert lib is not None
+    n = len(keys)
+    order, uniq, counts, inverse = (torch.empty_like(keys) for _ in range(4))
+    u = lib.sort_dedup(_ptr(keys), n, bound, _ptr(order), _ptr(uniq), _ptr(counts),
+                       _ptr(inverse))
+    if u == -1:
+        raise MemoryError(f"sort_dedup: no memory to sort {n:,} keys")
+    if u < 0:
+        return None
+    return uniq[:u], inverse, order, counts[:u]
+
+
+def segment_sum(grads: torch.Tensor, order: torch.Tensor, counts: torch.Tensor
+                ) -> torch.Tensor:
+    """``[U, D]``: the rows of ``grads [N, D]`` (contiguous fp32 on the CPU) summed per
+    group of ``order`` (``counts`` positions each), in position order."""
+    lib = library()
+    assert lib is not None
+    out = grads.new_empty(len(counts), grads.shape[1])
+    if lib.segment_sum(_ptr(grads), grads.shape[1], _ptr(order), _ptr(counts), len(counts),
+                       _ptr(out), torch.get_num_threads()):
+        raise MemoryError(f"segment_sum: no memory for {len(counts):,} rows")
+    return out
