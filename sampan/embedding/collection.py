@@ -48,7 +48,8 @@ def dedup(flat: torch.Tensor, bound: int | None = None) -> Dedup:
     Criteo batch's 106,496 ids), or where the C kernels are not built, ``torch.sort`` of
     int32 keys when they fit (about twice as fast as int64)."""
     if (bound is not None and bound <= 2**32 and flat.device.type == "cpu"
-            and flat.dtype == torch.int64 and native.library() is not None):
+            and flat.dtype == torch.int64 and len(flat) < 2**31
+            and native.library() is not None):
         got = native.sort_dedup(flat.contiguous(), bound)  # one radix sort, in C
         if got is not None:
             return Dedup(*got)

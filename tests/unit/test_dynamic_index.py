@@ -519,3 +519,11 @@ def test_without_a_c_compiler_the_map_runs_on_tensor_operations(tmp_path):
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("[1, 2, 1] off: /bin/false failed"), out.stdout
+
+
+def test_a_table_the_map_does_not_hold_is_an_error_not_a_stray_read():
+    idx = KeyIndex([3, 3])
+    with pytest.raises(IndexError, match="table 2 of a key"):
+        idx.admit(torch.tensor([5, 6]), step=0, tables=torch.tensor([0, 2]))
+    with pytest.raises(IndexError, match="table -1 of a key"):
+        idx.find(torch.tensor([5]), tables=torch.tensor([-1]))
