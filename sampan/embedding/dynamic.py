@@ -329,13 +329,18 @@ class KeyIndex(nn.Module):
         if tables is not None and tables.shape != keys.shape:
             raise ValueError(f"tables {tuple(tables.shape)}: expected the keys' shape "
                              f"{tuple(keys.shape)}")
-        if tables is not None and tables.numel() and tables.device.type == "cpu":
+        if tables is not None and tables.device != keys.device:
+            raise ValueError(f"tables on {tables.device}, keys on {keys.device}: expected "
+                             "both on one device")
+        if n > 1 and tables is not None and tables.numel() and tables.device.type == "cpu":
             # (the C probe indexes by them unchecked; on a GPU, index_select checks them)
             lo, hi = (int(v) for v in torch.aminmax(tables))
             if lo < 0 or hi >= n:
                 raise IndexError(f"table {lo if lo < 0 else hi} of a key: this map holds "
                                  f"tables 0 to {n - 1}")
-        return keys.reshape(-1), None if tables is None or n == 1 else tables.reshape(-1)
+        # int64 keys always: the map holds int64 (the C kernels read them as such)
+        return keys.reshape(-1).long(), \
+            None if tables is None or n == 1 else tables.reshape(-1).long()
 
     def _per_table(self, fn: Any, keys: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
         """``fn(keys, tables)`` -> rows, on each table's keys alone, put back in order."""

@@ -165,7 +165,7 @@ class _Linear(torch.autograd.Function):
         _, gx_kernel, gw_kernel = ctx.kernels
         want_gb = ctx.has_bias and ctx.needs_input_grad[2]
         gb = gt = None
-        if _native_grads():
+        if g.dtype == torch.float32 and _native_grads():
             # one C pass: the ReLU's backward, the bias's gradient and the transposed copy
             # oneDNN's weight gradient reads
             g = g.contiguous()

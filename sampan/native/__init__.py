@@ -9,17 +9,22 @@
 * ``dense.c``: the backward of :class:`~sampan.layers.linear.Linear` on the CPU (fp32)
   makes the gradient at a layer's output ready for both GEMMs in one pass: the ReLU's
   backward, the bias's gradient, and the transposed copy that oneDNN's weight-gradient
-  GEMM reads (``tests/unit/test_linear.py`` compares them with PyTorch's).
+  GEMM reads (``tests/unit/test_linear.py`` compares them with PyTorch's: the input and
+  weight gradients to the bit, the bias's within fp32 rounding, as it is summed in another
+  order).
 * ``rows.c``: an embedding lookup's row ids deduplicated by one radix sort, and the
   gradients summed per distinct row (``tests/unit/test_embedding.py`` compares them with
   the tensor path).
 
 The library is compiled the first time a process needs it, with the system C compiler
 (``$CC``, else ``cc``; the one ``train.compile`` uses too), into
-``$SAMPAN_CACHE_DIR/native`` (default ``~/.cache/sampan/native``) under a name made of the
-source's hash, so a changed source is rebuilt and concurrent processes never load a
-half-written file. Without a compiler, or with ``SAMPAN_NATIVE=0``, the same work runs on
-tensor operations (as on a GPU), and :func:`status` says why.
+``$SAMPAN_CACHE_DIR/native`` (default ``~/.cache/sampan/native``; the temp directory when
+that cannot be written) under a name made of the sources' hash, the compiler and its flags,
+so a changed source is rebuilt and concurrent processes never load a half-written file.
+``$CC`` may hold words of its own (``ccache gcc``). It is built with OpenMP where the
+compiler has it (torch's own runtime serves it), else on one thread. Without a compiler,
+or with ``SAMPAN_NATIVE=0``, the same work runs on tensor operations (as on a GPU), and
+:func:`status` says why.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import ctypes
 import hashlib
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -49,34 +55,65 @@ def cache_root() -> Path:
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "sampan"))
 
 
-def _build() -> ctypes.CDLL:
-    src = b"".join(p.name.encode() + p.read_bytes() for p in _SOURCES)
+def _compiler() -> list[str]:
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not cc:
         raise OSError("no C compiler (set CC, or install gcc)")
-    tag = hashlib.sha256(src + cc.encode() + platform.machine().encode()).hexdigest()[:16]
-    out = cache_root() / "native" / f"sampan-{tag}.so"
-    if not out.exists():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
-        os.close(fd)
-        try:
-            for flags in (["-fopenmp"], []):  # without OpenMP (clang without libomp): one thread
-                done = subprocess.run([cc, "-O3", "-shared", "-fPIC", *flags, "-o", tmp,
-                                       *map(str, _SOURCES)], capture_output=True, text=True,
-                                      timeout=120)
-                if not done.returncode:
-                    break
-            if done.returncode:
-                raise OSError(f"{cc} failed: {done.stderr.strip()[-500:]}")
-            os.replace(tmp, out)  # atomic: another process sees the whole file or none
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-    lib = ctypes.CDLL(str(out))
+    return shlex.split(cc)  # CC may carry words of its own ("ccache gcc")
+
+
+def _cache_dirs() -> list[Path]:
+    """Where a built library may go: the cache, else (not writable) the temp directory."""
+    return [cache_root() / "native", Path(tempfile.gettempdir()) / "sampan-native"]
+
+
+def _compile(cc: list[str], flags: list[str], out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+    os.close(fd)
+    try:
+        done = subprocess.run([*cc, "-O3", "-shared", "-fPIC", *flags, "-o", tmp,
+                               *map(str, _SOURCES)], capture_output=True, text=True,
+                              timeout=120)
+        if done.returncode:
+            raise OSError(f"{' '.join(cc)} failed: {done.stderr.strip()[-500:]}")
+        os.replace(tmp, out)  # atomic: another process sees the whole file or none
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _build() -> ctypes.CDLL:
+    src = b"".join(p.name.encode() + p.read_bytes() for p in _SOURCES)
+    cc = _compiler()
+    error = "the C kernels could not be built"
+    # with OpenMP first; without it (clang without libomp, at build or at load) one thread
+    for flags in (["-fopenmp"], []):
+        tag = hashlib.sha256(src + " ".join([*cc, *flags, platform.machine()]).encode()
+                             ).hexdigest()[:16]
+        for where in _cache_dirs():
+            out = where / f"sampan-{tag}.so"
+            try:
+                if not out.exists():
+                    _compile(cc, flags, out)
+            except PermissionError as e:  # a directory we may not write: the next one
+                error = str(e)
+                continue
+            except OSError as e:  # the compiler failed with these flags: the next flags
+                error = str(e)
+                break
+            try:
+                return _bind(ctypes.CDLL(str(out)))
+            except OSError as e:  # built, but it does not load (a missing runtime)
+                error = str(e)
+                break
+    raise OSError(error)
+
+
+def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     lib.keymap_probe.argtypes = [p, i64, p, p, p, p, i64, p, p, p, ctypes.c_int, i64,
-                                  ctypes.c_int]
+                                 ctypes.c_int]
     lib.keymap_probe.restype = i64
     lib.keymap_insert.argtypes = [p, i64, p, p, i64, p]
     lib.keymap_insert.restype = i64

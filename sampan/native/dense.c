@@ -74,7 +74,9 @@ int dense_grad(const float *g, const float *y, int64_t n, int64_t o, float *gr, 
                     relu_row(gi, y + (r0 + i) * o, gr + (r0 + i) * o, o);
                     gi = gr + (r0 + i) * o;
                 } else if (y) {
-                    /* no output wanted: the masked row goes to the sums only */
+                    /* no masked copy wanted: the masked row goes to the sums only (and to
+                     * gt below, masked there) */
+                    if (!blk) continue;
                     const float *restrict yi = y + (r0 + i) * o;
                     for (int64_t j = 0; j < o; j++) {
                         float gv = gi[j], yv = yi[j];

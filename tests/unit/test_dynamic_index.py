@@ -527,3 +527,11 @@ def test_a_table_the_map_does_not_hold_is_an_error_not_a_stray_read():
         idx.admit(torch.tensor([5, 6]), step=0, tables=torch.tensor([0, 2]))
     with pytest.raises(IndexError, match="table -1 of a key"):
         idx.find(torch.tensor([5]), tables=torch.tensor([-1]))
+
+
+def test_int32_keys_are_the_int64_keys_of_the_same_values():
+    """The map holds int64 keys (the C kernels read them so): int32 keys are widened."""
+    a, b = KeyIndex(100), KeyIndex(100)
+    keys = torch.tensor([1, 2, 3, 2, 1 << 30], dtype=torch.int32)
+    assert torch.equal(a.admit(keys, 1)[0], b.admit(keys.long(), 1)[0])
+    assert torch.equal(a.find(keys), b.find(keys.long())) and len(a) == len(b) == 4
