@@ -452,9 +452,9 @@ class KeyIndex(nn.Module):
         """Each key's row in its table (0: none), in one C pass; ``mode`` 1 / 2 also stamps
         the rows found (lru, ttl / lfu), 0 reads only. And the positions of the keys that
         have none."""
-        i64 = torch.int64
-        return native.probe(self.slots, self.mask, keys.to(i64).contiguous(),
-                            None if tables is None else tables.to(i64).contiguous(),
+        # (int64 already: see _flat)
+        return native.probe(self.slots, self.mask, keys.contiguous(),
+                            None if tables is None else tables.contiguous(),
                             self.table_salt, self.starts, self.row_stamp, mode, step)
 
     def _take_rows(self, tables: torch.Tensor | None, n: int, step: int,

@@ -54,7 +54,6 @@ from sampan.layers.linear import (
     parse_kernel,
     weight_grad_gemm,
 )
-from sampan.native import cache_root
 
 Shape = tuple[int, int, int]  # rows, in features, out features
 # Layers with fewer multiply-adds a step than this run as nn.Linear without being timed:
@@ -128,7 +127,7 @@ def machine_key(threads: int | None = None) -> str:
 
 
 def cache_file() -> Path:
-    return cache_root() / "kernels.json"
+    return native.cache_root() / "kernels.json"
 
 
 def _operands(shape: Shape) -> tuple[torch.Tensor, ...]:

@@ -181,8 +181,11 @@ def insert(slots: torch.Tensor, mask: int, keys: torch.Tensor, rows: torch.Tenso
 def dense_grad(g: torch.Tensor, y: torch.Tensor | None, relu_out: torch.Tensor | None,
                transposed: torch.Tensor | None, bias: torch.Tensor | None) -> None:
     """In one pass over ``g [n, o]`` (contiguous fp32 on the CPU): ``relu_out`` = ``g``
-    where ``y > 0`` else 0 (``y`` the layer's output; None: no ReLU), ``transposed [o, n]``
-    = that gradient transposed, ``bias [o]`` = its column sums; each None is not written."""
+    where ``y > 0`` else 0 (``y`` the layer's output, given with ``relu_out``; both None: no
+    ReLU), ``transposed [o, n]`` = that gradient transposed, ``bias [o]`` = its column
+    sums; each None is not written."""
+    if (y is None) != (relu_out is None):
+        raise ValueError("dense_grad: y and relu_out go together")
     lib = library()
     assert lib is not None
     n, o = g.shape

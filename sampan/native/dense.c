@@ -29,15 +29,17 @@ static void add_row(float *restrict acc, const float *restrict x, int64_t o) {
 
 /* g [n, o] row-major, the gradient at the layer's output (after its ReLU, if it has one).
  *   y [n, o]: the layer's output, for the ReLU's backward (NULL: no ReLU);
- *   gr [n, o]: g where y > 0, else 0, as aten::threshold_backward(g, y, 0) (NULL: not
- *     written; with no ReLU the caller uses g itself);
+ *   gr [n, o]: g where y > 0, else 0, as aten::threshold_backward(g, y, 0); needed with
+ *     y, NULL without (the caller then uses g itself);
  *   gt [o, n]: that gradient transposed, what oneDNN's weight-gradient GEMM reads (NULL:
  *     not wanted);
  *   bias [o]: its sum over the rows, the bias's gradient (NULL: not wanted): each block's
  *     rows summed in fp32, the blocks in double, the threads' sums in thread order.
- * Returns 0, or -1 when memory for the sums could not be had (nothing written then). */
+ * Returns 0, -1 when memory for the sums could not be had, -2 for y without gr (nothing
+ * written then). */
 int dense_grad(const float *g, const float *y, int64_t n, int64_t o, float *gr, float *gt,
                float *bias, int threads) {
+    if (y && !gr) return -2;
     if (threads < 1) threads = 1;
     if (threads > MAX_THREADS) threads = MAX_THREADS;
     double *sums = 0;
@@ -70,19 +72,9 @@ int dense_grad(const float *g, const float *y, int64_t n, int64_t o, float *gr, 
             if (blk) memset(blk, 0, (size_t)o * sizeof(float));
             for (int64_t i = 0; i < h; i++) {
                 const float *restrict gi = g + (r0 + i) * o;
-                if (y && gr) {
+                if (y) {
                     relu_row(gi, y + (r0 + i) * o, gr + (r0 + i) * o, o);
                     gi = gr + (r0 + i) * o;
-                } else if (y) {
-                    /* no masked copy wanted: the masked row goes to the sums only (and to
-                     * gt below, masked there) */
-                    if (!blk) continue;
-                    const float *restrict yi = y + (r0 + i) * o;
-                    for (int64_t j = 0; j < o; j++) {
-                        float gv = gi[j], yv = yi[j];
-                        blk[j] += yv <= 0.0f ? 0.0f : gv;
-                    }
-                    continue;
                 }
                 if (blk) add_row(blk, gi, o);
             }
@@ -90,10 +82,10 @@ int dense_grad(const float *g, const float *y, int64_t n, int64_t o, float *gr, 
                 for (int64_t j = 0; j < o; j++) acc[j] += blk[j];
             }
             if (gt) {  /* the block's rows, as written (or g itself), into columns r0.. */
-                const float *src = (y && gr) ? gr : g;
+                const float *src = y ? gr : g;
                 int64_t j0 = 0;
 #ifdef __SSE2__
-                if (!(y && !gr) && h == ROWS) { /* 4 x 4 blocks through registers */
+                if (h == ROWS) { /* 4 x 4 blocks through registers */
                     for (; j0 + 4 <= o; j0 += 4) {
                         for (int64_t i = 0; i < ROWS; i += 4) {
                             const float *s0 = src + (r0 + i) * o + j0;
@@ -112,15 +104,7 @@ int dense_grad(const float *g, const float *y, int64_t n, int64_t o, float *gr, 
                 for (int64_t j = j0; j < o; j++) {
                     float *tj = gt + j * n + r0;
                     const float *sj = src + r0 * o + j;
-                    if (y && !gr) {
-                        const float *yj = y + r0 * o + j;
-                        for (int64_t i = 0; i < h; i++) {
-                            float gv = sj[i * o], yv = yj[i * o];
-                            tj[i] = yv <= 0.0f ? 0.0f : gv;
-                        }
-                    } else {
-                        for (int64_t i = 0; i < h; i++) tj[i] = sj[i * o];
-                    }
+                    for (int64_t i = 0; i < h; i++) tj[i] = sj[i * o];
                 }
             }
         }
