@@ -72,10 +72,23 @@ class ExperimentConfig(_Strict):
         return self
 
     @model_validator(mode="after")
-    def _gauc_needs_group(self) -> ExperimentConfig:
-        if self.train.early_stopping.metric == "gauc" and not self.features.group:
-            raise ValueError("train.early_stopping.metric is 'gauc' but features.group is not "
-                             "set (GAUC needs a group column, e.g. the user id)")
+    def _metrics_reported(self) -> ExperimentConfig:
+        """The metric early stopping and tuning follow is one the model's evaluation reports
+        (else a run would fail at its first validation, a study at its first trial)."""
+        from sampan.config.registry import get_model_class
+        from sampan.tasks import metric_names
+
+        kind = getattr(get_model_class(self.model.name), "task", "binary")
+        names = metric_names(kind, getattr(self.model, "k", None), bool(self.features.group))
+        for where, metric in (("train.early_stopping.metric", self.train.early_stopping.metric),
+                              ("tune.metric", self.tune.metric if self.tune else None)):
+            if metric is None or metric in names:
+                continue
+            why = (" (GAUC needs a group column: set features.group, e.g. to the user id)"
+                   if metric == "gauc" and kind == "binary" else "")
+            raise ValueError(f"{where} is {metric!r}, which model {self.model.name!r} "
+                             f"(task: {kind}) does not report{why}; its validation metrics "
+                             f"here: {', '.join(names)}")
         return self
 
     @field_validator("plugins", mode="after")

@@ -16,6 +16,16 @@ from sampan.config.base import Auto, NonNegFloat, NonNegInt, PosFloat, PosInt, _
 # ---------------------------------------------------------------------------------- train
 
 
+def known_metric(v: str | None) -> str | None:
+    """``v`` when it names a validation metric Sampan computes (whether the experiment's
+    model reports it is checked with the whole config); else a ValueError listing them."""
+    if v is None or v in ("auc", "logloss", "gauc", "mrr") or re.fullmatch(
+            r"(recall|ndcg|hitrate)@[1-9][0-9]*", v):
+        return v
+    raise ValueError(f"unknown metric {v!r}; expected auc, logloss, gauc, mrr, or "
+                     "recall@K / ndcg@K / hitrate@K")
+
+
 class EarlyStoppingConfig(_Strict):
     metric: str | None = Field(
         None, description="validation metric to track: auc, logloss, gauc, or for retrieval "
@@ -29,11 +39,7 @@ class EarlyStoppingConfig(_Strict):
     @field_validator("metric")
     @classmethod
     def _known_metric(cls, v: str | None) -> str | None:
-        if v is None or v in ("auc", "logloss", "gauc", "mrr") or re.fullmatch(
-                r"(recall|ndcg|hitrate)@[1-9][0-9]*", v):
-            return v
-        raise ValueError(f"unknown metric {v!r}; expected auc, logloss, gauc, mrr, or "
-                         "recall@K / ndcg@K / hitrate@K")
+        return known_metric(v)
     min_delta: float = Field(1e-4, ge=0.0, description="the least change of the metric, in "
                              "its own units, that counts as an improvement")
     enabled: bool = Field(True, description="false: running out of patience does not end the "

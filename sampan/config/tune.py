@@ -26,6 +26,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from sampan.config.base import _Strict
+from sampan.config.train import known_metric
 
 Number = int | float  # int first: `1` stays an integer, `0.5` is a float
 
@@ -102,6 +103,11 @@ class TuneConfig(_Strict):
     metric: str | None = Field(None, description="validation metric to optimise (of the "
                                "best model of each trial); default: train.early_stopping."
                                "metric, else auc (recall@K for retrieval models)")
+    @field_validator("metric")
+    @classmethod
+    def _known_metric(cls, v: str | None) -> str | None:
+        return known_metric(v)
+
     direction: Literal["maximize", "minimize"] | None = Field(
         None, description="default: minimize for logloss, maximize otherwise")
     sampler: Literal["tpe", "random", "grid"] = Field(

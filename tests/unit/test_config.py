@@ -181,3 +181,44 @@ def test_a_key_yaml_read_as_a_boolean_is_explained():
                                           r"reads an unquoted on, off, yes or no as a boolean"
                                           r".*valid keys are: path, by, key"):
         load_config(raw=raw)
+
+
+def test_a_metric_the_model_does_not_report_fails_at_load_with_the_ones_it_does():
+    tune = {"space": {"train.lr": {"low": 1e-4, "high": 1e-2, "log": True}}}
+    for raw, where in (({"train": {"early_stopping": {"metric": "recall@10"}}},
+                        "train.early_stopping.metric"),
+                       ({"tune": {**tune, "metric": "ndcg@10"}}, "tune.metric")):
+        with pytest.raises(ConfigError) as e:
+            load_config(raw={**BASE, **raw})
+        msg = str(e.value)
+        assert where in msg and "task: binary" in msg and "auc, logloss" in msg
+    with pytest.raises(ConfigError, match="set features.group"):
+        load_config(raw={**BASE, "train": {"early_stopping": {"metric": "gauc"}}})
+    with pytest.raises(ConfigError, match=r"tune.metric: .*unknown metric 'aucc'"):
+        load_config(raw={**BASE, "tune": {**tune, "metric": "aucc"}})
+    with pytest.raises(ConfigError, match="recall@50, hitrate@50, ndcg@50, mrr"):
+        load_config(raw={**BASE, "model": {"name": "two_tower"},
+                         "train": {"early_stopping": {"metric": "recall@10"}}})
+    assert load_config(raw={**BASE, "model": {"name": "two_tower", "k": 10},
+                            "tune": {**tune, "metric": "ndcg@10"}}).tune.metric == "ndcg@10"
+    assert load_config(raw={**BASE, "model": {"name": "sasrec"}, "train": {
+        "early_stopping": {"metric": "hitrate@20"}}}).train.early_stopping.metric == "hitrate@20"
+
+
+def test_the_metric_names_are_the_ones_evaluation_reports():
+    import numpy as np
+    import torch
+
+    from sampan.metrics import MetricAccumulator, metrics_of_ranks
+    from sampan.tasks import metric_names
+    from sampan.tasks.next_item import CUTOFFS, rank_metrics
+
+    z, y = torch.randn(64, 1), (torch.rand(64, 1) < 0.3).float()
+    for grouped in (False, True):
+        acc = MetricAccumulator()
+        acc.update(z, y, torch.arange(64) % 8 if grouped else None)
+        assert set(metric_names("binary", grouped=grouped)) <= set(acc.compute())
+    got = metrics_of_ranks(torch.tensor([1, 3, 0]), torch.tensor([0, 1, 2]), 3, 7)
+    assert set(metric_names("retrieval", k=7)) <= set(got)
+    got = rank_metrics(np.array([1.0, 4.0, 30.0]), tuple(sorted({*CUTOFFS, 15})))
+    assert set(metric_names("next_item", k=15)) <= set(got)
