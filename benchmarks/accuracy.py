@@ -218,6 +218,21 @@ def machine() -> dict:
             "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 
 
+def peak_rss_mb() -> float:
+    """This process's own peak RSS: Linux's VmHWM, of this program's memory only (getrusage's
+    maxrss also keeps the high-water mark of the parent that forked it, carried across exec,
+    so a worker spawned by a driver that had grown would report the driver's peak)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # not Linux
+
+
 def fmt(values: list[float]) -> str:
     values = [v for v in values if v is not None and not math.isnan(v)]
     if not values:

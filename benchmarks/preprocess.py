@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import subprocess
 import sys
 import tempfile
@@ -104,7 +103,9 @@ def worker(args: argparse.Namespace) -> None:
     fn = run_sampan if args.worker == "sampan" else run_fuxictr
     with tempfile.TemporaryDirectory() as out:
         r = fn(Path(args.file), Path(out) / "data")
-    r["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    from benchmarks.accuracy import peak_rss_mb
+
+    r["peak_rss_mb"] = peak_rss_mb()
     print("RESULT " + json.dumps(r), flush=True)
 
 

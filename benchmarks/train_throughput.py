@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -321,13 +320,15 @@ def worker(args: argparse.Namespace) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     data = make_data(args.data_rows, args.vocab, din=args.model == "din")
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    from benchmarks.accuracy import peak_rss_mb
+
+    before = peak_rss_mb()
     result = CONTENDERS[args.worker](args, data)
     if args.worker in ("sampan", "sampan_auto"):
         result["compile"] = args.compile == "all"
     result.pop("window", None)
-    result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    result["rss_before_training_mb"] = before / 1024
+    result["peak_rss_mb"] = peak_rss_mb()
+    result["rss_before_training_mb"] = before
     print("RESULT " + json.dumps(result), flush=True)
 
 
@@ -618,37 +619,31 @@ def main() -> None:
         return
 
     results: dict[str, dict[str, list[dict]]] = {m: {c: [] for c in contenders} for m in models}
+    roofs: dict[str, dict[str, list[dict]]] = {m: {} for m in models}
+    roof = args.device == "cpu" and not args.memory
     for rnd in range(args.rounds):
         for m in models:
             for c in contenders:  # interleaved: each round runs every contender once
                 r = spawn(args, c, m)
                 if r:
+                    r["round"] = rnd
                     results[m][c].append(r)
                     print(f"round {rnd + 1} {m:7} {c:8} {r['samples_per_s']:>10,.0f} samples/s "
                           f"peak RSS {r['peak_rss_mb']:,.0f} MB", flush=True)
-    summary = summarise(results)
-    if args.device == "cpu" and not args.memory:
-        from benchmarks.embedding_bandwidth import copy_bandwidth
-
-        copy = copy_bandwidth("cpu", 512, 5) / 1e9
-        for m in models:
-            # each Sampan contender against the bound of the precision it trained in
-            for key, c, prec in (("roofline", "sampan", args.precisions[0]),
-                                 ("roofline_bf16", "sampan_auto", "bf16")):
-                got = summary[m].get(c, {})
-                if key == "roofline_bf16" and got.get("amp") != "bf16":
-                    continue
-                rf = roofline(m, args.batch, args.dim, copy, prec)
-                s = got.get("samples_per_s")
-                if s:
-                    rf["sampan_of_gemm_bound"] = s / rf["gemm_bound"]
-                    rf["sampan_of_bound"] = s / rf["bound"]
-                summary[m][key] = rf
-                print(f"roofline {m:7} {prec:4} GEMMs {rf['gemm_gflop_s']:.0f} GFLOP/s -> "
-                      f"{rf['gemm_bound']:,.0f} samples/s; embeddings at {copy:.1f} GB/s -> "
-                      f"{rf['embedding_bound']:,.0f}; bound {rf['bound']:,.0f}; {c} at "
-                      f"{rf.get('sampan_of_bound', 0):.0%} of it "
-                      f"({rf.get('sampan_of_gemm_bound', 0):.0%} of the GEMM bound)", flush=True)
+            if roof:  # the bound in the same round, so each Sampan run meets its own
+                for key, rf in round_rooflines(args, m, results[m], rnd).items():
+                    roofs[m].setdefault(key, []).append(rf)
+    summary = summarise(results, roofs)
+    for m in models:
+        for key in ("roofline", "roofline_bf16"):
+            if rf := summary[m].get(key):
+                c = "sampan" if key == "roofline" else "sampan_auto"
+                print(f"roofline {m:7} {rf['precision']:4} GEMMs {rf['gemm_gflop_s']:.0f} "
+                      f"GFLOP/s -> {rf['gemm_bound']:,.0f} samples/s; embeddings at "
+                      f"{rf['copy_gb_s']:.1f} GB/s -> {rf['embedding_bound']:,.0f}; bound "
+                      f"{rf['bound']:,.0f}; {c} at {rf.get('sampan_of_bound', 0):.0%} of it "
+                      f"({rf.get('sampan_of_gemm_bound', 0):.0%} of the GEMM bound; medians "
+                      "over rounds)", flush=True)
     report = {"benchmark": "train_throughput", "args": {k: v for k, v in vars(args).items()
                                                         if k not in ("worker", "model")},
               "machine": machine(), "results": summary}
@@ -665,7 +660,38 @@ def main() -> None:
         update_readme(Path(args.readme), report)
 
 
-def summarise(results: dict) -> dict:
+def round_rooflines(args: argparse.Namespace, model: str, runs: dict[str, list[dict]],
+                    rnd: int) -> dict[str, dict]:
+    """This round's roofline of ``model`` for each Sampan contender that ran in it, against
+    the precision it trained in, with that run's fraction of it."""
+    from benchmarks.embedding_bandwidth import copy_bandwidth
+
+    copy = copy_bandwidth("cpu", 512, 5) / 1e9
+    out = {}
+    for key, c, prec in (("roofline", "sampan", args.precisions[0]),
+                         ("roofline_bf16", "sampan_auto", "bf16")):
+        got = next((r for r in runs.get(c, []) if r["round"] == rnd), None)
+        if got is None or (key == "roofline_bf16" and got.get("amp") != "bf16"):
+            continue
+        rf = roofline(model, args.batch, args.dim, copy, prec)
+        rf["sampan_of_gemm_bound"] = got["samples_per_s"] / rf["gemm_bound"]
+        rf["sampan_of_bound"] = got["samples_per_s"] / rf["bound"]
+        out[key] = rf
+    return out
+
+
+def paired(a: list[dict], b: list[dict]) -> list[float]:
+    """``a``'s samples/s over ``b``'s, round by round (rounds where both ran)."""
+    rb = {r.get("round", i): r["samples_per_s"] for i, r in enumerate(b)}
+    return [r["samples_per_s"] / rb[k] for i, r in enumerate(a)
+            if (k := r.get("round", i)) in rb]
+
+
+def summarise(results: dict, roofs: dict | None = None) -> dict:
+    """Each contender's median samples/s; each Sampan contender's ratio to the others as the
+    median of its round-by-round ratios (the contenders of a round ran next to each other,
+    so a machine's slow phase slows both sides of a ratio), with their range; and the
+    roofline as the median of its per-round measures, its fractions paired the same way."""
     out: dict = {}
     for m, by in results.items():
         row = {}
@@ -675,15 +701,20 @@ def summarise(results: dict) -> dict:
                           "peak_rss_mb": max(r["peak_rss_mb"] for r in rs), "runs": len(rs)}
                 if "compile" in rs[0]:
                     row[c]["compile"] = rs[0]["compile"]
-        s = row.get("sampan", {}).get("samples_per_s")
-        auto = row.get("sampan_auto", {}).get("samples_per_s")
-        for c in ("plain", "deepctr"):
-            if s and c in row:
-                row[f"sampan_vs_{c}"] = s / row[c]["samples_per_s"]
-            if auto and c in row:
-                row[f"sampan_auto_vs_{c}"] = auto / row[c]["samples_per_s"]
+        for s in ("sampan", "sampan_auto"):
+            for c in ("plain", "deepctr"):
+                if ratios := paired(by.get(s, []), by.get(c, [])):
+                    row[f"{s}_vs_{c}"] = statistics.median(ratios)
+                    row[f"{s}_vs_{c}_range"] = [min(ratios), max(ratios)]
         if rs := by.get("sampan_auto"):
             row["sampan_auto"]["amp"] = rs[0].get("amp")
+        for key, rfs in (roofs or {}).get(m, {}).items():
+            row[key] = {k: statistics.median(rf[k] for rf in rfs) if k != "precision"
+                        else rfs[0][k] for k in rfs[0]}
+            row[key]["rounds"] = len(rfs)
+            if "sampan_of_bound" in rfs[0]:
+                row[key]["sampan_of_bound_range"] = [min(rf["sampan_of_bound"] for rf in rfs),
+                                                     max(rf["sampan_of_bound"] for rf in rfs)]
         out[m] = row
     return out
 
@@ -817,7 +848,10 @@ def markdown(report: dict) -> str:
             if mc.get("effective_isa") else "") + ")"
     lines = [f"{mc.get('date', '')}, {cpu}, {mc['cores']} cores: batch {a['batch']}, dim "
              f"{a['dim']}, MLP 400-400-400, device {a['device']}, torch {mc['torch']}; median "
-             f"of {a['rounds']} interleaved rounds (`python benchmarks/train_throughput.py "
+             f"of {a['rounds']} interleaved rounds"
+             + (", each ratio the median of the rounds' own (their range)" if any(
+                 k.endswith("_range") for r in report["results"].values() for k in r) else "")
+             + f" (`python benchmarks/train_throughput.py "
              f"--rounds {a['rounds']}"
              + (f" --isa {a['isa']}" if a.get("isa", "native") != "native" else "")
              + "`).", "",
@@ -828,10 +862,17 @@ def markdown(report: dict) -> str:
         return f"{r[c]['samples_per_s']:,.0f}" if c in r else "-"
 
     def pct(rf: dict, k: str) -> str:  # "-" where the Sampan run failed
-        return f"{rf[k]:.0%}" if k in rf else "-"
+        if k not in rf:
+            return "-"
+        lo_hi = rf.get(f"{k}_range")
+        return f"{rf[k]:.0%}" + (f" ({lo_hi[0]:.0%}-{lo_hi[1]:.0%})" if lo_hi else "")
 
-    def ratio(r: dict, c: str) -> str:
-        return f"{r[f'sampan_vs_{c}']:.2f}x" if f"sampan_vs_{c}" in r else "-"
+    def ratio(r: dict, c: str, s: str = "sampan") -> str:  # with the rounds' range
+        if f"{s}_vs_{c}" not in r:
+            return "-"
+        lo_hi = r.get(f"{s}_vs_{c}_range")
+        spread = f" ({lo_hi[0]:.2f}-{lo_hi[1]:.2f})" if lo_hi and lo_hi[0] != lo_hi[1] else ""
+        return f"{r[f'{s}_vs_{c}']:.2f}x{spread}"
 
     for m, r in report["results"].items():
         rss = f"{r['sampan']['peak_rss_mb']:,.0f} MB" if "sampan" in r else "-"
@@ -845,17 +886,19 @@ def markdown(report: dict) -> str:
                   "| model | Sampan, amp auto | Sampan fp32 | plain PyTorch fp32 | auto / plain | "
                   "auto / DeepCTR |", "|---|---|---|---|---|---|"]
         for m, r in auto.items():
-            a_p = f"{r['sampan_auto_vs_plain']:.2f}x" if "sampan_auto_vs_plain" in r else "-"
-            a_d = f"{r['sampan_auto_vs_deepctr']:.2f}x" if "sampan_auto_vs_deepctr" in r else "-"
             lines.append(f"| {m} | {sps(r, 'sampan_auto')} | {sps(r, 'sampan')} | "
-                         f"{sps(r, 'plain')} | {a_p} | {a_d} |")
+                         f"{sps(r, 'plain')} | {ratio(r, 'plain', 'sampan_auto')} | "
+                         f"{ratio(r, 'deepctr', 'sampan_auto')} |")
     roof = {f"{m} ({rf.get('precision', 'fp32')})": rf for m, r in report["results"].items()
             for k in ("roofline", "roofline_bf16") if (rf := r.get(k))}
     if roof:
         lines += ["", "Roofline on this CPU: the model's GEMMs timed alone at their shapes "
                   "(fp32: each GEMM on its faster library; bf16: as autocast runs them), and its "
                   f"embedding traffic (every row distinct: {ROW_PASSES} row passes a step) at "
-                  "the measured copy bandwidth; each against the Sampan run in that precision.",
+                  "the measured copy bandwidth; each against the Sampan run in that precision"
+                  + ("; measured in every round, the medians, and Sampan's fraction as the "
+                     "median of the rounds' own (their range)."
+                     if any("rounds" in rf for rf in roof.values()) else "."),
                   "",
                   "| model | GEMM GFLOP/s | GEMM bound | embedding bound | bound (both) | "
                   "Sampan / GEMM bound | Sampan / bound |", "|---|---|---|---|---|---|---|"]
