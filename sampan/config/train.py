@@ -130,7 +130,8 @@ class TrainConfig(_Strict):
         "auto", description="the warm start's time budget in seconds: past it the exact "
         "fit keeps the best C found so far and an SGD fit stops at its next evaluation; auto: "
         "for an exact fit a third of the main training's estimated time (three steps "
-        "timed), at least 3 s; none for an SGD fit (its early stopping bounds it, in steps) "
+        "timed), at least 3 s, and none where its design holds at most 2M ids (it takes "
+        "seconds anyway); none for an SGD fit (its early stopping bounds it, in steps) "
         "or the lr model (its exact fit is the model); null: no bound, so that the warm "
         "start, and the run, never depend on the machine's speed")
     checkpoint_every_steps: int | None = Field(

@@ -328,6 +328,13 @@ def test_patience_counts_from_the_trained_models_own_best(tmp_path, aucs, evals,
 
 
 def test_an_exact_fit_is_bounded_by_the_training_it_precedes(tmp_path, monkeypatch):
+    # a design this small is not bounded: it fits in seconds, the same on every machine
+    small, _ = warm_trainer(tmp_path / "small", "fm", "lbfgs", first_order_seconds="auto")
+    small.console = Console(record=True, width=300)
+    free = fit_first_order(small)
+    assert "budget_seconds" not in free and "training_estimate" not in free
+    assert "(no time bound: " in small.console.export_text()
+    monkeypatch.setattr(warm_start, "UNBOUNDED_NONZEROS", 0)  # as a large design is
     trainer, _ = warm_trainer(tmp_path / "roomy", "fm", "lbfgs", first_order_seconds="auto")
     # the estimate: a run that improves for two epochs and stops its patience later
     estimate, steps = training_estimate(trainer)
