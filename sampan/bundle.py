@@ -74,6 +74,9 @@ def manifest_digest(manifest: dict[str, Any]) -> str:
 # signing ------------------------------------------------------------------------------
 KEY_ENV = "SAMPAN_BUNDLE_KEY"
 KEY_FILE_ENV = "SAMPAN_BUNDLE_KEY_FILE"
+# set beside KEY_FILE_ENV by `sampan serve --key-file` for its own processes (its workers
+# open bundles too): messages then name the option the user gave, not the variable
+KEY_FILE_FROM_OPTION_ENV = "SAMPAN_BUNDLE_KEY_FILE_FROM_OPTION"
 SIGNATURE_ALGORITHM = "hmac-sha256"
 MIN_KEY_BYTES = 16
 # what is signed: this prefix and manifest_sha256 (the prefix keeps a bundle signature from
@@ -122,7 +125,8 @@ def bundle_key(key_file: str | Path | None = None) -> BundleKey | None:
         secret, source = str(value).strip().encode(), KEY_ENV
     else:
         path = Path(value)
-        source = f"key file {path}" + (f" ({KEY_FILE_ENV})" if name == KEY_FILE_ENV else "")
+        via = "--key-file" if os.environ.get(KEY_FILE_FROM_OPTION_ENV) == str(value) else name
+        source = f"key file {path}" + (f" ({KEY_FILE_ENV})" if via == KEY_FILE_ENV else "")
         try:
             secret = path.read_bytes().strip()
         except OSError as e:

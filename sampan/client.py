@@ -37,6 +37,26 @@ __all__ = ["Client", "EventsResult", "GrpcClient", "Prediction", "Ranking", "Sco
            "ServingError"]
 
 
+FEEDBACK_FIELDS = ("request_id", "item", "type", "ts")  # ts optional, the others required
+
+
+def _feedback_events(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``events`` when each is a feedback event (the fields the server's /v1/feedback
+    takes); else the :class:`ServingError` the server would answer, naming the field."""
+    for i, e in enumerate(events):
+        if not isinstance(e, dict):
+            raise ServingError("INVALID_ARGUMENT", f"events.{i}: expected an object with "
+                               f"{list(FEEDBACK_FIELDS)}, got {type(e).__name__}", f"events.{i}",
+                               i)
+        for key in [k for k in FEEDBACK_FIELDS[:3] if e.get(k) in (None, "")] + \
+                [k for k in e if k not in FEEDBACK_FIELDS]:
+            what = "is required" if key in FEEDBACK_FIELDS else "is not a feedback field"
+            raise ServingError("INVALID_ARGUMENT", f"events.{i}.{key} {what}: a feedback "
+                               "event gives request_id (of the response that served the "
+                               "item), item and type, and may give ts", f"events.{i}.{key}", i)
+    return events
+
+
 class ServingError(Exception):
     """A request the server refused: ``status`` (HTTP status, or the gRPC code's name),
     ``message``, the request ``field`` it concerns and the ``record`` index, when said."""
@@ -283,7 +303,7 @@ class GrpcClient:
         """As :meth:`Client.feedback`."""
         r = self._call("Feedback", self._pb.FeedbackRequest(events=[self._pb.FeedbackEvent(
             request_id=e["request_id"], item=str(e["item"]), type=e["type"],
-            ts=float(e.get("ts") or 0.0)) for e in events]), self.events_token)
+            ts=float(e.get("ts") or 0.0)) for e in _feedback_events(events)]), self.events_token)
         return r.accepted
 
     def close(self) -> None:

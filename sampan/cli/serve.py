@@ -61,12 +61,13 @@ def serve(
 
     import uvicorn
 
-    from sampan.bundle import KEY_FILE_ENV, bundle_key, verification_note
+    from sampan.bundle import KEY_FILE_ENV, KEY_FILE_FROM_OPTION_ENV, bundle_key, verification_note
     from sampan.config import load_serve_config
 
     signing = bundle_key(key_file)  # a bad key setting fails here, before anything is loaded
     if key_file is not None:  # every bundle this process (and its workers) opens: checked
-        os.environ[KEY_FILE_ENV] = str(Path(key_file).resolve())
+        os.environ[KEY_FILE_ENV] = os.environ[KEY_FILE_FROM_OPTION_ENV] = \
+            str(Path(key_file).resolve())
 
     overrides = list(set_ or [])
     for key, value in (("bundle", bundle), ("host", host), ("port", port),
@@ -93,6 +94,9 @@ def serve(
         from sampan.serving.watcher import ModelWatcher
 
         cfg = cfg.model_copy(update={"bundle": ModelWatcher(None, cfg.watch, 1.0).adopt(None)})
+    _check_free(cfg.host, cfg.port, "port")
+    if cfg.grpc_port is not None:
+        _check_free(cfg.host, cfg.grpc_port, "grpc_port")
     where = f"http://{cfg.host}:{cfg.port}" + (
         f" and gRPC {cfg.host}:{cfg.grpc_port}" if cfg.grpc_port is not None else "")
     if cfg.workers > 1:
@@ -156,6 +160,25 @@ def serve(
         if grpc_server is not None:
             grpc_server.stop(grace=1)
         state.close()
+
+
+def _check_free(host: str, port: int, key: str) -> None:
+    """Fail before loading anything when another process listens on ``host:port`` (the
+    server would load its bundles, say it serves, then stop)."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as e:
+        fail(f"cannot listen on {host}:{port}: {e} (the serve config's host)")
+    family, _, _, _, addr = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn and gRPC
+        try:
+            sock.bind(addr)
+        except OSError as e:
+            fail(f"cannot listen on {host}:{port}: {e.strerror or e}; is another server "
+                 f"there? choose another {key} (--{key.replace('_', '-')})")
 
 
 def _say_allocation(cfg: Any) -> None:

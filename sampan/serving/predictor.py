@@ -153,7 +153,7 @@ class Predictor:
         out = validate_table(table, self.roles, np.arange(table.num_rows), "request", log, ",")
         if log.rejected:
             ex = log.examples[0]
-            raise RequestError(f"record {ex['line']}: feature {ex['column']!r}: "
+            raise RequestError(f"{self.name}: record {ex['line']}: feature {ex['column']!r}: "
                                f"{ex['reason'].replace('_', ' ')}", ex["column"], ex["line"])
         return out
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
+import pyarrow as pa
 
 from sampan.config import ServeConfig
 from sampan.errors import BundleError, ConfigError, ConflictError
@@ -43,6 +44,16 @@ def _short(text: str, limit: int = 200) -> str:
     """A value from a request as an error or a warning quotes it: at most ``limit``
     characters (a reply never echoes a client's megabyte back)."""
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
+
+def _unreachable(e: BaseException) -> bool:
+    """Whether ``e`` is the Redis client failing to reach its server."""
+    try:
+        from redis.exceptions import ConnectionError as RedisConnectionError
+        from redis.exceptions import TimeoutError as RedisTimeoutError
+    except ImportError:
+        return False
+    return isinstance(e, (RedisConnectionError, RedisTimeoutError))
+
 
 def _no_bundle_at(path: str | None) -> bool:
     """Whether ``path`` holds no bundle at all (no manifest.json; a name the system cannot
@@ -389,6 +400,10 @@ class ServerState:
             live = self._live_for([p.bundle for p in (predictor, retriever and
                                                       retriever.predictor) if p is not None])
         except Exception as e:  # noqa: BLE001 - reported with the bundle that failed
+            if _unreachable(e):  # Redis down: the bundle is not at fault
+                raise ServingBundleError("feature_store", "cannot reach the Redis feature "
+                                         f"store at {self.cfg.feature_store.url} "
+                                         f"(feature_store.url): {e}") from e
             path = {"bundle": bundle, "retrieval_bundle": retrieval_bundle}.get(field)
             what = f"{field} {path!r}" if path else "the live user histories"
             raise ServingBundleError(field, f"cannot load {what}: {e}",
@@ -585,6 +600,31 @@ class ServerState:
         if len(unread) > MAX_WARNINGS:
             out.append(f"... and {len(unread) - MAX_WARNINGS:,} more context features no "
                        "served model reads (ignored)")
+        return out + self._absent_keys(context, models)
+
+    @staticmethod
+    def _absent_keys(context: Any, models: list[tuple[Predictor, Any]]) -> list[str]:
+        """One warning per feature-table key the context gives (the user, say) that its
+        table does not hold: the features it would bring are missing values, which is
+        right for a new user and a mistake for a mistyped or wrongly formatted id."""
+        out: list[str] = []
+        if not isinstance(context, dict):
+            return out
+        for _, store in models:
+            tables = store.tables if store is not None else None
+            for by, cols in (tables.provides() if tables is not None else {}).items():
+                value = context.get(by)
+                if value is None or isinstance(value, (dict, list)) or not cols:
+                    continue
+                try:
+                    _, found = tables.columns(by, pa.array([value]))  # as a request's
+                except Exception:  # noqa: BLE001 - a warning never fails the request
+                    continue
+                note = (f"{by} {_short(str(value))!r} is not in the feature table keyed by "
+                        f"{by}: its features ({', '.join(cols[:4])}"
+                        f"{', ...' if len(cols) > 4 else ''}) were scored as missing values")
+                if not found[0].as_py() and note not in out:
+                    out.append(note)
         return out
 
     def record_events(self, events: list[dict[str, Any]]) -> dict[str, Any]:

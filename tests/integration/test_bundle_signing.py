@@ -191,6 +191,19 @@ def test_a_server_with_a_key_refuses_unsigned_arms_at_start(bundles):
     assert f"bundle {bundles['unsigned']} is not signed" in r.stderr
 
 
+def test_serve_with_a_key_file_names_the_file_it_was_given(bundles, tmp_path):
+    f = tmp_path / "bundle.key"
+    f.write_text(KEY)
+    env = {k: v for k, v in os.environ.items() if k not in (KEY_ENV, KEY_FILE_ENV)}
+    r = subprocess.run(
+        [sys.executable, "-m", "sampan", "serve", str(bundles["unsigned"]), "--key-file",
+         str(f), "--port", str(free_port())], capture_output=True, text=True, timeout=60,
+        env={**env, "COLUMNS": "300"})
+    assert r.returncode == 2, r.stdout + r.stderr
+    # the file the option named, not the variable serve hands it to its processes by
+    assert f"(key file {f.resolve()}):" in r.stderr, r.stderr
+
+
 def test_reload_through_a_real_server_refuses_with_a_json_error(bundles, tmp_path):
     bad = attacked(bundles, tmp_path)
     srv = Served([str(bundles["signed"])], env={KEY_ENV: KEY, "SAMPAN_ADMIN_TOKEN": TOKEN},

@@ -276,6 +276,25 @@ def test_redis_feature_store_matches_memory(bundles, redis_url):
         red.close()
 
 
+def test_a_redis_store_that_is_down_is_named_not_the_bundle(bundles):
+    import socket
+
+    from sampan.config import load_serve_config
+    from sampan.serving.rest import ServerState
+    from sampan.serving.service import ServingBundleError
+
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"redis://127.0.0.1:{port}/0"
+    with pytest.raises(ServingBundleError) as e:
+        ServerState(load_serve_config(raw={"bundle": str(bundles[0]), "feature_store": {
+            "backend": "redis", "url": url}}))
+    assert e.value.field == "feature_store"
+    assert f"cannot reach the Redis feature store at {url} (feature_store.url)" in str(e.value)
+    assert "bundle" not in str(e.value).split(":")[0]
+
+
 def test_list_attributes_of_items_served_from_memory_and_redis(tmp_path, redis_url):
     """An item's bag (tags read from Parquet as lists) is in the bundle's item table, and a
     request with only ids is scored with it, from memory and from Redis alike."""
@@ -751,7 +770,7 @@ def test_feedback_log_joins_served_items_with_their_events(bundles, tmp_path):
         fb = web.get(f"{srv.url}/readyz").json()["feedback"]
         assert fb["journal"]["served"] == 5 and fb["joiner"]["written"] == 5
         # the Python clients carry the request id and arm, and send feedback
-        from sampan.client import Client, GrpcClient
+        from sampan.client import Client, GrpcClient, ServingError
 
         with Client(srv.url) as c, GrpcClient(srv.grpc) as g:
             for client in (c, g):
@@ -761,6 +780,10 @@ def test_feedback_log_joins_served_items_with_their_events(bundles, tmp_path):
                                          "type": "click"}]) == 1
                 p = client.predict([{"user_id": "u7", "item_id": "i1"}])
                 assert p.request_id and p.request_id != r.request_id
+                # an event without its request id: the same refusal from both clients
+                with pytest.raises(ServingError, match=r"events.0.request_id") as e:
+                    client.feedback([{"user_id": "u7", "item_id": "i1"}])
+                assert e.value.field.startswith("events.0.")
     finally:
         srv.stop()
 
@@ -1108,6 +1131,15 @@ def test_recommend_warns_about_a_user_the_retrieval_model_never_saw(server):
     with grpc.insecure_channel(f"127.0.0.1:{gport}") as ch:
         reply = svc.ScoringStub(ch).Recommend(pb.RecommendRequest(context=ctx, n=10, k=3))
     assert any("'u999' is unknown" in w for w in reply.warnings)
+    # ranking: a user its user table does not hold is said too (its features are missing)
+    r = web.post(f"{url}/v1/rank", json={"context": {"user_id": "u999"},
+                                         "candidates": ["i1", "i2"]})
+    assert r.status_code == 200 and r.json()["warnings"] == [
+        "user_id 'u999' is not in the feature table keyed by user_id: its features (city, "
+        "age) were scored as missing values"], r.json()
+    r = web.post(f"{url}/v1/rank", json={"context": {"user_id": "u3"},
+                                         "candidates": ["i1", "i2"]})
+    assert r.json()["warnings"] == []
 
 
 def _held_request(url: str, path: str, length: int):
@@ -1223,9 +1255,16 @@ def test_openapi_examples_are_the_bundles_and_codes_are_complete(server):
     assert items["properties"]["user_id"]["type"] == ["string", "number", "boolean", "null"]
     context = schemas["RankRequest"]["properties"]["context"]
     assert context["required"] == ["user_id"] and context["additionalProperties"] is True
-    # a record may still give what a table brings (it overrides the table)
-    r = web.post(f"{url}/v1/predict", json={"records": [
-        {**record, "age": 30, "city": "c1", "price": 9.5, "brand": "b1"}]})
+    # a record may still give what a table brings (it overrides the table): the document
+    # says so as optional properties, typed, and the server takes it
+    assert {"age", "city", "price", "brand"} <= set(items["properties"])
+    assert items["properties"]["price"]["type"] == ["number", "null"]
+    given = {**record, "age": 30, "city": "c1", "price": 9.5, "brand": "b1"}
+    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema.validate(given, items)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**given, "zip": "55105"}, items)  # a column no feature reads
+    r = web.post(f"{url}/v1/predict", json={"records": [given]})
     assert r.status_code == 200, r.text
     for name, route in routes.items():
         body = schemas[name]["examples"][0]
@@ -1280,3 +1319,21 @@ def test_requests_that_are_not_http_get_a_json_error(server):
         assert status.startswith(b"HTTP/1.1 4"), (what, reply[:300])
         assert b"content-type: application/json" in headers.lower(), (what, reply[:300])
         assert json.loads(body)["error"], what
+
+
+def test_serve_on_a_port_in_use_fails_before_it_says_it_serves(bundles):
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        for flags, key in ((["--port", str(port)], "--port"),
+                           (["--port", "0", "--grpc-port", str(port)], "--grpc-port")):
+            r = subprocess.run([sys.executable, "-m", "sampan.cli", "serve", str(bundles[0]),
+                                *flags], capture_output=True, text=True, timeout=120)
+            assert r.returncode == 2, r.stdout + r.stderr
+            assert f"cannot listen on 127.0.0.1:{port}" in r.stderr and key in r.stderr
+            assert "serving" not in r.stdout
