@@ -153,6 +153,8 @@ def serve(
         label = "" if state.allocation is None else f"{name}: "
         console.print(f"serving {label}{p.bundle.manifest.get('model')} ({p.version}){share} "
                       f"on {where}", highlight=False)
+    for line in _serving_notes(state):
+        console.print(line, highlight=False)
     try:
         uvicorn.run(create_app(state), host=cfg.host, port=cfg.port, log_level="warning",
                     http=JSONErrorsProtocol)
@@ -160,6 +162,26 @@ def serve(
         if grpc_server is not None:
             grpc_server.stop(grace=1)
         state.close()
+
+
+def _serving_notes(state: Any) -> list[str]:
+    """What else the server answers from: the retrieval model of /v1/recommend, and the
+    feature store its requests are joined with."""
+    out = []
+    if (r := state.retriever) is not None:
+        own = " (the served model's own user tower)" if state.retrieval_own else ""
+        out.append(f"retrieval: {r.predictor.bundle.manifest.get('model')} "
+                   f"({r.predictor.version}){own} for /v1/recommend, {len(r.items):,} items")
+    fs, tables = state.cfg.feature_store, state.store.tables if state.store else None
+    if tables is not None:
+        redis = fs.backend == "redis"  # (counting a Redis table's keys scans them all)
+        out.append(f"feature store: {f'Redis at {fs.url}' if redis else 'memory'}, tables "
+                   "keyed by " + ", ".join(by if redis else f"{by} ({tables.size(by):,} rows)"
+                                           for by in tables.keys))
+    if state.live is not None:
+        out.append(f"live histories: by {state.live.key}, in "
+                   + (f"Redis at {fs.url}" if fs.backend == "redis" else "memory"))
+    return out
 
 
 def _check_free(host: str, port: int, key: str) -> None:
