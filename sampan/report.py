@@ -462,10 +462,12 @@ def build_report(paths: list[str | Path], out: str | Path, split: str = "test",
             parts.append(f'<img src="{tag}roc.png"><img src="{tag}calibration.png">')
         feats = r.data.get("features") or []
         if feats:
+            from sampan.data.store import unseen_share
+
             parts.append("<h3>Features</h3>" + _table(
                 ["feature", "kind", "transform", "ids", "OOV / missing share"],
                 [[f.get("feature"), f.get("kind"), f.get("transform", ""),
-                  f.get("ids", "-"), f.get("oov_share", "-")] for f in feats]))
+                  f.get("ids", "-"), unseen_share(f)] for f in feats]))
         rej = r.data.get("rejects") or {}
         if rej:
             reasons = ", ".join(f"{k}: {v:,}" for k, v in (rej.get("reasons") or {}).items())

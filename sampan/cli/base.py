@@ -11,6 +11,7 @@ import click
 import typer
 import typer.core
 from rich.console import Console
+from rich.markup import escape
 
 from sampan.errors import SampanError
 
@@ -70,15 +71,14 @@ def engine_sets(engine: str | None, address: str | None) -> list[str]:
     """``--engine`` / ``--address`` as ``--set`` overrides."""
     if address is not None and engine not in (None, "ray"):
         fail(f"--address joins a Ray cluster: it needs --engine ray, not --engine {engine}")
-    out = [f"data.engine={engine}"] if engine is not None else []
-    if address is not None:
-        out += ["data.engine=ray", f"data.ray_address={address}"]
-    return out
+    out = [f"data.engine={engine or 'ray'}"] if engine is not None or address is not None else []
+    return out + ([f"data.ray_address={address}"] if address is not None else [])
 
 
 def fail(msg: str, code: int = 2) -> None:
     # not wrapped to the terminal's width: an error stays whole when it is logged or grepped
-    err.print(f"[bold red]error:[/] {msg}", soft_wrap=True)
+    # the message is text, not markup: "pip install 'sampan[ray]'" keeps its brackets
+    err.print(f"[bold red]error:[/] {escape(msg)}", soft_wrap=True)
     raise typer.Exit(code)
 
 

@@ -56,7 +56,8 @@ def eval_(
 
 @app.command()
 def report(
-    runs: Annotated[list[Path], typer.Argument(help="Finished run directories.")],
+    runs: Annotated[list[Path], typer.Argument(help="Run directories (finished, or still "
+                                               "training with --follow).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder for index.html and the "
                                       "PNGs (created).")] = Path("report"),
     split: Annotated[str, typer.Option(help="Split whose scores are drawn: train, valid "
@@ -75,10 +76,18 @@ def report(
     import time
 
     from sampan.report import build_report
+    from sampan.train.rundir import is_training
 
     while True:
-        running = [r for r in runs if (r / "metrics.jsonl").is_file()
-                   and not (r / "results.json").is_file() and not (r / "study.json").is_file()]
+        running = [r for r in runs if not (r / "study.json").is_file() and (
+            is_training(r) or (r / "metrics.jsonl").is_file()
+            and not (r / "results.json").is_file())]
+        if follow and (starting := [r for r in running if not (r / "metrics.jsonl").is_file()]):
+            # just started: no curve to draw yet
+            console.print(f"waiting for {', '.join(map(str, starting))} to log its first "
+                          f"metrics; again in {follow:g} s", highlight=False)
+            time.sleep(follow)
+            continue
         rep = build_report(list(runs), out, split=split, resamples=resamples,
                            refresh=follow if follow and running else None)
         console.print(f"report: {rep.page} ({rep.describe()}; open it in a browser)"

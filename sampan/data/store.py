@@ -258,16 +258,21 @@ def _transform_local(pipe: FeaturePipeline, staged: dict[str, tuple[list[Path], 
             w.close(check=complete)  # after a failure, its own error is the one to see
 
 
+def unseen_share(feature: dict[str, Any]) -> str:
+    """A feature report's OOV share (a vocabulary's) or missing share (a number's), as the
+    console and ``sampan report`` show it: a percentage, or ``-`` where it has none."""
+    share = feature.get("oov_share", feature.get("missing_share"))
+    return "-" if share is None else f"{100 * share:.1f}%"
+
+
 def feature_table(report: list[dict[str, Any]], rows: int) -> Table:
     """The effective feature settings as a table (``FeaturePipeline.feature_report``)."""
     t = Table(title=f"features fitted on {rows:,} train rows")
     for col in ("feature", "kind", "transform", "ids", "OOV / missing"):
         t.add_column(col, justify="right" if col in ("ids", "OOV / missing") else "left")
     for f in report:
-        share = f.get("oov_share", f.get("missing_share"))
         t.add_row(f["feature"], f["kind"], f["transform"],
-                  f"{f['ids']:,}" if "ids" in f else "-",
-                  "-" if share is None else f"{100 * share:.1f}%")
+                  f"{f['ids']:,}" if "ids" in f else "-", unseen_share(f))
     return t
 
 

@@ -37,6 +37,21 @@ def lock_run(run: Path) -> Any:
     return f
 
 
+def is_training(run: Path) -> bool:
+    """Whether a process holds ``run``'s lock now: it is training (the file itself stays
+    after the run ends; its lock does not, however the process ended)."""
+    import fcntl
+
+    try:
+        with open(run / ".lock") as f:
+            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
 def _clear_for_restart(run: Path) -> None:
     """Everything a run stopped before its first checkpoint wrote, but its config and lock:
     partial data, metrics records, a start checkpoint, temporary files."""

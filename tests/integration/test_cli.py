@@ -279,6 +279,8 @@ def test_corrupt_truncated_or_empty_checkpoints_are_one_line_errors(tmp_path):
 def test_resume_of_a_run_still_training_is_refused(tmp_path):
     """Issue 13: the run directory is locked; both processes used to exit 0 and write
     duplicate records into metrics.jsonl. The lock goes with the process (kill -9 too)."""
+    from sampan.train.rundir import is_training
+
     cfg = tiny_config(tmp_path, rows=20000, checkpoint_every_steps=5, batch_size=32,
                       epochs=30)
     path = write_cfg(tmp_path, cfg)
@@ -294,11 +296,13 @@ def test_resume_of_a_run_still_training_is_refused(tmp_path):
         assert r.returncode == 2 and "is in use by process" in " ".join(r.stderr.split())
         assert "Traceback" not in r.stderr
         assert proc.poll() is None  # the first run goes on
+        assert is_training(run)  # as sampan report --follow sees it
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     from sampan.train.experiment import lock_run
 
+    assert not is_training(run) and (run / ".lock").is_file()  # the file stays, not its lock
     lock_run(run).close()  # released by the kill: the run can be resumed
 
 

@@ -47,6 +47,10 @@ def test_one_run_and_two_together(runs, tmp_path):
         auc = json.loads((run / "results.json").read_text())["test"]["auc"]
         assert f"{auc:.4f}" in page
     assert "OOV / missing share" in page
+    # each feature's share as the console shows it: a number's missing share too
+    feats = json.loads((runs[0] / "data" / "manifest.json").read_text())["features"]
+    numeric = next(f for f in feats if "missing_share" in f)
+    assert f"<td>{100 * numeric['missing_share']:.1f}%</td>" in page and "None" not in page
     for r in (load_run(run, resamples=200) for run in runs):  # the AUC's interval
         lo, hi = r.auc_ci95
         assert f"{r.metrics['auc']:.4f} [{lo:.4f}, {hi:.4f}]" in page

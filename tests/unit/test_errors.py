@@ -103,3 +103,21 @@ def test_a_missing_extra_is_named_not_a_traceback(monkeypatch, module, lib, extr
     with pytest.raises(errors.MissingExtraError, match=rf"pip install 'sampan\[{extra}\]'"):
         load()
     assert issubclass(errors.MissingExtraError, ImportError)
+
+
+def test_an_error_the_cli_prints_keeps_its_brackets(capsys):
+    """The CLI prints errors through Rich, whose markup took "[ray]" for a tag and printed
+    pip install 'sampan' as the install command."""
+    import typer
+
+    from sampan.cli.base import err, fail
+
+    width = err.width
+    err.width = 300
+    try:
+        with pytest.raises(typer.Exit):
+            fail("data.engine: ray needs Ray: pip install 'sampan[ray]' (or [bold]x[/])")
+    finally:
+        err.width = width
+    printed = capsys.readouterr().err
+    assert "pip install 'sampan[ray]' (or [bold]x[/])" in printed, printed
