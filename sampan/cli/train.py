@@ -85,7 +85,18 @@ def _launch(config: Path | None, set_: list[str] | None, from_: str | None,
             run_dir: Path | None, nproc: int, nnodes: int, node_rank: int | None,
             rdzv: str | None) -> None:
     """Re-run this `sampan train` under torch.distributed.run, one process per rank."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
+
+    from sampan.config import load_config
+
+    # the config is checked here once, not in every process (each would fail alike)
+    cfg = load_config(resume / "config.yaml") if resume is not None else \
+        load_config(config, overrides=set_ or [], source=from_)
+    world, batch = nproc * nnodes, cfg.train.batch_size
+    if isinstance(batch, int) and batch < 2 * world:
+        fail(f"train.batch_size {batch} (the global batch) must give each of the {world} "
+             f"processes two rows or more: --set train.batch_size={2 * world} or more")
 
     args = [f"--nproc-per-node={nproc}", f"--nnodes={nnodes}"]
     if rdzv:
@@ -109,4 +120,8 @@ def _launch(config: Path | None, set_: list[str] | None, from_: str | None,
         child += ["--run-dir", str(run_dir)]
     console.print(f"launching {nproc * nnodes} processes: torchrun {' '.join(args + child)}",
                   highlight=False)
-    torchrun(args + child)
+    try:
+        torchrun(args + child)
+    except ChildFailedError as e:  # each process printed its own error above
+        fail(f"{len(e.failures)} of the {world} processes failed; their errors are above",
+             code=1)

@@ -75,7 +75,8 @@ def auto_batch_size(n_train: int) -> int:
 
 def plan_training(tc: TrainConfig, n_train: int, valid_labels: np.ndarray | None = None,
                   default_metric: str = "auc", world: int = 1,
-                  first_order: bool = False, patience_epochs: int = 2) -> TrainingPlan:
+                  first_order: bool = False, patience_epochs: int = 2,
+                  lr_model: bool = False) -> TrainingPlan:
     """Resolve the ``auto`` values of ``tc`` for ``n_train`` training rows.
 
     ``valid_labels`` ``[N, T]`` (or ``None`` without a validation split) decides the early
@@ -83,7 +84,8 @@ def plan_training(tc: TrainConfig, n_train: int, valid_labels: np.ndarray | None
     retrieval keeps itself); ``world`` processes share the global batch; ``first_order``:
     the model can start from an LR (:func:`~sampan.layers.embed.lr_start_part`);
     ``patience_epochs``: the epochs of evaluations ``early_stopping.patience: auto`` waits
-    for (the task's: 10 for next-item models, 2 otherwise).
+    for (the task's: 10 for next-item models, 2 otherwise); ``lr_model``: the model is an
+    LR, whose warm start is an exact fit or none.
     """
     reasons: dict[str, str] = {}
     upd: dict[str, Any] = {}
@@ -124,11 +126,14 @@ def plan_training(tc: TrainConfig, n_train: int, valid_labels: np.ndarray | None
 
     warm = tc.first_order_warm_start
     if warm == "auto":
-        warm = first_order and has_valid
+        sgd_lr = lr_model and tc.first_order_solver == "sgd"
+        warm = first_order and has_valid and not sgd_lr
         if first_order:
             reasons["first_order_warm_start"] = (
                 "on: the model starts as an LR fitted first" if warm else
-                "off: no validation split to stop the LR on")
+                "off: no validation split to stop the LR on" if not has_valid else
+                "off: the model is an LR, and an SGD fit of it would be the model itself "
+                "(train.first_order_solver: sgd)")
     elif warm and not first_order:
         raise ConfigError("train.first_order_warm_start: true, but this model cannot "
                           "start from an LR (no first-order terms, and no output layer "
@@ -140,6 +145,7 @@ def plan_training(tc: TrainConfig, n_train: int, valid_labels: np.ndarray | None
         every = upd.get("eval_every_steps", tc.eval_every_steps)
         per_epoch = 1 if every is None else max(1, round(steps / every))
         es = es.model_copy(update={"patience": patience_epochs * per_epoch})
+    if tc.early_stopping.patience == "auto" and has_valid and es.enabled:
         reasons["early_stopping.patience"] = (
             f"{patience_epochs * per_epoch}: {patience_epochs} epochs of evaluations without "
             "improvement " + ("(a signal that only interactions carry can take more than an "

@@ -28,7 +28,7 @@ from sampan.data.loader import Batch, BatchLoader
 from sampan.data.store import SplitArrays
 from sampan.distributed.strategy import SingleProcess, strategy_for
 from sampan.embedding import EmbeddingCollection, make_sparse_optimizer
-from sampan.layers.embed import lr_start_part
+from sampan.layers.embed import FeatureEmbedding, lr_start_part
 from sampan.tasks import make_task
 from sampan.train import checkpoint as ckpt
 from sampan.train import guard
@@ -97,15 +97,18 @@ class Trainer:
         self.train_rows = train  # every row, for what a model reads from the data
         train = self.task.training_rows(train)
         self.train_data, self.valid_data = train, valid
+        start = lr_start_part(model)
         self.plan = plan_training(
             cfg.train, len(train), None if valid is None or valid.labels is None
             else np.asarray(valid.labels), self.task.default_metric, strategy.world,
-            first_order=lr_start_part(model) is not None,
-            patience_epochs=getattr(self.task, "patience_epochs", 2))
+            first_order=start is not None,
+            patience_epochs=getattr(self.task, "patience_epochs", 2),
+            lr_model=isinstance(start, FeatureEmbedding) and not start.dim)
         self.tc = self.plan.train  # every `auto` resolved from the data
         if strategy.enabled and self.tc.batch_size < 2 * strategy.world:
             raise ConfigError(f"train.batch_size {self.tc.batch_size} (the global batch) must "
-                             f"give each of the {strategy.world} processes two rows or more")
+                             f"give each of the {strategy.world} processes two rows or more: "
+                             f"set it to {2 * strategy.world} or more")
         on_device, why = data_on_device(train, self.tc.data_on_device, self.device)
         if why:
             self.plan.reasons["data_on_device"] = why

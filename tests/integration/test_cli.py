@@ -329,3 +329,11 @@ def test_new_user_defects_of_issue_13(tmp_path):
     r = sampan_here("train", "--set", "data.synthetic.rows=1", "--set",
                     f"output_dir={tmp_path}")
     assert r.returncode == 2 and "came out empty" in " ".join(r.stderr.split()), r.stderr
+
+
+def test_a_launch_whose_batch_cannot_feed_its_processes_fails_before_it_starts_them():
+    r = sampan_here("train", "--nproc-per-node", "2", "--set", "train.batch_size=3")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "train.batch_size 3 (the global batch) must give each of the 2 processes two rows " \
+        "or more: --set train.batch_size=4 or more" in " ".join(r.stderr.split())
+    assert "launching" not in r.stdout and "Traceback" not in r.stderr
