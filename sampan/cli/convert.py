@@ -25,8 +25,9 @@ def convert_paddlerec(
 ) -> None:
     """Convert a PaddleRec config: print what became of every key (mapped, and to what;
     ignored, and why; or not supported) and the Sampan settings chosen to train as
-    PaddleRec does, and with --out write the Sampan config. The config is checked as
-    `sampan train` would load it.
+    PaddleRec does, and with --out write the Sampan config. The converted config's keys
+    and values are checked as `sampan train` loads them; a data file it names that does
+    not exist (yet) is said, not refused.
 
     Examples:
 
@@ -56,7 +57,22 @@ def convert_paddlerec(
         console.print("Sampan settings that train as PaddleRec does:")
         for key, why in conv.settings:
             console.print(f"  {escape(key)}: {escape(why)}", highlight=False)
+    for path in _absent_data(conv.config.get("data") or {}):
+        console.print(f"note: data path {path} does not exist (yet): sampan train will look "
+                      "for it there", highlight=False)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(write_yaml(conv, config.resolve()), encoding="utf-8")
         console.print(f"wrote {out}; train it with: sampan train {out}", highlight=False)
+
+
+def _absent_data(data: dict) -> list[str]:
+    """The converted config's data paths (files, folders or globs) that match nothing."""
+    import glob
+
+    out = []
+    for key in ("train", "valid", "test"):
+        for path in ([data[key]] if isinstance(data.get(key), str) else data.get(key) or []):
+            if not glob.glob(str(path)):
+                out.append(str(path))
+    return out

@@ -228,9 +228,15 @@ def _build(cfg: ExperimentConfig, root: Path, echo: Any) -> Store:
     }
     (root / "manifest.json").write_text(json.dumps(manifest, indent=1))
     echo(f"data: {log.describe()}")
+    schema = pipe.schema()
+    kinds: dict[str, int] = {}
+    for e in pipe.lists:  # sequences, bags, text
+        kinds[e.spec.kind] = kinds.get(e.spec.kind, 0) + 1
+    lists = "".join(f", {n} {k}{'s' if n > 1 and k != 'text' else ''}"
+                    for k, n in kinds.items())
     echo("data: " + ", ".join(f"{r} {rows[r]:,}" for r in SPLITS) + " rows; "
-         f"{len(pipe.categorical)} categorical, {len(pipe.numeric)} numeric features; "
-         f"embedding rows {sum(s.cardinality for s in pipe.schema().sparse):,}")
+         f"{len(pipe.categorical)} categorical, {len(pipe.numeric)} numeric features{lists}; "
+         f"embedding rows {sum(s.cardinality for s in [*schema.sparse, *schema.own_tables]):,}")
     echo(feature_table(manifest["features"], pipe.fitted_rows_))
     return Store.open(root)
 

@@ -125,6 +125,7 @@ class Predictor:
                   absent: set[str] = frozenset()) -> pa.Table:
         """Add the feature-store columns of every table whose key is among ``cols``; fail
         naming the first feature that is still missing (unless it is in ``absent``)."""
+        given = sorted(cols)  # what the request itself gave
         for by in (store.keys if store is not None else []):
             if by not in cols:
                 continue  # a table keyed by something this request does not give
@@ -142,8 +143,9 @@ class Predictor:
             missing.sort(key=lambda c: c not in store.keys)
         if missing:
             tables = f"; the feature store joins on {store.keys}" if store is not None else ""
-            needs = [c for c in self.columns if c not in self.optional]
-            raise RequestError(f"{self.name}: feature(s) {missing} are missing: every "
+            needs = [c for c in self.columns if c not in self.optional and c not in absent]
+            gave = f" (the request gave {given})" if given else " (the request gave none)"
+            raise RequestError(f"{self.name}: feature(s) {missing} are missing{gave}: every "
                                f"request needs {needs} (null for a missing value){tables}",
                                missing[0], 0 if store is None else None)
         return pa.table({c: cols[c] for c in self.columns})

@@ -15,6 +15,7 @@ A run directory holds everything needed to evaluate, predict, resume or export l
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -184,7 +185,8 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path | None = None,
     if dist.enabled:
         results["world_size"] = dist.world
     notes = [n for n in (guard.overconfidence_note(results, trainer.metric),
-                         few_candidates_note(results.get("test") or {})) if n]
+                         few_candidates_note(results.get("test") or {}),
+                         one_class_note(results)) if n]
     if notes:
         results["notes"] = notes
     if dist.is_main:
@@ -196,6 +198,19 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path | None = None,
     if lock is not None:
         lock.close()
     return results
+
+
+def one_class_note(results: dict[str, Any]) -> str | None:
+    """Why an AUC reads nan: its label has one class only in that split (no positive, or
+    no negative), where no ranking of the rows can be scored."""
+    bad = [f"{split} {k}" for split in ("valid", "test")
+           for k, v in (results.get(split) or {}).items()
+           if (k == "auc" or k.startswith("auc_")) and isinstance(v, float) and math.isnan(v)]
+    if not bad:
+        return None
+    return (f"{', '.join(bad)} {'is' if len(bad) == 1 else 'are'} undefined (nan): the label "
+            "has one class only in that split (no positive or no negative row); its LogLoss "
+            "still scores the predictions")
 
 
 def few_candidates_note(m: dict[str, Any]) -> str | None:

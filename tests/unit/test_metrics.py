@@ -357,3 +357,16 @@ def test_ctr_evaluation_reports_ranking_metrics_per_group() -> None:
     m = acc.compute()
     assert m["mrr"] == pytest.approx((1 / 2 + 1) / 2)
     assert m[f"hitrate@{RANKING_K}"] == 1.0
+
+
+def test_an_auc_of_a_one_class_label_is_nan_and_said_why():
+    from sampan.metrics import MetricAccumulator
+    from sampan.train.experiment import one_class_note
+
+    acc = MetricAccumulator()  # two labels; the first has no positive in this split
+    acc.update(torch.randn(50, 2), torch.stack([torch.zeros(50), torch.arange(50) % 2], 1))
+    m = acc.compute()
+    assert math.isnan(m["auc_0"]) and not math.isnan(m["auc_1"])
+    note = one_class_note({"test": m})
+    assert note.startswith("test auc, test auc_0 are undefined (nan)") and "auc_1" not in note
+    assert one_class_note({"test": {"auc": 0.7}}) is None
