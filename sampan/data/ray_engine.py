@@ -79,6 +79,7 @@ def connect(address: str | None) -> bool:
     ray = _ray()
     if ray.is_initialized():
         return False
+    _reachable(address)
     try:
         ray.init(address=address, include_dashboard=False, log_to_driver=False,
                  logging_level="ERROR")
@@ -91,6 +92,30 @@ def connect(address: str | None) -> bool:
         raise ConfigError(f"data.ray_address {address!r}: cannot join that Ray cluster "
                           f"with Ray {ray.__version__}: {e}") from None
     return True
+
+
+def _reachable(address: str | None) -> None:
+    """Fail at once, naming where the address came from, when the cluster ``address`` (or
+    ``$RAY_ADDRESS``, which Ray reads when none is given) names a host and port that take no
+    connection: Ray itself retries such an address for minutes."""
+    import os
+    import socket
+
+    given, where = (address, "data.ray_address") if address is not None else \
+        (os.environ.get("RAY_ADDRESS"), "the environment's RAY_ADDRESS")
+    if not given or given in ("auto", "local") or "://" in given or ":" not in given:
+        return
+    host, _, port = given.rpartition(":")
+    if not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+    except OSError as e:
+        raise ConfigError(
+            f"{where} {given!r}: no Ray cluster answers there ({e.strerror or e}); start one "
+            "with `ray start --head` (then address auto on that machine)"
+            + (", or unset RAY_ADDRESS" if address is None else "") + ", or leave "
+            "ray_address null to start a Ray of this machine for the preparation") from None
 
 
 def disconnect() -> None:

@@ -25,22 +25,22 @@ def value_schema(predictor: Predictor, column: str, nullable: bool = True) -> di
     roles = predictor.roles
     null = ["null"] if nullable and column not in roles.required else []
     if column in roles.lists:
-        return {"type": ["array", *SCALAR, *null], "items": {"type": SCALAR},
-                "description": "a list feature: an array of values (or one delimited string)"}
+        return {"type": ["array", *SCALAR, *null], "items": {"type": [*SCALAR, "null"]},
+                "description": "a list feature: an array of values (or one delimited "
+                "string); a null element is a missing value"}
     if column in roles.numeric:
         return {"type": ["number", *null], "description": "a numeric feature"}
     return {"type": [*SCALAR, *null], "description": "a categorical feature"}
 
 
 def record_schema(predictor: Predictor, store: Any, elsewhere: set[str] = frozenset(),
-                  given: bool = False) -> tuple[dict[str, Any], list[str]]:
-    """``(properties, required)`` of a request record for ``predictor``. Required: every
-    raw feature it reads that no feature table or live history brings, and the key of each
-    table that brings the others (``elsewhere``: columns the request gives in another
-    field, such as the item of a ranking). With ``given`` (a record of /v1/predict, which
-    may give any raw feature) the properties add, optional, a feature a table brings (the
-    record's value overrides the table's) and a column the model reads as missing when it
-    is not given (the group column)."""
+                  ) -> tuple[dict[str, Any], list[str]]:
+    """``(properties, required)`` of a request record for ``predictor``: every raw feature
+    it reads that no feature table or live history brings, and the key of each table that
+    brings the others (``elsewhere``: columns the request gives in another field, such as
+    the item of a ranking, and those a model reads as missing). A /v1/predict record may
+    give a table's feature too (overriding it) when every record gives it: the schema
+    cannot say "the same keys in every record", so it lists only what each must give."""
     brought: dict[str, str] = {}
     for by, cols in (store.provides() if store is not None else {}).items():
         for c in cols:
@@ -52,11 +52,7 @@ def record_schema(predictor: Predictor, store: Any, elsewhere: set[str] = frozen
         key = brought.get(c, c)
         if key not in elsewhere and key not in props:
             props[key] = value_schema(predictor, key)
-    required = list(props)
-    for c in predictor.columns if given else []:
-        if c not in elsewhere and c not in props:
-            props[c] = value_schema(predictor, c)
-    return props, required
+    return props, list(props)
 
 
 def _object(props: dict[str, Any], required: list[str], more: bool) -> dict[str, Any]:
@@ -76,7 +72,7 @@ def request_schemas(state: ServerState | None) -> dict[str, dict[str, Any]]:
     task = {"type": "integer", "minimum": 0, "maximum": len(predictor.labels) - 1,
             "default": 0, "description": f"which label ranks: 0..{len(predictor.labels) - 1} "
             f"of {predictor.labels}"}
-    records, required = record_schema(predictor, store, given=True)
+    records, required = record_schema(predictor, store)
     out: dict[str, dict[str, Any]] = {
         "PredictRequest": {"properties": {
             "records": {"type": "array", "minItems": 1, "maxItems": cfg.max_records,
@@ -177,7 +173,7 @@ def request_examples(state: ServerState | None) -> dict[str, dict[str, Any]]:
 
     item_key, unit_key = state.item_key(predictor), state.cfg.unit_key
     out: dict[str, dict[str, Any]] = {
-        "PredictRequest": {"records": [example(record_schema(predictor, store)[1])]}}
+        "PredictRequest": {"records": [example(record_schema(predictor, store)[0])]}}
     context = example(record_schema(predictor, store, {item_key})[0])
     items = next((getattr(e, "vocab_", None) for e in pipe.categorical
                   if (e.spec.column or e.spec.name) == item_key), None)

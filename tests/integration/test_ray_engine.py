@@ -96,6 +96,20 @@ def test_an_address_without_a_cluster_is_a_clear_error(tmp_path):
     assert p.returncode == 2, p.stderr
     assert "data.ray_address 'auto': no Ray cluster answers there" in p.stderr
     assert "ray start --head" in p.stderr and not (tmp_path / "data" / "train").exists()
+    # a stale RAY_ADDRESS (Ray retried it for minutes): refused at once, named
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{sock.getsockname()[1]}"
+    p = subprocess.run([sys.executable, "-m", "sampan.cli", "data", "prepare",
+                        str(tmp_path / "c.yaml"), "--engine", "ray", "--out",
+                        str(tmp_path / "data")], capture_output=True, text=True, timeout=60,
+                       env={**env, "RAY_ADDRESS": dead})
+    assert p.returncode == 2, p.stderr
+    flat = " ".join(p.stderr.split())
+    assert f"the environment's RAY_ADDRESS '{dead}': no Ray cluster answers there" in flat
+    assert "unset RAY_ADDRESS" in flat
 
 
 @pytest.mark.parametrize("split", [
