@@ -220,6 +220,26 @@ class MetricAccumulator:
 
 
 RANKING_K = 10  # the cutoff of the per-group ranking metrics of a CTR model
+# the cut-offs a next-item model's evaluation reports besides its own k
+NEXT_ITEM_CUTOFFS = (5, 10, 20)
+
+
+def metric_names(kind: str, k: int | None = None, grouped: bool = False) -> list[str]:
+    """The validation metrics a model of task ``kind`` reports, any of which early stopping
+    and ``sampan tune`` may follow: ``k`` is a retrieval or next-item model's cut-off;
+    ``grouped``, whether the data has a group column (``features.group``: a binary model's
+    GAUC and per-group ranking metrics).
+
+    >>> metric_names("retrieval", k=50)
+    ['recall@50', 'hitrate@50', 'ndcg@50', 'mrr']
+    """
+    if kind == "retrieval":
+        return [f"{m}@{k}" for m in ("recall", "hitrate", "ndcg")] + ["mrr"]
+    if kind == "next_item":
+        return [f"{m}@{c}" for c in sorted({*NEXT_ITEM_CUTOFFS, k or 10})
+                for m in ("hitrate", "ndcg")] + ["mrr"]
+    ranking = [f"hitrate@{RANKING_K}", f"ndcg@{RANKING_K}", "mrr"]
+    return ["auc", "logloss", *(["gauc", *ranking] if grouped else [])]
 
 
 def grouped_ranking_metrics(scores: torch.Tensor, labels: torch.Tensor, groups: torch.Tensor,

@@ -76,7 +76,7 @@ class ExperimentConfig(_Strict):
         """The metric early stopping and tuning follow is one the model's evaluation reports
         (else a run would fail at its first validation, a study at its first trial)."""
         from sampan.config.registry import get_model_class
-        from sampan.tasks import metric_names
+        from sampan.metrics import metric_names
 
         kind = getattr(get_model_class(self.model.name), "task", "binary")
         names = metric_names(kind, getattr(self.model, "k", None), bool(self.features.group))

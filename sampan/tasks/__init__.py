@@ -49,32 +49,10 @@ def make_task(model: nn.Module, train: Any = None) -> Task:
                       "expected 'binary', 'retrieval' or 'next_item'")
 
 
-def metric_names(kind: str, k: int | None = None, grouped: bool = False) -> list[str]:
-    """The validation metrics a model of task ``kind`` reports, any of which early stopping
-    and ``sampan tune`` may follow: ``k`` is a retrieval or next-item model's cut-off;
-    ``grouped``, whether the data has a group column (``features.group``: a binary model's
-    GAUC and per-group ranking metrics).
-
-    >>> metric_names("retrieval", k=50)
-    ['recall@50', 'hitrate@50', 'ndcg@50', 'mrr']
-    """
-    if kind == "retrieval":
-        return [f"{m}@{k}" for m in ("recall", "hitrate", "ndcg")] + ["mrr"]
-    if kind == "next_item":
-        from sampan.tasks.next_item import CUTOFFS
-
-        return [f"{m}@{c}" for c in sorted({*CUTOFFS, k or 10}) for m in ("hitrate", "ndcg")] \
-            + ["mrr"]
-    from sampan.metrics import RANKING_K
-
-    ranking = [f"hitrate@{RANKING_K}", f"ndcg@{RANKING_K}", "mrr"]
-    return ["auc", "logloss", *(["gauc", *ranking] if grouped else [])]
-
-
 def training_loss(model: nn.Module, batch: Any, task: Any = None) -> torch.Tensor:
     """The loss the trainer minimises on ``batch`` (task loss plus any auxiliary loss)."""
     return (task or make_task(model)).loss(model, batch)
 
 
 __all__ = ["BinaryTask", "NextItemModel", "RetrievalModel", "Task", "binary_loss", "make_task",
-           "metric_names", "model_outputs", "training_loss"]
+           "model_outputs", "training_loss"]

@@ -35,8 +35,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from sampan.data.store import SplitArrays
+from sampan.metrics import NEXT_ITEM_CUTOFFS
 
-CUTOFFS = (5, 10, 20)
+CUTOFFS = NEXT_ITEM_CUTOFFS
 
 
 def rank_metrics(ranks: np.ndarray, cutoffs: tuple[int, ...]) -> dict[str, float]:

@@ -90,13 +90,20 @@ def test_early_stopping_on_a_metric_the_task_does_not_compute(tmp_path):
                              "user_id": [f"u{x}" for x in rng.integers(0, 20, 400)],
                              "item_id": [f"i{x}" for x in rng.integers(0, 30, 400)]}),
                    tmp_path / "d.parquet")
-    cfg = load_config(raw={
+    raw = {
         "output_dir": str(tmp_path), "data": {"train": str(tmp_path / "d.parquet"),
                                               "split": {"method": "random"}},
         "features": {"categorical": ["user_id", "item_id"]},
         "model": {"name": "two_tower", "embedding_dim": 4, "k": 5},
         "train": {"epochs": 1, "progress": False, "tensorboard": False,
-                  "early_stopping": {"metric": "auc"}}})
+                  "early_stopping": {"metric": "auc"}}}
+    # refused when the config loads, before any data is read
+    with pytest.raises(ValueError, match=r"'auc', which model 'two_tower' \(task: "
+                       r"retrieval\) does not report.*recall@5"):
+        load_config(raw=raw)
+    # a config changed past that check still fails at the first validation, with the list
+    cfg = load_config(raw={**raw, "train": {**raw["train"], "early_stopping": {}}})
+    cfg.train.early_stopping.metric = "auc"
     with pytest.raises(ValueError, match=r"'auc' is not computed.*recall@5"):
         run_experiment(cfg, run_dir=tmp_path / "run")
 

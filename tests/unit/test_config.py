@@ -209,8 +209,7 @@ def test_the_metric_names_are_the_ones_evaluation_reports():
     import numpy as np
     import torch
 
-    from sampan.metrics import MetricAccumulator, metrics_of_ranks
-    from sampan.tasks import metric_names
+    from sampan.metrics import MetricAccumulator, metric_names, metrics_of_ranks
     from sampan.tasks.next_item import CUTOFFS, rank_metrics
 
     z, y = torch.randn(64, 1), (torch.rand(64, 1) < 0.3).float()

@@ -59,7 +59,9 @@ def test_the_cli_has_one_handler_and_no_builtin_catches():
         if isinstance(node, ast.ExceptHandler) and node.type is not None:
             types = node.type.elts if isinstance(node.type, ast.Tuple) else [node.type]
             caught |= {t.id for t in types if isinstance(t, ast.Name)}
-    assert caught <= {"SampanError", "OSError", "KeyboardInterrupt"}, caught
+    # ChildFailedError: `train --nproc-per-node` ends in one line after the processes'
+    # own errors, which they printed themselves
+    assert caught <= {"SampanError", "OSError", "KeyboardInterrupt", "ChildFailedError"}, caught
 
 
 @pytest.mark.parametrize("raised,code,shown", [
