@@ -274,8 +274,12 @@ def unseen_share(feature: dict[str, Any]) -> str:
 def feature_table(report: list[dict[str, Any]], rows: int) -> Table:
     """The effective feature settings as a table (``FeaturePipeline.feature_report``)."""
     t = Table(title=f"features fitted on {rows:,} train rows")
-    for col in ("feature", "kind", "transform", "ids", "OOV / missing"):
-        t.add_column(col, justify="right" if col in ("ids", "OOV / missing") else "left")
+    # a narrow terminal wraps the cells; a name or a word is folded, never cut off
+    t.add_column("feature", overflow="fold")
+    t.add_column("kind", no_wrap=True, min_width=len("categorical"))
+    t.add_column("transform", overflow="fold")
+    for col in ("ids", "OOV / missing"):
+        t.add_column(col, justify="right")
     for f in report:
         t.add_row(f["feature"], f["kind"], f["transform"],
                   f"{f['ids']:,}" if "ids" in f else "-", unseen_share(f))

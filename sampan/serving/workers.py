@@ -157,6 +157,7 @@ def app_from_env():  # type: ignore[no-untyped-def]
     state = ServerState(cfg)
     if sync_path:
         state.sync = ReloadSync(sync_path, state)
+        _say_once(Path(sync_path).parent / "events-note", _events_note(state))
     app = create_app(state)
     if cfg.grpc_port is not None and os.environ.get("SAMPAN_GRPC_IN_WORKER") == "1":
         from sampan.serving.grpc_server import start_grpc
@@ -164,3 +165,26 @@ def app_from_env():  # type: ignore[no-untyped-def]
         # every worker binds the port (gRPC sets SO_REUSEPORT); keep the server referenced
         app.state.grpc_server = start_grpc(state, cfg.host, cfg.grpc_port)
     return app
+
+
+def _events_note(state: ServerState) -> str | None:
+    """Why /v1/events will be refused (409) by these workers, if it will: the served model
+    reads live histories, and each worker would keep its own in memory."""
+    live = state.live
+    if live is None or live.shared or state.cfg.workers < 2:
+        return None
+    return (f"warning: live histories by {live.key} are kept in memory, one copy per worker: "
+            "/v1/events answers 409 with --workers > 1, so the histories stay as the bundle "
+            "left them (feature_store.backend=redis shares them)")
+
+
+def _say_once(marker: Path, note: str | None) -> None:
+    """Print ``note`` on stderr from the first worker that gets here (the one that creates
+    ``marker`` in the workers' shared folder), not once a worker."""
+    if note is None:
+        return
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return
+    print(note, file=sys.stderr, flush=True)

@@ -48,7 +48,7 @@ def served(state, user):
     return state.rank_future({"user_id": user}, CANDS).future.result()[:, 0]
 
 
-def test_events_append_like_training(bundle):
+def test_events_append_like_training(bundle, tmp_path, capsys):
     users = histories(bundle)
     items = dict(zip(*pq.read_table(bundle / "features" / "items.parquet").to_pydict()
                      .values(), strict=True))
@@ -89,7 +89,16 @@ def test_events_append_like_training(bundle):
     multi = ServerState(load_serve_config(raw={"bundle": str(bundle), "workers": 2}))
     with pytest.raises(ConflictError, match="redis"):
         multi.record_events([{"user_id": "u1", "item_id": "i1"}])
+    # ... which the first worker to start says, once for all of them
+    from sampan.serving.workers import _events_note, _say_once
+
+    note = _events_note(multi)
+    assert note is not None and "409" in note and "feature_store.backend=redis" in note
+    assert _events_note(state) is None  # one process: events are taken
     multi.close()
+    for _ in range(3):
+        _say_once(tmp_path / "events-note", note)
+    assert capsys.readouterr().err.count("409") == 1
 
 
 def test_ttl_forgets_a_quiet_user(bundle, monkeypatch):
