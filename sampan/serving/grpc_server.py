@@ -127,7 +127,8 @@ def start_grpc(state: Any, host: str, port: int, threads: int = 16):  # type: ig
         scores = sub.future.result()
         return ranking(state.ranked(sub.predictor, scores, candidates, request.k or 10,
                                     request.task), sub.predictor, context, False, sub.arm,
-                       sub, candidates, 0, scores, request.task)
+                       sub, candidates, 0, scores, request.task,
+                       state.count_warnings(candidates))
 
     def recommend(data: bytes, _: Any) -> Any:
         request = parse(pb.RecommendRequest, data)
@@ -135,6 +136,7 @@ def start_grpc(state: Any, host: str, port: int, threads: int = 16):  # type: ig
         context = struct(request.context)
         found, sub, arm, _, notes = state.recommend_future(context, request.n or 100,
                                                            request.variant or None)
+        notes = state.count_warnings(n=request.n or 100, k=request.k or 10) + notes
         if sub is None:
             return ranking([], state.current(arm)[0], context, True, arm, notes=notes)
         candidates = [i for i, _ in found]

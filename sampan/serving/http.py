@@ -479,7 +479,8 @@ def create_app(state: ServerState):  # type: ignore[no-untyped-def]
         rid = state.request_id()
         state.log_ranked(rid, sub, req.candidates, items, req.context, scores, req.task)
         return {"items": items, "model_version": sub.predictor.version,
-                "warnings": state.context_warnings(req.context),
+                "warnings": state.context_warnings(req.context)
+                + state.count_warnings(req.candidates),
                 **served(response, rid, sub.arm)}
 
     @app.post("/v1/recommend", **doc(RecommendResponse, {409: {
@@ -488,7 +489,8 @@ def create_app(state: ServerState):  # type: ignore[no-untyped-def]
                         response: Response) -> dict[str, Any]:
         """A context (the user) -> n candidates from the retrieval model's index, ranked
         by the ranking model; the k best, best first."""
-        warnings = state.context_warnings(req.context, recommend=True)
+        warnings = state.context_warnings(req.context, recommend=True) \
+            + state.count_warnings(n=req.n, k=req.k)
         found, sub, arm, _, notes = await run_in_threadpool(
             state.recommend_future, req.context, req.n, forced(request, req.variant))
         warnings += notes

@@ -603,6 +603,29 @@ class ServerState:
         return out + self._absent_keys(context, models)
 
     @staticmethod
+    def count_warnings(candidates: list[Any] | None = None, n: int | None = None,
+                       k: int | None = None) -> list[str]:
+        """What a rank or recommend request's counts change about its reply: candidates
+        named more than once (each is ranked once), or asking ``n`` retrieved items for a
+        top ``k`` larger than ``n``."""
+        out = []
+        if candidates:
+            seen: dict[Any, int] = {}
+            for c in candidates:
+                if isinstance(c, (str, int, float, bool)):
+                    seen[c] = seen.get(c, 0) + 1
+            twice = {c: m for c, m in seen.items() if m > 1}
+            if twice:
+                c, m = next(iter(twice.items()))
+                more = f" and {len(twice) - 1:,} more" if len(twice) > 1 else ""
+                out.append(f"candidate {_short(str(c))!r} was given {m} times{more}: each "
+                           "candidate is ranked once, at its first place")
+        if n is not None and k is not None and n < k:
+            out.append(f"n {n} is smaller than k {k}: at most {n} items come back (n is how "
+                       "many the retrieval model finds for ranking)")
+        return out
+
+    @staticmethod
     def _absent_keys(context: Any, models: list[tuple[Predictor, Any]]) -> list[str]:
         """One warning per feature-table key the context gives (the user, say) that its
         table does not hold: the features it would bring are missing values, which is

@@ -1140,6 +1140,19 @@ def test_recommend_warns_about_a_user_the_retrieval_model_never_saw(server):
     r = web.post(f"{url}/v1/rank", json={"context": {"user_id": "u3"},
                                          "candidates": ["i1", "i2"]})
     assert r.json()["warnings"] == []
+    # counts that change the reply are said: a candidate named twice, n below k
+    r = web.post(f"{url}/v1/rank", json={"context": {"user_id": "u3"},
+                                         "candidates": ["i1", "i2", "i1", "i3", "i3", "i1"]})
+    assert sorted(i["item"] for i in r.json()["items"]) == ["i1", "i2", "i3"]
+    assert r.json()["warnings"] == [
+        "candidate 'i1' was given 3 times and 1 more: each candidate is ranked once, at "
+        "its first place"]
+    r = web.post(f"{url}/v1/recommend", json={"context": {"user_id": "u3"}, "n": 2, "k": 5})
+    assert len(r.json()["items"]) <= 2 and "n 2 is smaller than k 5: at most 2 items come " \
+        "back" in r.json()["warnings"][0]
+    with grpc.insecure_channel(f"127.0.0.1:{gport}") as ch:
+        reply = svc.ScoringStub(ch).Recommend(pb.RecommendRequest(context=ctx, n=3))
+    assert any("n 3 is smaller than k 10" in w for w in reply.warnings)
 
 
 def _held_request(url: str, path: str, length: int):
