@@ -149,7 +149,29 @@ def _run(fn: Callable[..., Any], calls: list[tuple]) -> Iterator[Any]:
         if isinstance(e, ray.exceptions.RayTaskError) and isinstance(
                 cause, DataError | ConfigError | OSError):
             raise cause from None  # bad input, or a full disk: as the local engine says it
+        if isinstance(e, ray.exceptions.RayTaskError) and (
+                missing := _missing_module(str(e))) is not None:
+            raise ConfigError(missing) from e
         raise
+
+
+def _missing_module(error: str) -> str | None:
+    """What to do when a task's error says its worker could not import Sampan (or a module
+    it needs): the cluster's Python lacks it. None for any other error."""
+    import re
+
+    name = re.findall(r"No module named '([^']+)'", error)
+    if not name:  # the task's function, or its arguments, could not be loaded there
+        return None
+    node = re.search(r"ip=([^)\s]+)", error)
+    from sampan import __version__
+
+    top = name[-1].split(".")[0]
+    fix = (f"install Sampan {__version__} there with pip install 'sampan[ray]'"
+           if top == "sampan" else f"install {top} there")
+    return (f"a Ray worker{f' on {node.group(1)}' if node else ''} cannot import "
+            f"{name[-1]!r}: every node of the cluster runs the preparation's code in its own "
+            f"Python; {fix} (or leave data.ray_address null to prepare on this machine)")
 
 
 # ------------------------------------------------------------------------------ staging

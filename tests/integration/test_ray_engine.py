@@ -112,6 +112,43 @@ def test_an_address_without_a_cluster_is_a_clear_error(tmp_path):
     assert "unset RAY_ADDRESS" in flat
 
 
+def test_workers_that_cannot_import_sampan_are_a_clear_error(tmp_path):
+    # a cluster whose Python lacks Sampan: its workers run with a sitecustomize that
+    # refuses to import it (Ray's own error lists sys.path and a traceback)
+    import subprocess
+    import sys
+
+    block = tmp_path / "block"
+    block.mkdir()
+    (block / "sitecustomize.py").write_text(
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] == 'sampan':\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+        "sys.meta_path.insert(0, Block())\n")
+    logs = write_logs(tmp_path / "logs", files=1, rows=10)
+    raw = config(tmp_path, logs, "ray", {"method": "random"}).model_dump(mode="json")
+    script = f"""
+import ray
+from sampan.config import load_config
+from sampan.data.store import build_store
+from sampan.errors import ConfigError
+ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
+         runtime_env={{"env_vars": {{"PYTHONPATH": {str(block)!r}}}}})
+try:
+    build_store(load_config(raw={raw!r}), {str(tmp_path / "data")!r})
+except ConfigError as e:
+    print("ConfigError:", e)
+"""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       timeout=240, env=env)
+    out = " ".join(p.stdout.split())
+    assert "ConfigError: a Ray worker on " in out, p.stdout + p.stderr
+    assert "cannot import 'sampan" in out and "pip install 'sampan[ray]'" in out, out
+
+
 @pytest.mark.parametrize("split", [
     {"method": "random", "train": 0.8, "valid": 0.1, "test": 0.1},
     {"method": "time", "column": "ts", "train": 0.8, "valid": 0.1, "test": 0.1},
