@@ -173,6 +173,17 @@ class FeatureStore:
         return out
 
     def columns(self, by: str, keys: pa.Array) -> tuple[dict[str, pa.Array], pa.Array]:
+        """``({column: values for keys}, found mask)``: each distinct key is looked up once
+        (a ranking request repeats its user for every candidate: one Redis read, not one a
+        candidate), then spread back to the keys' rows."""
+        distinct = pc.unique(keys)
+        if len(distinct) == len(keys):
+            return self._columns(by, keys)
+        out, found = self._columns(by, distinct)
+        at = pc.index_in(keys, value_set=distinct, skip_nulls=False)
+        return {c: pc.take(v, at) for c, v in out.items()}, pc.take(found, at)
+
+    def _columns(self, by: str, keys: pa.Array) -> tuple[dict[str, pa.Array], pa.Array]:
         out: dict[str, pa.Array] = {}
         found = pa.array(np.zeros(len(keys), bool))
         if self.tables is not None and by in self.tables.keys:

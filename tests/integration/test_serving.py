@@ -271,6 +271,14 @@ def test_redis_feature_store_matches_memory(bundles, redis_url):
             a = mem.rank_future({"user_id": user}, cands).future.result()
             b = red.rank_future({"user_id": user}, cands).future.result()
             np.testing.assert_allclose(a, b, atol=1e-6)
+        # the user, repeated for every candidate, is read once; each candidate once
+        def hmgets() -> int:
+            return red.store.tables.client.info("commandstats").get(
+                "cmdstat_hmget", {}).get("calls", 0)
+
+        before = hmgets()
+        red.rank_future({"user_id": "u3"}, cands + ["i7"] * 5).future.result()
+        assert hmgets() - before == 1 + len(cands) + 1
     finally:
         mem.close()
         red.close()
