@@ -54,6 +54,9 @@ def to_onnx(model: nn.Module, schema: DataSchema, example: Batch, path: Path,
     dynamic. The oneDNN fast path of :class:`sampan.layers.Linear` turns itself off while
     exporting, so the graph holds standard ONNX ops only."""
     graph = ScoringGraph(model, schema, head).eval()
+    inputs = example_inputs(example, schema)
+    if inputs[0].shape[0] < 2:  # torch.export fixes a dimension of size 1 (a stream's last
+        inputs = tuple(torch.cat([t, t]) for t in inputs)  # window may hold one row)
     batch_dim = torch.export.Dim("batch", min=1)
     n_lists = len(schema.sequences)
     quiet = logging.getLogger("torch.onnx._internal.exporter._registration")
@@ -62,7 +65,7 @@ def to_onnx(model: nn.Module, schema: DataSchema, example: Batch, path: Path,
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # nor is the exporter's deprecation chatter
         torch.onnx.export(
-            graph, example_inputs(example, schema), str(path),
+            graph, inputs, str(path),
             input_names=input_names(schema), output_names=[head],
             dynamic_shapes=({0: batch_dim}, {0: batch_dim}) + (
                 (tuple({0: batch_dim} for _ in range(n_lists)),) if n_lists else ()),

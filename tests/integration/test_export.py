@@ -134,6 +134,12 @@ def test_bundle_checks_and_request_errors(tmp_path, raw):
         p.predict([])
     with pytest.raises(FileExistsError):
         export_run(run, tmp_path / "bundle")
+    # an ONNX export from one example row (a stream's last window may hold one) still
+    # takes any number of rows: torch.export would fix a batch dimension of size 1
+    one = export_run(run, tmp_path / "one", parity_rows=1)
+    np.testing.assert_allclose(Predictor(one).predict(records(raw)[:5]),
+                               Predictor(export_run(run, tmp_path / "many")).predict(
+                                   records(raw)[:5]), atol=1e-6)
     (bundle / "pipeline" / "pipeline.json").write_text("{}")
     with pytest.raises(ValueError, match="sha256"):
         Bundle(bundle)
