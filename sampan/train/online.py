@@ -84,6 +84,7 @@ class StreamRun:
                               "`sampan stream`, or pass publisher=sampan.export.publish."
                               "Publisher to run_stream")
         self.publish_failures = 0
+        self.final_publish_error: Exception | None = None
         self._late_told = 0
         self.trainer: Trainer | None = None
         self.pipe: FeaturePipeline | None = None
@@ -185,7 +186,9 @@ class StreamRun:
         if data.oracle is not None and data.labels is not None:
             m["oracle_auc"] = auc(torch.from_numpy(np.asarray(data.oracle)),
                                   torch.from_numpy(np.asarray(data.labels[:, 0])))
-        return m
+        # a window whose labels have one class (a window of one row, say) has no AUC: it is
+        # left out, not logged as nan (which would make every moving average nan)
+        return {k: v for k, v in m.items() if np.isfinite(v)}
 
     def _train(self, data: SplitArrays) -> tuple[float, float]:
         """One pass over the window in stream order; (mean loss, samples per second)."""
@@ -240,8 +243,8 @@ class StreamRun:
         shown = "  ".join(f"{k} {record[k]:.4f}" for k in ("auc", "auc_avg", "logloss")
                           if k in record)
         lag = f"  lag {record['lag_s']:.1f} s" if "lag_s" in record else ""
-        self.console.print(f"window {self.windows:>5}: {len(data):>8,} rows  "
-                           f"{shown or 'first window: trained, not scored'}{lag}  "
+        shown = shown or ("first window: trained, not scored" if fresh else "no metric")
+        self.console.print(f"window {self.windows:>5}: {len(data):>8,} rows  {shown}{lag}  "
                            f"loss {loss:.4f}  {speed:,.0f} rows/s", highlight=False)
         if self.windows % self.s.checkpoint_every_windows == 0:
             self._checkpoint(w, prev)
@@ -280,6 +283,8 @@ class StreamRun:
         except (SampanError, OSError) as e:
             self.publish_failures += 1
             self.console.print(f"[yellow]publish failed[/] after window {self.windows}: {e}")
+            if final:  # no next checkpoint to retry at: the run ends with this error
+                self.final_publish_error = e
 
     # -------------------------------------------------------------------- the loop
     def run_loop(self) -> dict[str, Any]:
@@ -327,13 +332,18 @@ class StreamRun:
                    "late_partitions": getattr(self.source, "late", [])}
         self._new_late()
         if self.history:
-            results["progressive"] = {k: float(np.mean([h[k] for h in self.history]))
-                                      for k in self.history[-1]}
+            keys = dict.fromkeys(k for h in self.history for k in h)
+            results["progressive"] = {k: float(np.mean([h[k] for h in self.history if k in h]))
+                                      for k in keys}
         (self.run / "results.json").write_text(json.dumps(results, indent=1))
         self.console.print(f"stream: {self.windows} windows, {self.rows:,} rows ({why}); "
                            f"data: {self.log.describe()}")
         self.console.print(f"run directory: {self.run}")
         self.log.check(self.cfg.data.max_bad_fraction)
+        if (e := self.final_publish_error) is not None:
+            raise RunError(f"the final version (window {self.windows}) was not published: "
+                           f"{e}; its checkpoint holds it: sampan stream --resume {self.run} "
+                           "publishes it") from e
         return results
 
     def _checkpoint_last(self) -> None:

@@ -541,3 +541,37 @@ def test_kafka_broker_and_produce_commands_replay_a_file_keyed_and_typed(tmp_pat
     finally:
         broker.terminate()
         assert broker.wait(timeout=20) == 0
+
+
+def test_a_last_window_of_one_row_is_published_without_an_auc(tmp_path: Path) -> None:
+    """801 rows in windows of 400: the last window holds one row. It has no AUC (one
+    class), which stays out of the log and the averages (no nan), and the final version is
+    published from it; a final push that fails ends the run with an error naming it."""
+    from sampan.errors import ExportError, RunError
+    from sampan.export.publish import Publisher, read_versions
+
+    parts, models = tmp_path / "parts", tmp_path / "models"
+    write_partitions(parts, drift_table(801, seed=3), per=801)
+    config = load_config(stream_config(tmp_path, {
+        "source": "directory", "directory": {"root": str(parts), "poll_seconds": 0.1},
+        "idle_stop_seconds": 1.0,
+        "publish": {"dir": str(models), "every_windows": 10, "every_seconds": None}}))
+    out = run_stream(config, run_dir=tmp_path / "run", publisher=Publisher)
+    assert (out["windows"], out["rows"]) == (3, 801)
+    latest = read_versions(models)["versions"][-1]
+    assert (latest["windows"], latest["rows"]) == (3, 801)
+    log = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text()
+           .splitlines() if "window" in x]
+    assert "NaN" not in (tmp_path / "run" / "metrics.jsonl").read_text()
+    assert [("auc" in r) for r in log] == [False, True, False] and log[-1]["rows"] == 1
+    assert log[-1]["auc_avg"] == log[1]["auc"]
+    assert out["progressive"]["auc"] == log[1]["auc"]
+
+    def failing(cfg, run, console):  # a push that fails (a full disk, a bad graph)
+        def push(info):
+            raise ExportError("cannot write the bundle")
+        return push
+
+    with pytest.raises(RunError, match=r"final version \(window 3\) was not published: "
+                       r"cannot write the bundle; .*sampan stream --resume"):
+        run_stream(config, run_dir=tmp_path / "run2", publisher=failing)
