@@ -4,6 +4,7 @@ options and consoles."""
 from __future__ import annotations
 
 import errno
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -43,8 +44,10 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode="markdown",
 )
-console = Console()
-err = Console(stderr=True)
+# written to a file or a pipe (a log), a line stays one line, whatever its length: a
+# terminal wraps it, and tables are drawn to the width either way
+console = Console(soft_wrap=not sys.stdout.isatty())
+err = Console(stderr=True, soft_wrap=not sys.stderr.isatty())
 
 SetOpt = Annotated[
     list[str] | None,

@@ -53,6 +53,8 @@ def test_train_prints_test_auc_next_to_oracle_then_eval_and_predict(tmp_path):
     run = tmp_path / "run"
     r = sampan("train", str(cfg), "--run-dir", str(run))
     assert "oracle AUC" in r.stdout
+    # written to a pipe, a line longer than the terminal's 120 columns stays one line
+    assert max(len(x) for x in r.stdout.splitlines() if x.startswith("schedule:")) > 120
     results = json.loads((run / "results.json").read_text())
     test = results["test"]
     assert 0.5 < test["auc"] <= test["oracle_auc"] + 0.02
