@@ -637,6 +637,7 @@ class ServerState:
             tables = store.tables if store is not None else None
             for by, cols in (tables.provides() if tables is not None else {}).items():
                 value = context.get(by)
+                cols = [c for c in cols if c not in context]  # a new user's own attributes
                 if value is None or isinstance(value, (dict, list)) or not cols:
                     continue
                 try:

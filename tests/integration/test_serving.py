@@ -1145,6 +1145,15 @@ def test_recommend_warns_about_a_user_the_retrieval_model_never_saw(server):
     assert r.status_code == 200 and r.json()["warnings"] == [
         "user_id 'u999' is not in the feature table keyed by user_id: its features (city, "
         "age) were scored as missing values"], r.json()
+    # ... unless the request gives them (a new user's own attributes): only what it lacks
+    r = web.post(f"{url}/v1/rank", json={"context": {"user_id": "u999", "city": "c1"},
+                                         "candidates": ["i1", "i2"]})
+    assert r.json()["warnings"] == [
+        "user_id 'u999' is not in the feature table keyed by user_id: its features (age) "
+        "were scored as missing values"], r.json()
+    r = web.post(f"{url}/v1/rank", json={"context": {"user_id": "u999", "city": "c1",
+                                                     "age": 30}, "candidates": ["i1", "i2"]})
+    assert r.json()["warnings"] == [], r.json()
     r = web.post(f"{url}/v1/rank", json={"context": {"user_id": "u3"},
                                          "candidates": ["i1", "i2"]})
     assert r.json()["warnings"] == []
