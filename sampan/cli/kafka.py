@@ -21,7 +21,8 @@ app.add_typer(kafka_app, name="kafka")
 @kafka_app.command("broker")
 def kafka_broker(
     address_file: Annotated[Path | None, typer.Option(
-        help="Also write the broker's address (host:port) to this file, for scripts.")]
+        help="Also write the broker's address (host:port) to this file, for scripts; "
+        "removed at start and when the broker stops.")]
     = None,
 ) -> None:
     """Run a Kafka-protocol broker on 127.0.0.1 until Ctrl-C or SIGTERM, and print its
@@ -38,6 +39,8 @@ def kafka_broker(
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    if address_file is not None:  # an earlier broker's address is no longer true
+        address_file.unlink(missing_ok=True)
     with LocalBroker() as broker:
         if address_file is not None:
             tmp = address_file.with_name(address_file.name + ".tmp")
@@ -50,6 +53,9 @@ def kafka_broker(
                 pass
         except KeyboardInterrupt:
             pass
+        finally:
+            if address_file is not None:  # ... nor is this one's, once it stops
+                address_file.unlink(missing_ok=True)
 
 
 @kafka_app.command("produce")

@@ -26,7 +26,9 @@ def stream(
     resume: Annotated[Path | None, typer.Option(
         "--resume", metavar="RUN_DIR",
         help="Continue a stream run from its last checkpoint, exactly after the last record "
-        "it holds (uses the run's own config).")] = None,
+        "it holds (uses the run's own config; --set may change where it reads and "
+        "publishes: stream.kafka.brokers, stream.kafka.options, stream.directory.root, "
+        "stream.publish, and when it stops).")] = None,
     run_dir: Annotated[Path | None, typer.Option(
         "--run-dir", help="Write the run here instead of OUTPUT_DIR/NAME/TIMESTAMP.")] = None,
 ) -> None:
@@ -51,11 +53,12 @@ def stream(
     from sampan.train.online import run_stream
 
     if resume is not None:
-        if config is not None or set_ or from_run is not None:
-            fail("--resume uses the run's saved config (and its --from); do not pass CONFIG, "
-                 "--set or --from with it")
+        if config is not None or from_run is not None:
+            fail("--resume uses the run's saved config (and its --from); do not pass CONFIG "
+                 "or --from with it (--set may change where the stream is read and "
+                 "published: stream.kafka.brokers, say)")
         run_stream(None, run_dir=resume, resume=True, console=console,  # type: ignore[arg-type]
-                   publisher=Publisher)
+                   publisher=Publisher, overrides=set_ or [])
         return
     if from_run is not None:
         saved = from_run / "config.yaml"

@@ -18,6 +18,7 @@ checkpoint holds, so each record is trained on once however often the trainer is
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -225,11 +226,15 @@ class KafkaSource:
         assert k is not None
         self.ck, self.k, self.cfg, self.roles, self.log = ck, k, data, roles, log
         self.sides = [SideTable(j, roles) for j in data.joins]
+        self._said: set[int] = set()
+        # librdkafka logs each failed connection attempt (hundreds of lines while a broker
+        # is down): its errors come through _on_error instead, each said once
         self.consumer = ck.Consumer({
             "bootstrap.servers": k.brokers, "group.id": k.group,
             "enable.auto.commit": False, "enable.auto.offset.store": False,
-            "auto.offset.reset": k.start, "log_level": 3, **k.options})
-        meta = self.consumer.list_topics(k.topic, timeout=30)
+            "auto.offset.reset": k.start, "log_level": 0, "error_cb": self._on_error,
+            **k.options})
+        meta = self._metadata()
         topic = meta.topics.get(k.topic)
         if topic is None or topic.error is not None or not topic.partitions:
             self.consumer.close()
@@ -238,6 +243,37 @@ class KafkaSource:
         self.partitions = sorted(topic.partitions)
         self.seek(position or {"offsets": {}})
         self._ready: list[Chunk] = []
+
+    CONNECT_SECONDS = 30  # to get the topic's metadata at start
+    DOWN_SECONDS = 10  # ... of which brokers that refuse every connection get this long
+
+    def _metadata(self) -> Any:
+        """The topic's metadata; a clear :class:`DataError` when the brokers cannot be
+        reached (a broker that is down fails within ``DOWN_SECONDS``)."""
+        ck, k = self.ck, self.k
+        t0 = time.monotonic()
+        while True:
+            try:
+                return self.consumer.list_topics(k.topic, timeout=2)
+            except ck.KafkaException as e:
+                err = e.args[0] if e.args else None
+                waited = time.monotonic() - t0
+                down = err is not None and err.code() == ck.KafkaError._TRANSPORT
+                if waited < (self.DOWN_SECONDS if down else self.CONNECT_SECONDS):
+                    continue
+                self.consumer.close()
+                why = err.str() if err is not None else str(e)
+                raise DataError(
+                    f"cannot reach the Kafka brokers {k.brokers} (stream.kafka.brokers) for "
+                    f"topic {k.topic!r} after {waited:.0f} s: {why}; is the broker "
+                    "running there?") from None
+
+    def _on_error(self, err: Any) -> None:
+        """librdkafka's errors while streaming (a broker gone, say): each kind said once
+        on stderr; the stream itself waits (and stops after ``idle_stop_seconds``)."""
+        if err.code() not in self._said:  # the text differs attempt by attempt
+            self._said.add(err.code())
+            print(f"kafka: {err.str()}", file=sys.stderr, flush=True)
 
     def seek(self, position: dict[str, Any]) -> None:
         ck = self.ck

@@ -377,7 +377,8 @@ class StreamRun:
 def run_stream(cfg: ExperimentConfig, run_dir: str | Path | None = None,
                from_run: str | Path | None = None, resume: bool = False,
                console: Console | None = None,
-               publisher: Callable[..., Any] | None = None) -> dict[str, Any]:
+               publisher: Callable[..., Any] | None = None,
+               overrides: list[str] | None = None) -> dict[str, Any]:
     """Train on the stream of ``cfg.stream`` until it is stopped (SIGTERM / Ctrl-C, with a
     checkpoint), ``max_windows`` or ``idle_stop_seconds``; returns ``results.json``.
 
@@ -385,20 +386,26 @@ def run_stream(cfg: ExperimentConfig, run_dir: str | Path | None = None,
     features must be the config's). ``resume``: continue ``run_dir`` from its checkpoint.
     ``publisher``: with ``stream.publish``, what pushes versions to serving
     (:class:`sampan.export.publish.Publisher`, which ``sampan stream`` passes).
+    ``overrides``: with ``resume``, ``key=value`` changes of where the stream is read and
+    published (:data:`~sampan.train.stream_data.RESUME_KEYS`), saved with the run.
     """
     console = console or Console()
-    cfg, run, from_path = resolve_run(cfg, run_dir, from_run, resume)
+    cfg, run, from_path = resolve_run(cfg, run_dir, from_run, resume, overrides)
     if from_path is not None and not (from_path / "data" / "pipeline").exists():
         raise MissingPathError(f"--from {from_path}: not a finished run (no data/pipeline)")
     cfg, notes = sd.stream_train_config(cfg)
     lock = lock_run(run)
     try:
-        if resume and not (run / "checkpoints" / LAST).exists():
-            # stopped before its first checkpoint: start again with the saved config
+        if not (run / "checkpoints" / LAST).exists() and (run / "config.yaml").exists():
+            # stopped before its first checkpoint: start again (resumed: with the saved
+            # config; started anew: with this one)
+            keep = ("config.yaml", ".lock", "stream-from.txt") if resume else (".lock",)
             for p in run.iterdir():
-                if p.name not in ("config.yaml", ".lock", "stream-from.txt"):
+                if p.name not in keep:
                     shutil.rmtree(p) if p.is_dir() else p.unlink()
             resume = False
+        elif resume and overrides:
+            (run / "config.yaml").write_text(dump_config(cfg))
         if not resume:
             (run / "config.yaml").write_text(dump_config(cfg))
             if from_path is not None:

@@ -24,12 +24,23 @@ RECENT_ROWS = 1024  # rows of the latest window kept in data/valid
 TRACE_ENV = "SAMPAN_STREAM_TRACE"  # a test hook: what every checkpointed window held
 
 
+# what a resumed stream may change in its saved config: where the stream is read and
+# published, and when it stops; never what is read or how it is trained
+RESUME_KEYS = ("stream.kafka.brokers", "stream.kafka.options", "stream.directory.root",
+               "stream.directory.poll_seconds", "stream.publish", "stream.idle_stop_seconds",
+               "stream.max_windows")
+
+
 def resolve_run(cfg: ExperimentConfig, run_dir: str | Path | None,
-                from_run: str | Path | None, resume: bool
+                from_run: str | Path | None, resume: bool,
+                overrides: list[str] | None = None
                 ) -> tuple[ExperimentConfig, Path, Path | None]:
     """``(config, run directory, --from run)`` of a new or resumed stream run (a resumed
-    one keeps its saved config and the run it started from)."""
+    one keeps its saved config, changed only by ``overrides`` of :data:`RESUME_KEYS`, and
+    the run it started from). A run directory whose earlier start trained no window (it
+    could not reach its source, say) takes a new start."""
     from sampan.train.experiment import new_run_dir
+    from sampan.train.state import LAST
 
     from_path = Path(from_run) if from_run is not None else None
     if resume:
@@ -38,13 +49,18 @@ def resolve_run(cfg: ExperimentConfig, run_dir: str | Path | None,
         run = Path(run_dir)
         if not (run / "config.yaml").exists():
             raise MissingPathError(f"{run} is not a stream run directory (no config.yaml)")
-        cfg = load_config(run / "config.yaml")
+        for o in overrides or []:
+            key = o.split("=", 1)[0].strip()
+            if not any(key == k or key.startswith(k + ".") for k in RESUME_KEYS):
+                raise ConfigError(f"--set {key}: a resumed stream keeps its saved config; it "
+                                  f"may change only {', '.join(RESUME_KEYS)}")
+        cfg = load_config(run / "config.yaml", overrides=overrides or [])
         saved = run / "stream-from.txt"
         if saved.exists():
             from_path = Path(saved.read_text().strip())
     else:
         run = Path(run_dir) if run_dir is not None else new_run_dir(cfg)
-        if (run / "config.yaml").exists():
+        if (run / "config.yaml").exists() and (run / "checkpoints" / LAST).exists():
             raise RunError(f"{run} already holds a run; resume it with --resume {run}")
     return cfg, run, from_path
 

@@ -263,6 +263,35 @@ def test_stream_config_errors(tmp_path: Path) -> None:
     cfg = load({"source": "directory", "directory": {"root": str(tmp_path / "nowhere")}})
     with pytest.raises(DataError, match="is not a directory"):
         run_stream(cfg, run_dir=tmp_path / "r2")
+    # a start that trained no window leaves no run in the way of the next start
+    write_partitions(tmp_path / "nowhere", drift_table(2 * WINDOW, seed=2))
+    assert run_stream(cfg, run_dir=tmp_path / "r2")["windows"] == 2
+    # a resume may change where the stream is read, and keeps it; not what is trained
+    with pytest.raises(ConfigError, match=r"--set model.embedding_dim: a resumed stream "
+                       r"keeps its saved config; it may change only stream.kafka.brokers"):
+        run_stream(None, run_dir=tmp_path / "r2", resume=True,
+                   overrides=["model.embedding_dim=8"])
+    run_stream(None, run_dir=tmp_path / "r2", resume=True,
+               overrides=["stream.idle_stop_seconds=0.5"])
+    assert load_config(tmp_path / "r2" / "config.yaml").stream.idle_stop_seconds == 0.5
+
+
+def test_brokers_that_are_down_are_one_clear_error(tmp_path: Path, monkeypatch, capfd):
+    pytest.importorskip("confluent_kafka")
+    from sampan.data.stream import KafkaSource
+
+    monkeypatch.setattr(KafkaSource, "DOWN_SECONDS", 1.0)
+    raw = yaml.safe_load(stream_config(tmp_path, {
+        "source": "kafka", "kafka": {"brokers": "127.0.0.1:1", "topic": "t"}}).read_text())
+    raw["data"].update(format="jsonl")
+    t0 = time.monotonic()
+    with pytest.raises(DataError, match=r"cannot reach the Kafka brokers 127.0.0.1:1 "
+                       r"\(stream.kafka.brokers\) for topic 't' after \d+ s: .*is the broker "
+                       "running there"):
+        run_stream(load_config(raw=raw), run_dir=tmp_path / "r")
+    assert time.monotonic() - t0 < 20
+    err = capfd.readouterr().err  # librdkafka's own log (a line an attempt) stays quiet
+    assert err.count("Connection refused") <= 1, err
 
 
 # ------------------------------------------------------------------------------- Kafka
@@ -541,6 +570,7 @@ def test_kafka_broker_and_produce_commands_replay_a_file_keyed_and_typed(tmp_pat
     finally:
         broker.terminate()
         assert broker.wait(timeout=20) == 0
+    assert not addr.exists()  # gone with its broker: a script never reads a stale one
 
 
 def test_a_last_window_of_one_row_is_published_without_an_auc(tmp_path: Path) -> None:
