@@ -29,8 +29,8 @@ def train(
         "--run-dir", help="Write the run here instead of OUTPUT_DIR/NAME/TIMESTAMP.")] = None,
     nproc_per_node: Annotated[int, typer.Option(
         "--nproc-per-node", help="Data-parallel processes on this machine (one per GPU; "
-        "gloo on CPU). Launches through torch.distributed.run.")] = 1,
-    nnodes: Annotated[int, typer.Option(help="Machines in the job.")] = 1,
+        "gloo on CPU). Launches through torch.distributed.run.", min=1)] = 1,
+    nnodes: Annotated[int, typer.Option(help="Machines in the job.", min=1)] = 1,
     node_rank: Annotated[int | None, typer.Option(
         help="This machine's index (with --rdzv-endpoint the rendezvous assigns it).")] = None,
     rdzv_endpoint: Annotated[str | None, typer.Option(
@@ -64,6 +64,7 @@ def train(
         _launch(config, set_, from_, resume, run_dir, nproc_per_node, nnodes, node_rank,
                 rdzv_endpoint)
         return
+    done = False
     try:
         if resume is not None:
             if config is not None or set_ or from_:
@@ -76,8 +77,9 @@ def train(
                 fail(f"--from {from_} reads CONFIG: give the config file")
             cfg = load_config(config, overrides=set_ or [], source=from_)
             run_experiment(cfg, run_dir=run_dir, console=console)
+        done = True
     finally:
-        distributed.shutdown()
+        distributed.shutdown(failed=not done)
 
 
 def _launch(config: Path | None, set_: list[str] | None, from_: str | None,
@@ -85,15 +87,21 @@ def _launch(config: Path | None, set_: list[str] | None, from_: str | None,
             run_dir: Path | None, nproc: int, nnodes: int, node_rank: int | None,
             rdzv: str | None) -> None:
     """Re-run this `sampan train` under torch.distributed.run, one process per rank."""
+    import torch
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
 
     from sampan.config import load_config
+    from sampan.train.evaluate import resolve_device
 
     # the config is checked here once, not in every process (each would fail alike)
     cfg = load_config(resume / "config.yaml") if resume is not None else \
         load_config(config, overrides=set_ or [], source=from_)
     world, batch = nproc * nnodes, cfg.train.batch_size
+    device = resolve_device(cfg.train.device)  # a GPU this machine lacks: said once
+    if device.type == "cuda" and nproc > torch.cuda.device_count():
+        fail(f"--nproc-per-node {nproc} processes on train.device={cfg.train.device!r}: this "
+             f"machine has {torch.cuda.device_count()} CUDA device(s), one a process")
     if isinstance(batch, int) and batch < 2 * world:
         fail(f"train.batch_size {batch} (the global batch) must give each of the {world} "
              f"processes two rows or more: --set train.batch_size={2 * world} or more")

@@ -84,9 +84,14 @@ def _die_with_launcher() -> None:
         os._exit(1)
 
 
-def shutdown() -> None:
+def shutdown(failed: bool = False) -> None:
+    """Leave the process group. After a success, every rank waits for the others first (no
+    rank tears its connections down while a peer still uses them); a rank that failed
+    leaves at once: its peers may be waiting in another collective that it will never
+    join, and the launcher stops them when this rank exits."""
     global _CTX
     if dist.is_initialized():
-        dist.barrier()  # no rank tears its connections down while a peer still uses them
+        if not failed:
+            dist.barrier()
         dist.destroy_process_group()
     _CTX = DistContext()

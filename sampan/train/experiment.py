@@ -123,8 +123,15 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path | None = None,
         failed = distributed.broadcast_object(None if problem is None else repr(problem))
         if problem is not None:
             raise problem
-        if failed is not None:
-            raise RuntimeError(f"rank 0 failed to prepare the run: {failed}")
+        if failed is not None:  # rank 0 says why; this rank only stops
+            raise RunError(f"rank {dist.rank}: stopped, as rank 0 could not prepare the run "
+                           "(its error is above)")
+        if not (run / "data").is_dir():
+            raise RunError(
+                f"rank {dist.rank}: {(run / 'data').resolve()} does not exist on this machine:"
+                " rank 0 wrote the run's data there. With several machines, the run folder "
+                "must be on storage every machine sees at the same path (output_dir or "
+                "--run-dir: an absolute path on a shared file system)")
         store = Store.open(run / "data")
     train, valid, test = store.split("train"), store.split("valid"), store.split("test")
     if train is None:
@@ -147,9 +154,9 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path | None = None,
     trainer = Trainer(model, cfg, run, train, valid, console=console, strategy=strategy)
     trainer.should_stop = should_stop
     if strategy.enabled:
-        console.print(f"distributed: {strategy.world} processes, global batch "
-                      f"{trainer.tc.batch_size} ({trainer.tc.batch_size // strategy.world} "
-                      "per process)")
+        b, w = trainer.tc.batch_size, strategy.world
+        each = f"{b // w}" if b % w == 0 else f"{b // w}-{b // w + 1}"  # cut as evenly as can be
+        console.print(f"distributed: {w} processes, global batch {b} ({each} per process)")
     for line in trainer.describe_plan():
         console.print(f"schedule: {line}")
     if trainer.kernels is not None:

@@ -255,6 +255,12 @@ def test_a_cuda_device_this_machine_lacks_is_a_one_line_error(tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     want = "CUDA is not available" if n == 0 else f"has {n} CUDA device(s)"
     assert want in " ".join(r.stderr.split())
+    if n < 2:  # ... before any process is launched: once, not once a process
+        r = sampan_here("train", "--nproc-per-node", "2", "--set", "train.device=cuda",
+                        "--set", f"output_dir={tmp_path}", "--set", "data.synthetic.rows=500")
+        assert r.returncode == 2 and "launching" not in r.stdout, r.stdout
+        want = "CUDA is not available" if n == 0 else "2 processes on train.device='cuda'"
+        assert want in " ".join(r.stderr.split()), r.stderr
 
 
 def test_corrupt_truncated_or_empty_checkpoints_are_one_line_errors(tmp_path):

@@ -457,3 +457,28 @@ def test_two_ranks_train_a_dynamic_table_like_one_process(tmp_path, placement):
         weight = got[1]["weight"]
         torch.testing.assert_close(got[0]["weight"], weight, atol=0, rtol=0)
     torch.testing.assert_close(weight, one["weight"], atol=1e-6, rtol=1e-5)
+
+
+def test_machines_without_a_shared_run_folder_stop_with_a_clear_error(tmp_path):
+    """Two launchers (`--nnodes 2`), each in a folder of its own as on two machines that
+    share no storage: the second cannot read the data the first wrote. It says why, and
+    both stop at once (a failing rank used to wait at the group's exit barrier while the
+    other waited in a broadcast: both hung)."""
+    cfg = tiny_config(tmp_path, rows=2000)
+    cfg.pop("output_dir", None)  # runs/ under each launcher's own folder
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(cfg))
+    port = free_port()
+    procs = []
+    for node in ("a", "b"):
+        (tmp_path / node).mkdir()
+        procs.append(subprocess.Popen(
+            [*SAMPAN, "train", str(tmp_path / "exp.yaml"), "--nnodes", "2",
+             "--nproc-per-node", "1", "--rdzv-endpoint", f"127.0.0.1:{port}"],
+            cwd=tmp_path / node, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True))
+    outs = [p.communicate(timeout=240)[0] for p in procs]
+    assert all(p.returncode != 0 for p in procs), outs
+    flat = " ".join(" ".join(outs).split())
+    assert "rank 1: " in flat and "does not exist on this machine: rank 0 wrote the run's " \
+        "data there. With several machines, the run folder must be on storage every " \
+        "machine sees at the same path" in flat, flat
