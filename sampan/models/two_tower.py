@@ -33,6 +33,11 @@ class TwoTower(nn.Module):
     """
 
     task = "retrieval"
+    # cosine scores over a temperature of 0.05: bf16's 8-bit mantissa moves a logit by up to
+    # ~0.08, which the sampled softmax over the batch's items feels
+    amp_auto = "none"
+    amp_why = ("the two-tower model's softmax over cosine scores / temperature loses recall "
+               "in bf16")
 
     class Config(ModelConfig):
         name: Literal["two_tower"] = Field("two_tower", description="the model's registered "
