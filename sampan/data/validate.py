@@ -13,8 +13,10 @@ from sampan.errors import DataError
 
 # ------------------------------------------------------------------------------ validation
 def validate_table(table: pa.Table, roles: ColumnRoles, lines: np.ndarray, file: str,
-              log: RejectLog, delimiter: str) -> pa.Table:
-    """Cast raw string/binary columns to their role types; reject the rows that fail."""
+              log: RejectLog, delimiter: str, raw: pa.Array | None = None) -> pa.Table:
+    """Cast raw string/binary columns to their role types; reject the rows that fail. A
+    rejected row's text is its ``raw`` text where given (a JSON line), else its columns
+    joined by ``delimiter``."""
     n = table.num_rows
     log.read += n
     bad = np.zeros(n, dtype=bool)
@@ -104,8 +106,11 @@ def validate_table(table: pa.Table, roles: ColumnRoles, lines: np.ndarray, file:
     if bad.any():
         for r in sorted(reasons):
             reason, column = reasons[r]
-            cells = [strings[c][r].as_py() for c in roles.all]
-            text = delimiter.join("" if v is None else str(v) for v in cells)
+            if raw is not None:
+                text = raw[r].as_py()
+            else:
+                cells = [strings[c][r].as_py() for c in roles.all]
+                text = delimiter.join("" if v is None else str(v) for v in cells)
             log.reject(file, int(lines[r]), reason, column, text,
                        value=strings[column][r].as_py() if column in strings else None)
         keep = pa.array(~bad)

@@ -133,6 +133,14 @@ def test_jsonl_bad_values_validated_like_text(tmp_path) -> None:
     assert [(r["line"], r["reason"], r["column"]) for r in _rejects(rej)] == [
         (2, "label_out_of_range", "label"), (3, "unparsable_number", "x"),
         (4, "missing_value", "label")]
+    # each written as its line is (a Kafka message, say), not as its fields joined
+    assert [r["text"] for r in _rejects(rej)] == p.read_text().splitlines()[1:]
+    # ... also when a block is parsed line by line (a field whose type changes)
+    p.write_text('{"label": 1, "x": 1, "c": "a", "h": []}\n'
+                 '{"label": 0, "x": "abc", "c": 5, "h": "i2"}\n', encoding="utf-8")
+    _read(DataConfig(train=str(p)), p, JSON_ROLES, tmp_path / "r2.jsonl")
+    assert [r["text"] for r in _rejects(tmp_path / "r2.jsonl")] == [
+        '{"label": 0, "x": "abc", "c": 5, "h": "i2"}']
 
 
 def test_jsonl_missing_column_names_it(tmp_path) -> None:
@@ -240,8 +248,8 @@ def test_libsvm_bad_labels_rejected(tmp_path) -> None:
                        SVM_ROLES, rej)
     assert _lines(table) == [3]
     assert log.reasons == {"label_out_of_range": 1, "unparsable_number": 1}
-    assert [(r["line"], r["reason"]) for r in _rejects(rej)] == [
-        (1, "label_out_of_range"), (2, "unparsable_number")]
+    assert [(r["line"], r["reason"], r["text"]) for r in _rejects(rej)] == [
+        (1, "label_out_of_range", "2 3:1"), (2, "unparsable_number", "abc 3:1")]
 
 
 def test_libsvm_crlf_empty_lines_and_extra_spaces(tmp_path) -> None:

@@ -72,12 +72,13 @@ def _line_format_blocks(cfg: DataConfig, path: Path, fmt: str, roles: ColumnRole
         keep &= ok
         text, lines = pc.filter(text, pa.array(keep)), lines[keep]
         if fmt == "jsonl":
-            table, lines = _parse_jsonl(text, lines, roles, str(path), log, seen)
+            table, lines, text = _parse_jsonl(text, lines, roles, str(path), log, seen)
         elif fmt == "libsvm":
             table = _parse_libsvm(text, cfg, roles)
         else:
             table = _parse_slots(text, cfg, roles)
-        out = validate_table(table, roles, lines, str(path), log, " ")
+        # a rejected row is written as its line was given
+        out = validate_table(table, roles, lines, str(path), log, " ", raw=text)
         log.check_early()
         if out.num_rows:
             yield out
@@ -99,10 +100,11 @@ def _missing_columns(roles: ColumnRoles, have: list[str], path: str) -> None:
 
 
 def _parse_jsonl(text: pa.Array, lines: np.ndarray, roles: ColumnRoles, path: str,
-                 log: RejectLog, seen: set[str]) -> tuple[pa.Table, np.ndarray]:
+                 log: RejectLog, seen: set[str]) -> tuple[pa.Table, np.ndarray, pa.Array]:
     """Arrow's JSON reader for regular blocks. A block it cannot take (a line that is not a
     JSON object, or a field whose type changes between lines) is parsed line by line instead:
-    bad lines are rejected and values become strings, validated like CSV text."""
+    bad lines are rejected and values become strings, validated like CSV text. Returns the
+    records, their line numbers and their lines' text."""
     import json as _json
 
     import pyarrow.json as pajson
@@ -116,7 +118,7 @@ def _parse_jsonl(text: pa.Array, lines: np.ndarray, roles: ColumnRoles, path: st
             log.reject(path, int(lines[i]), "bad_json", None, text[i].as_py())
         text, lines = pc.filter(text, pa.array(obj)), lines[obj]
         if not len(text):
-            return _with_columns(pa.table({}), roles), lines
+            return _with_columns(pa.table({}), roles), lines, text
     one = pa.LargeListArray.from_arrays(pa.array([0, len(text)], pa.int64()),
                                         text.cast(pa.large_string()))
     buf = pc.binary_join(one, pa.scalar("\n", pa.large_string()))[0].as_buffer()
@@ -127,7 +129,7 @@ def _parse_jsonl(text: pa.Array, lines: np.ndarray, roles: ColumnRoles, path: st
         table.validate(full=True)
         if table.num_rows == len(lines):  # else some line held 0 or 2+ objects: go slow
             seen.update(table.column_names)
-            return _with_columns(table, roles), lines
+            return _with_columns(table, roles), lines, text
     except pa.ArrowInvalid:
         pass
     rows: list[dict] = []
@@ -149,7 +151,7 @@ def _parse_jsonl(text: pa.Array, lines: np.ndarray, roles: ColumnRoles, path: st
         rows.append(rec)
 
     seen.update(k for r in rows for k in r)
-    return records_table(rows, roles), lines[good]
+    return records_table(rows, roles), lines[good], pc.filter(text, pa.array(good))
 
 
 def _json_text(v: Any) -> str:
