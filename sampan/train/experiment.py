@@ -236,11 +236,18 @@ def print_placement(strategy: SingleProcess, model: torch.nn.Module,
                     console: Console) -> None:
     """The embedding placement plan of a distributed run: every table, its size, where it
     lives."""
-    table = Table(title="embedding placement")
+    plan = strategy.describe(model)
+    rows, nbytes = sum(r[1] for r in plan), sum(r[3] for r in plan)
+    # the features' tables are parts of one fused table a collection: the placement (and
+    # train.shard_min_bytes) is that table's
+    table = Table(title="embedding placement", caption=(
+        f"the features' rows share one fused table a collection ({rows:,} rows, "
+        f"{nbytes:,} bytes in all), placed whole: train.shard_min_bytes is its size's "
+        "threshold; dim includes a first-order weight where the model has one"))
     for col in ("table", "rows", "dim", "bytes", "placement"):
         table.add_column(col, justify="left" if col in ("table", "placement") else "right")
-    for name, rows, dim, nbytes, where in strategy.describe(model):
-        table.add_row(name, f"{rows:,}", str(dim), f"{nbytes:,}", where)
+    for name, n, dim, size, where in plan:
+        table.add_row(name, f"{n:,}", str(dim), f"{size:,}", where)
     console.print(table)
 
 
