@@ -242,8 +242,9 @@ def print_placement(strategy: SingleProcess, model: torch.nn.Module,
     # train.shard_min_bytes) is that table's
     table = Table(title="embedding placement", caption=(
         f"the features' rows share one fused table a collection ({rows:,} rows, "
-        f"{nbytes:,} bytes in all), placed whole: train.shard_min_bytes is its size's "
-        "threshold; dim includes a first-order weight where the model has one"))
+        f"{nbytes:,} bytes in all), replicated or row-sharded as one: train.shard_min_bytes "
+        "is compared with its size; dim includes a first-order weight where the model has "
+        "one"))
     for col in ("table", "rows", "dim", "bytes", "placement"):
         table.add_column(col, justify="left" if col in ("table", "placement") else "right")
     for name, n, dim, size, where in plan:
