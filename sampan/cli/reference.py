@@ -70,6 +70,16 @@ def _default(p: Any) -> str:
     return str(value)
 
 
+def _kind(p: Any, ctx: Any) -> str:
+    """An option's type as a user reads it: ``int``, ``int >= 1`` (a bounded one), ``flag``."""
+    if getattr(p, "is_flag", False):
+        return "flag"
+    low, high = getattr(p, "min", None), getattr(p, "max", None)
+    if low is not None and high is None:  # a bounded number (typer's min=)
+        return f"{p.display_type(ctx).strip('<>').replace(' range', '')} >= {low}"
+    return p.display_type(ctx).strip("<>")
+
+
 def _name(p: Any) -> str:
     if _is_argument(p):
         return f"`{(p.metavar or p.name or '').upper()}`"
@@ -97,8 +107,7 @@ def markdown() -> str:
             continue
         lines += ["| argument / option | type | default | meaning |", "|---|---|---|---|"]
         for p in params:
-            kind = "flag" if getattr(p, "is_flag", False) else \
-                p.display_type(ctx).strip("<>")
+            kind = _kind(p, ctx)
             lines.append(f"| {_name(p)} | {cell(kind)} | {cell(_default(p))} | "
                          f"{cell(getattr(p, 'help', None) or '')} |")
         lines.append("")
