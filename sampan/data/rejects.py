@@ -24,6 +24,21 @@ class RejectLog:
         # counts it does not hold, leaves that to the log of the first input)
         self.early = True
         self._fh: IO[str] | None = None
+        # (file, line) of rows an earlier process of the same run already rejected and wrote
+        # (a resumed stream reads some of its rows again): not counted or written again
+        self.known: set[tuple[str, int]] = set()
+
+    def load_known(self) -> None:
+        """Take the rows the rejects file already holds as known (see ``known``)."""
+        if self.path is None or not self.path.exists():
+            return
+        with open(self.path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    rec = json.loads(line)
+                    self.known.add((rec["file"], rec["line"]))
+                except (ValueError, KeyError, TypeError):
+                    continue  # a line cut short by a kill: its row is rejected again
 
     @property
     def rejected(self) -> int:
@@ -33,6 +48,9 @@ class RejectLog:
                text: str, value: Any = None) -> None:
         """Count and keep one rejected row: ``text`` is the row (its columns joined by the
         delimiter), ``value`` the bad cell's text where one cell was bad."""
+        if (file, line) in self.known:  # read again after a resume: said before
+            self.read -= 1
+            return
         self.reasons[reason] += 1
         rec = {"file": file, "line": line, "reason": reason, "column": column, "text": text}
         if value is not None:

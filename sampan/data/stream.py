@@ -154,6 +154,8 @@ class DirectorySource:
             for table in read_inputs(self.cfg, inputs, self.roles, self.log, self.sides):
                 n = table.num_rows
                 lo = min(n, max(0, skip - seen))  # rows a checkpoint already holds
+                self.log.read -= lo  # ... which the run that trained them counted
+                self.log.kept -= lo
                 seen += n
                 if lo < n:
                     self.position = {"partition": part, "rows": seen, "done": False}

@@ -100,6 +100,7 @@ class StreamRun:
         self.log = log
         first: Window | None = None
         if self.resume:
+            log.load_known()  # the rows read again are not rejected (and written) twice
             self.pipe = FeaturePipeline.load(run / "data" / "pipeline")
             self.dir.repair()
             sample = SplitArrays.load(run / "data" / "valid")

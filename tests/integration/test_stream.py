@@ -605,3 +605,29 @@ def test_a_last_window_of_one_row_is_published_without_an_auc(tmp_path: Path) ->
     with pytest.raises(RunError, match=r"final version \(window 3\) was not published: "
                        r"cannot write the bundle; .*sampan stream --resume"):
         run_stream(config, run_dir=tmp_path / "run2", publisher=failing)
+
+
+def test_a_resumed_stream_neither_counts_nor_writes_again_what_it_read_before(
+        tmp_path: Path) -> None:
+    """A directory stream stopped after its first window resumes inside the partition: the
+    rows the checkpoint holds are not counted as read again, and the bad rows the first
+    process rejected (it read the whole partition ahead) are not written twice."""
+    parts = tmp_path / "parts"
+    write_partitions(parts, drift_table(1000, seed=4), per=1000)
+    f = next(parts.rglob("part-0.csv"))
+    lines = f.read_text().splitlines()
+    lines[11], lines[901] = "x" + lines[11], "y" + lines[901]  # two bad labels
+    f.write_text("\n".join(lines) + "\n")
+    config = load_config(stream_config(tmp_path, {
+        "source": "directory", "directory": {"root": str(parts), "poll_seconds": 0.1},
+        "idle_stop_seconds": 1.0, "max_windows": 1}))
+    first = run_stream(config, run_dir=tmp_path / "run")
+    assert (first["rows"], first["rejects"]["rejected"]) == (400, 2)
+    again = run_stream(None, run_dir=tmp_path / "run", resume=True,
+                       overrides=["stream.max_windows=null"])
+    assert again["rows"] == 998
+    assert (again["rejects"]["read"], again["rejects"]["kept"],
+            again["rejects"]["rejected"]) == (598, 598, 0)
+    recs = [json.loads(x) for x in (tmp_path / "run" / "rejects.jsonl").read_text()
+            .splitlines()]
+    assert sorted(r["line"] for r in recs) == [12, 902]
