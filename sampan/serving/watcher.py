@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -115,13 +117,24 @@ class ModelWatcher:
             self.refused.add(int(entry["version"]))
             self.state.reloads.labels("refused").inc()
             self.errors.append(f"version {entry['version']}: {e}")
+            self._say(f"refused version {entry['version']} ({path}): {e}; still serving "
+                      f"version {self.serving['version'] if self.serving else '-'}")
             return None
         self.state.reloads.labels("ok").inc()
         if self.serving is not None:
             self.previous.append(self.serving)
             del self.previous[:-5]
         self.serving = entry
+        self._say(f"now serving version {entry['version']} ({path}"
+                  + (f", window {entry['windows']:,}" if "windows" in entry else "") + ")")
         return entry
+
+    def _say(self, what: str) -> None:
+        """A line on the server's log (stderr) for each swap, refusal and rollback; with
+        several workers, each says it, naming itself."""
+        cfg = getattr(self.state, "cfg", None)
+        who = f" (worker {os.getpid()})" if cfg is not None and cfg.workers > 1 else ""
+        print(f"watch{who}: {what}", file=sys.stderr, flush=True)
 
     def rollback(self) -> dict[str, Any]:
         """Back to the version served before this one (raises
@@ -134,4 +147,6 @@ class ModelWatcher:
         self.previous.pop()
         self.serving = back
         self.hold_until = max(self.hold_until, rolled_from)
+        self._say(f"rolled back from version {rolled_from} to version {back['version']}; "
+                  f"held there until a version newer than {rolled_from} is published")
         return back

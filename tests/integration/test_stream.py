@@ -451,10 +451,14 @@ def test_published_versions_reach_a_server_under_load(tmp_path: Path) -> None:
         if streamer.poll() is None:
             streamer.terminate()
         out = streamer.communicate(timeout=120)[0].decode()
+        logged = ""
         if server is not None:
             server.terminate()
-            server.communicate(timeout=30)
+            logged = server.communicate(timeout=30)[0].decode()
     assert streamer.returncode == 0, out
+    # the server's log says each swap, the rollback and the refusal
+    assert "watch: now serving version 3" in logged and "watch: rolled back from version" \
+        in logged and "watch: refused version 99" in logged, logged
     v = read_versions(models)
     assert [e["version"] for e in v["versions"]] == list(range(v["latest"] - 2, v["latest"] + 1))
     for a, b in zip(v["versions"], v["versions"][1:], strict=False):
