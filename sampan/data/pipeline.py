@@ -180,8 +180,10 @@ class FeaturePipeline:
                         "oov_share": round(e.oov_count_ / rows, 4) if vocab else None})
         for e in self.numeric:
             sp = e.spec
-            clip = "" if not sp.clip else "clip [" + ", ".join(
-                "" if b is None else f"{b:g}" for b in sp.clip) + "]"
+            lo, hi = sp.clip if sp.clip else (None, None)
+            clip = "" if not sp.clip else "clip to " + (
+                f"[{lo:g}, {hi:g}]" if lo is not None and hi is not None else
+                f">= {lo:g}" if lo is not None else f"<= {hi:g}")
             steps = [f"fill {sp.fill:g}" if sp.fill != "mean" else "fill mean", clip] \
                 + (["log1p"] if sp.log1p else []) + (["standardize"] if sp.standardize else [])
             out.append({"feature": sp.name, "kind": "numeric",
