@@ -59,18 +59,26 @@ def to_onnx(model: nn.Module, schema: DataSchema, example: Batch, path: Path,
         inputs = tuple(torch.cat([t, t]) for t in inputs)  # window may hold one row)
     batch_dim = torch.export.Dim("batch", min=1)
     n_lists = len(schema.sequences)
-    quiet = logging.getLogger("torch.onnx._internal.exporter._registration")
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)  # "torchvision is not installed" is not the user's concern
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # nor is the exporter's deprecation chatter
-        torch.onnx.export(
-            graph, inputs, str(path),
-            input_names=input_names(schema), output_names=[head],
-            dynamic_shapes=({0: batch_dim}, {0: batch_dim}) + (
-                (tuple({0: batch_dim} for _ in range(n_lists)),) if n_lists else ()),
-            dynamo=True, verbose=False, optimize=True)
-    quiet.setLevel(level)
+    # not the user's concern: "torchvision is not installed", and the graph optimizer's
+    # "Skipping constant folding for op Split with multiple outputs" (a multi-task head)
+    quiet = [logging.getLogger(name) for name in (
+        "torch.onnx._internal.exporter._registration",
+        "onnxscript.optimizer._constant_folding")]
+    levels = [q.level for q in quiet]
+    for q in quiet:
+        q.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # nor is the exporter's deprecation chatter
+            torch.onnx.export(
+                graph, inputs, str(path),
+                input_names=input_names(schema), output_names=[head],
+                dynamic_shapes=({0: batch_dim}, {0: batch_dim}) + (
+                    (tuple({0: batch_dim} for _ in range(n_lists)),) if n_lists else ()),
+                dynamo=True, verbose=False, optimize=True)
+    finally:
+        for q, level in zip(quiet, levels, strict=True):
+            q.setLevel(level)
     _check_batch_dim(path)
     return path
 
