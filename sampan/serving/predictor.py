@@ -9,6 +9,7 @@ categorical values map to OOV exactly as in training), then scored by ONNX Runti
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from typing import Any
 
@@ -107,11 +108,14 @@ class Predictor:
 
     def user_table(self, context: dict[str, Any], store: Any,
                    absent: set[str]) -> pa.Table:
-        """One validated row from ``context`` (+ the feature store), with the columns in
-        ``absent`` (e.g. item features for a user tower) as missing values."""
+        """One validated row from the part of ``context`` this model reads (+ the feature
+        store), with the columns in ``absent`` (e.g. item features for a user tower) as
+        missing values."""
+        unread = [k for k in context if k not in self.known(store)]
+        context = self.context_for(context, store)
         t = _records_table([context], self._roles_of(context), "context")
         cols = {c: t.column(c).combine_chunks() for c in context}
-        return self._validated(self._complete(cols, store, absent))
+        return self._validated(self._complete(cols, store, absent, unread))
 
     def _roles_of(self, given: Any) -> ColumnRoles:
         """The roles of the request keys ``given``: list features may come as arrays, the
@@ -122,9 +126,11 @@ class Predictor:
                            lists=[c for c in given if c in self.roles.lists])
 
     def _complete(self, cols: dict[str, pa.Array], store: Any,
-                  absent: set[str] = frozenset()) -> pa.Table:
+                  absent: set[str] = frozenset(), unread: list[str] = ()) -> pa.Table:
         """Add the feature-store columns of every table whose key is among ``cols``; fail
-        naming the first feature that is still missing (unless it is in ``absent``)."""
+        naming the first feature that is still missing (unless it is in ``absent``), and
+        the keys the request gave that the model does not read (``unread``): a misspelt
+        key is named with the feature it is nearest."""
         given = sorted(cols)  # what the request itself gave
         for by in (store.keys if store is not None else []):
             if by not in cols:
@@ -143,9 +149,20 @@ class Predictor:
             missing.sort(key=lambda c: c not in store.keys)
         if missing:
             tables = f"; the feature store joins on {store.keys}" if store is not None else ""
-            needs = [c for c in self.columns if c not in self.optional and c not in absent]
+            # what the feature store brings with its key is not the request's to give
+            brought = {c for cs in (store.provides() if store is not None else {}).values()
+                       for c in cs}
+            needs = [c for c in self.columns if c not in self.optional and c not in absent
+                     and c not in brought]
             gave = f" (the request gave {given})" if given else " (the request gave none)"
-            raise RequestError(f"{self.name}: feature(s) {missing} are missing{gave}: every "
+            if unread:
+                near = [f"{k!r} (did you mean {m[0]!r}?)" if (m := difflib.get_close_matches(
+                    k, missing, n=1, cutoff=0.75)) else repr(k) for k in unread[:5]]
+                gave = gave[:-1] + f"; it gave {', '.join(near)}, which {self.name} does " \
+                    "not read)"
+            # a missing key is named, not each column it would have brought
+            shown = [c for c in missing if c not in brought] or missing
+            raise RequestError(f"{self.name}: feature(s) {shown} are missing{gave}: every "
                                f"request needs {needs} (null for a missing value){tables}",
                                missing[0], 0 if store is None else None)
         return pa.table({c: cols[c] for c in self.columns})
@@ -200,6 +217,7 @@ class Predictor:
         if item_key in context:
             raise RequestError(f"{item_key!r} comes from candidates, not from context",
                                item_key)
+        unread = [k for k in context if k not in self.known(store)]
         context = self.context_for(context, store)
         n = len(candidates)
         cols: dict[str, pa.Array] = {item_key: _records_table(
@@ -210,7 +228,7 @@ class Predictor:
             zeros = pa.array(np.zeros(n, np.int64))
             for c in context:
                 cols[c] = pc.take(one.column(c).combine_chunks(), zeros)
-        return self._validated(self._complete(cols, store))
+        return self._validated(self._complete(cols, store, unread=unread))
 
 
 def check_objects(items: Any, what: str, limit: int) -> None:

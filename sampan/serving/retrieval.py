@@ -81,7 +81,7 @@ class Retriever:
         if not isinstance(context, dict) or not context:
             raise RequestError("context must name the user (e.g. {\"user_id\": ...})",
                                "context")
-        table = p.user_table(p.context_for(context, store), store, self.item_columns)
+        table = p.user_table(context, store, self.item_columns)
         arrays = p.pipeline.transform(table, with_labels=False)
         seqs = arrays.get("sequences") or {}
         feeds = dict(zip(["dense", "sparse", *[s.name for s in p.bundle.schema.sequences]],

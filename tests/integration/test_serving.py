@@ -1157,6 +1157,14 @@ def test_recommend_warns_about_a_user_the_retrieval_model_never_saw(server):
     r = web.post(f"{url}/v1/rank", json={"context": {"user_id": "u3"},
                                          "candidates": ["i1", "i2"]})
     assert r.json()["warnings"] == []
+    # a misspelt user key: the error names it and the key it is nearest, and asks only for
+    # what the feature store cannot bring
+    r = web.post(f"{url}/v1/recommend", json={"context": {"userid": "u3"}, "k": 3})
+    assert r.status_code in (400, 422), r.text
+    assert "it gave 'userid' (did you mean 'user_id'?)" in r.json()["error"], r.json()
+    assert "every request needs ['user_id']" in r.json()["error"], r.json()
+    r = web.post(f"{url}/v1/rank", json={"context": {"userid": "u3"}, "candidates": ["i1"]})
+    assert "did you mean 'user_id'?" in r.json()["error"], r.json()
     # counts that change the reply are said: a candidate named twice, n below k
     r = web.post(f"{url}/v1/rank", json={"context": {"user_id": "u3"},
                                          "candidates": ["i1", "i2", "i1", "i3", "i3", "i1"]})
