@@ -196,6 +196,12 @@ def test_killed_run_resumes_to_the_same_final_metrics(tmp_path):
             assert got[split][k] == pytest.approx(want[split][k], abs=1e-7), (split, k)
     steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps == sorted(steps)  # records past the checkpoint were rewritten, not duplicated
+    # a finished run has nothing to resume: said, with its results, and nothing is trained
+    logged = (run / "metrics.jsonl").read_text()
+    r = sampan_here("train", "--resume", str(run), check=True)
+    assert f"has finished ({want['steps']} steps); nothing to resume" in " ".join(
+        r.stdout.split()), r.stdout
+    assert (run / "metrics.jsonl").read_text() == logged
 
 
 def test_compare_two_runs_paired_bootstrap(tmp_path):
