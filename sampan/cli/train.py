@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated
 
@@ -57,7 +58,7 @@ def train(
 
     from sampan import distributed
     from sampan.config import load_config
-    from sampan.train.experiment import run_experiment
+    from sampan.train.experiment import print_results, run_experiment
 
     set_ = [*(set_ or []), *engine_sets(engine, address)]
     if (nproc_per_node > 1 or nnodes > 1) and "WORLD_SIZE" not in os.environ:
@@ -71,7 +72,14 @@ def train(
                 fail("--resume uses the run's saved config; do not pass CONFIG, --set or "
                      "--from with it")
             cfg = load_config(resume / "config.yaml")
-            run_experiment(cfg, run_dir=resume, resume=True, console=console)
+            if (resume / "results.json").exists():  # its saved config has run its course
+                results = json.loads((resume / "results.json").read_text())
+                console.print(f"[yellow]note[/]: {resume} has finished "
+                              f"({results.get('steps', '?')} steps); nothing to resume. Its "
+                              "results:")
+                print_results(results, console)
+            else:
+                run_experiment(cfg, run_dir=resume, resume=True, console=console)
         else:
             if from_ is not None and config is None:
                 fail(f"--from {from_} reads CONFIG: give the config file")

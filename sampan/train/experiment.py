@@ -91,13 +91,6 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | Path | None = None,
         # stopped before its first checkpoint (while preparing the data, or early in
         # training): the run starts again from the beginning with its saved config
         resume, restart = False, True
-    if resume and (run / "results.json").exists():
-        # finished (to its last epoch, or stopped early): nothing is left to train
-        results = json.loads((run / "results.json").read_text())
-        console.print(f"[yellow]note[/]: {run} has finished ({results.get('steps', '?')} "
-                      "steps); nothing to resume. Its results:")
-        print_results(results, console)
-        return results
     if resume:
         if dist.is_main:
             lock = lock_run(run)

@@ -283,6 +283,7 @@ def test_corrupt_truncated_or_empty_checkpoints_are_one_line_errors(tmp_path):
     r = sampan_here("eval", str(run))
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert "is corrupt" in " ".join(r.stderr.split()) and "best.pt" in r.stderr
+    (run / "results.json").unlink()  # as if it was stopped before the end
     for content, message in ((b"", "is empty"), (last.read_bytes()[:5000], "no Sampan checksum")):
         last.write_bytes(content)
         r = sampan_here("train", "--resume", str(run))
