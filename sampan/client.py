@@ -103,6 +103,7 @@ class Prediction:
 class EventsResult:
     accepted: int
     users: int
+    warnings: tuple[str, ...] = ()  # an item no feature table holds, say
 
 
 def _ranking(body: dict[str, Any]) -> Ranking:
@@ -199,7 +200,7 @@ class Client:
 
     def events(self, events: list[dict[str, Any]]) -> EventsResult:
         b = self._call("POST", "/v1/events", {"events": events}, self.events_token)
-        return EventsResult(b["accepted"], b["users"])
+        return EventsResult(b["accepted"], b["users"], tuple(b.get("warnings", ())))
 
     def feedback(self, events: list[dict[str, Any]]) -> int:
         """What users did with served items, for the feedback log: each event names a
@@ -297,7 +298,7 @@ class GrpcClient:
     def events(self, events: list[dict[str, Any]]) -> EventsResult:
         r = self._call("Events", self._pb.EventsRequest(
             events=[self._struct(e) for e in events]), self.events_token)
-        return EventsResult(r.accepted, r.users)
+        return EventsResult(r.accepted, r.users, tuple(r.warnings))
 
     def feedback(self, events: list[dict[str, Any]]) -> int:
         """As :meth:`Client.feedback`."""

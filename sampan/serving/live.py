@@ -281,26 +281,37 @@ def append_events(live: Any, events: list[dict[str, Any]], tables: list[Any],
         i = int(np.argmin(given))
         raise RequestError(f"event {i} gives none of {fields[1:]}: say what the user did "
                            f"(e.g. {{{live.key!r}: ..., {fields[1]!r}: ...}})", fields[1], i)
-    values = _derive(values, tables)
+    values, notes = _derive(values, tables)
     out = {h.column: pc.fill_null(values[h.event], "").to_pylist() for h in hist}
     live.append(users.to_pylist(), out)
-    return {"accepted": len(events), "users": len(pc.unique(users))}
+    return {"accepted": len(events), "users": len(pc.unique(users)), "warnings": notes}
 
-def _derive(values: dict[str, Any], tables: list[Any]) -> dict[str, Any]:
+def _derive(values: dict[str, Any], tables: list[Any]) -> tuple[dict[str, Any], list[str]]:
     """Fill event values not given (``category_id``) from a feature table keyed by a
-    value that is (the item table by ``item_id``)."""
+    value that is (the item table by ``item_id``); also a warning for each value (an
+    item) that such a table was asked for and does not hold: what it would have brought
+    goes into the history as unknown (OOV)."""
+    notes: list[str] = []
     for t in tables:
         for by in t.keys:
             if by not in values or not values[by].null_count < len(values[by]):
                 continue
             missing = [c for c, v in values.items() if c != by and v.null_count]
             if not missing:
-                return values
-            got, _ = t.columns(by, values[by])
+                return values, notes
+            got, found = t.columns(by, values[by])
             for c in missing:
                 if c in got:
                     values[c] = pc.coalesce(values[c], got[c].cast(pa.string()))
-    return values
+            asked = pc.and_(values[by].is_valid(), pc.invert(found))
+            absent = pc.unique(pc.filter(values[by], asked)).to_pylist()
+            brought = [c for c in missing if c in got]
+            if absent and brought:
+                shown = ", ".join(repr(str(v)) for v in absent[:5])
+                more = f" and {len(absent) - 5:,} more" if len(absent) > 5 else ""
+                notes.append(f"{by} {shown}{more} not in the feature table keyed by {by}: "
+                             f"{', '.join(brought)} went into the history as unknown")
+    return values, notes
 
 
 def live_spec(bundle: Any, with_table: bool = True

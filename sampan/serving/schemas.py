@@ -202,6 +202,9 @@ class EventsResponse(BaseModel):
     model_config = _examples({"accepted": 2, "users": 1})
     accepted: int = Field(description="events appended")
     users: int = Field(description="users whose histories they changed")
+    warnings: list[str] = Field(default_factory=list, description="values a feature table "
+                                "was asked for and does not hold (an item never seen: its "
+                                "category goes into the history as unknown)")
 
 
 # a path without control characters, not all blank (what ReloadRequest's check takes)

@@ -62,7 +62,9 @@ def test_events_append_like_training(bundle, tmp_path, capsys):
         out = state.record_events([{"user_id": user, "item_id": "i33"},
                                    {"user_id": user, "item_id": "i41", "category_id": "c1"},
                                    {"user_id": "new-user", "item_id": 7}])
-        assert out == {"accepted": 3, "users": 2}
+        assert out == {"accepted": 3, "users": 2, "warnings": [
+            "item_id '7' not in the feature table keyed by item_id: category_id went into "
+            "the history as unknown"]}  # items are i0, i1, ...: 7 is one no table holds
         hist = (hist + ["i33", "i41"])[-5:]  # the last max_len, most recent last
         assert np.abs(served(state, user) - explicit(bundle, user, CANDS, hist)).max() < 1e-6
         assert np.abs(served(state, "new-user") -
@@ -72,7 +74,9 @@ def test_events_append_like_training(bundle, tmp_path, capsys):
                                "hist_category_id": []}, CANDS).future
         assert np.abs(f.result()[:, 0] - explicit(bundle, user, CANDS, [])).max() < 1e-6
         # an item no table knows: its category is unknown (OOV), the histories stay aligned
-        state.record_events([{"user_id": "new-user", "item_id": "never-seen"}])
+        out = state.record_events([{"user_id": "new-user", "item_id": "never-seen"}])
+        assert out["warnings"] == ["item_id 'never-seen' not in the feature table keyed by "
+                                   "item_id: category_id went into the history as unknown"]
         got = state.live.lookup(__import__("pyarrow").array(["new-user"]))[0]
         assert got["hist_item_id"].to_pylist() == [["7", "never-seen"]]
         assert got["hist_category_id"].to_pylist() == [["", ""]]
@@ -167,6 +171,12 @@ def test_events_route_token_and_clients(bundle):
             assert g.events([{"user_id": "fresh", "item_id": "i13"}]).users == 1
             after = c.rank({"user_id": "fresh"}, CANDS, k=len(CANDS))
             grpc_after = g.rank({"user_id": "fresh"}, CANDS, k=len(CANDS))
+            # an item no table holds: said by both clients (its category goes in unknown)
+            for client in (c, g):
+                got = client.events([{"user_id": "other", "item_id": "nowhere"}])
+                assert got.accepted == 1 and got.warnings == (
+                    "item_id 'nowhere' not in the feature table keyed by item_id: "
+                    "category_id went into the history as unknown",), got
             with pytest.raises(ServingError) as e:
                 g.events([{"user_id": "fresh", "colour": "red"}])
             assert e.value.status == "INVALID_ARGUMENT" and e.value.field == "colour"
