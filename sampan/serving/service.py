@@ -10,6 +10,7 @@ import secrets
 import threading
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -609,17 +610,13 @@ class ServerState:
         named more than once (each is ranked once), or asking ``n`` retrieved items for a
         top ``k`` larger than ``n``."""
         out = []
-        if candidates:
-            seen: dict[Any, int] = {}
-            for c in candidates:
-                if isinstance(c, (str, int, float, bool)):
-                    seen[c] = seen.get(c, 0) + 1
-            twice = {c: m for c, m in seen.items() if m > 1}
-            if twice:
-                c, m = next(iter(twice.items()))
-                more = f" and {len(twice) - 1:,} more" if len(twice) > 1 else ""
-                out.append(f"candidate {_short(str(c))!r} was given {m} times{more}: each "
-                           "candidate is ranked once, at its first place")
+        # the candidates were scored: scalar ids, so hashable
+        if candidates and len(set(candidates)) < len(candidates):
+            twice = {c: m for c, m in Counter(candidates).items() if m > 1}
+            c, m = next(iter(twice.items()))
+            more = f" and {len(twice) - 1:,} more" if len(twice) > 1 else ""
+            out.append(f"candidate {_short(str(c))!r} was given {m} times{more}: each "
+                       "candidate is ranked once, at its first place")
         if n is not None and k is not None and n < k:
             out.append(f"n {n} is smaller than k {k}: at most {n} items come back (n is how "
                        "many the retrieval model finds for ranking)")
