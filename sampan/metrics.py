@@ -342,21 +342,33 @@ def metrics_of_ranks(ranks: torch.Tensor, rows: torch.Tensor, n_queries: int,
     among the candidates) and their queries ``rows`` (each item once): for a caller that
     knows the ranks without a ``[Q, N]`` score matrix (items ranked by one score for every
     query, such as their popularity)."""
+    names, per_query, _ = query_metrics_of_ranks(ranks, rows, n_queries, k, n_relevant)
+    if not len(per_query):
+        return {**{n: math.nan for n in names}, "queries": 0.0}
+    means = per_query.mean(0).tolist()
+    return {**dict(zip(names, means, strict=True)), "queries": float(len(per_query))}
+
+
+def query_metrics_of_ranks(ranks: torch.Tensor, rows: torch.Tensor, n_queries: int,
+                           k: int | tuple[int, ...], n_relevant: torch.Tensor | None = None
+                           ) -> tuple[list[str], torch.Tensor, torch.Tensor]:
+    """Each query's Recall@K, HitRate@K, NDCG@K and reciprocal rank, as
+    :func:`metrics_of_ranks` takes them: ``(names, [Q', metrics] float64, has [n_queries])``
+    for the ``Q'`` queries with a relevant item (``has``); their means are its values, so
+    two models' rows can be compared query by query (a paired bootstrap)."""
     ks = (k,) if isinstance(k, int) else tuple(k)
+    names = [f"{m}@{c}" for c in ks for m in ("recall", "hitrate", "ndcg")] + ["mrr"]
     total = torch.bincount(rows, minlength=n_queries)
     if n_relevant is not None:
         total = torch.maximum(n_relevant.to(total.device), total)
     has = total > 0
-    out: dict[str, float] = {}
     if not bool(has.any()):
-        for c in ks:
-            out.update({f"recall@{c}": math.nan, f"hitrate@{c}": math.nan,
-                        f"ndcg@{c}": math.nan})
-        return {**out, "mrr": math.nan, "queries": 0.0}
+        return names, torch.zeros(0, len(names), dtype=torch.float64), has
     ranks = ranks.to(torch.float64)
     rows = (torch.cumsum(has, 0) - 1)[rows]  # the query's place among those with an item
     total = total[has]
     q, n_rel = len(total), total.to(torch.float64)
+    cols = []
     for c in ks:
         in_k = (ranks > 0) & (ranks <= c)
         hits = torch.bincount(rows, weights=in_k.to(torch.float64), minlength=q)
@@ -365,9 +377,7 @@ def metrics_of_ranks(ranks: torch.Tensor, rows: torch.Tensor, n_queries: int,
         idcg = (1.0 / torch.log2(torch.arange(2, c + 2, dtype=torch.float64,
                                               device=ranks.device))).cumsum(0)[
             torch.clamp(n_rel, max=c).long() - 1]
-        out.update({f"recall@{c}": (hits / n_rel).mean().item(),
-                    f"hitrate@{c}": (hits > 0).to(torch.float64).mean().item(),
-                    f"ndcg@{c}": (dcg / idcg).mean().item()})
+        cols += [hits / n_rel, (hits > 0).to(torch.float64), dcg / idcg]
     first = torch.full((q,), math.inf, dtype=torch.float64, device=ranks.device).scatter_reduce(
         0, rows, torch.where(ranks > 0, ranks, math.inf), "amin")
-    return {**out, "mrr": (1.0 / first).mean().item(), "queries": float(q)}
+    return names, torch.stack([*cols, 1.0 / first], 1), has

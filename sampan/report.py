@@ -12,8 +12,8 @@ For each run:
   observed positive rate in ten equal-count bins, with the expected calibration error) over
   the histogram of scores, positives and negatives apart;
 * the HTML page: the split's metrics with their 95 % bootstrap intervals (the AUC's over
-  the rows; a next-item run's ranking metrics over the queries; a two-tower run's have
-  none), every feature's ids and OOV share, and the rows rejected by reason.
+  the rows; a two-tower or next-item run's ranking metrics over the queries), every
+  feature's ids and OOV share, and the rows rejected by reason.
 
 Several runs are also drawn together (``compare_curves.png``, ``compare_roc.png``) with one
 metric table. Figures are drawn with matplotlib's Agg backend (no display needed).
@@ -107,7 +107,8 @@ class RunReport:
 def load_run(path: str | Path, split: str = "test", resamples: int = 500) -> RunReport:
     """Read a finished run: its logs, data manifest, and its best model's scores on
     ``split`` with the 95 % bootstrap intervals of its metrics from ``resamples`` resamples
-    (the AUC's over the rows; a next-item model's ranking metrics over the queries)."""
+    (the AUC's over the rows; a two-tower or next-item model's ranking metrics over the
+    queries)."""
     import torch
 
     from sampan.metrics import auc_bootstrap
@@ -136,7 +137,7 @@ def load_run(path: str | Path, split: str = "test", resamples: int = 500) -> Run
         if len(b):
             intervals["auc"] = [float(torch.quantile(b, 0.025)),
                                 float(torch.quantile(b, 0.975))]
-    elif kind == "next_item" and resamples:  # the queries (users) resampled
+    elif kind in ("next_item", "retrieval") and resamples:  # the queries (users) resampled
         m = art.evaluate(split, bootstrap=resamples)
         intervals = {k.removesuffix("_ci95"): v for k, v in m.items() if k.endswith("_ci95")}
     return RunReport(name=run.name if run.name not in ("", ".") else str(run), path=run,
@@ -371,15 +372,15 @@ def _metrics_rows(runs: list[RunReport]) -> tuple[list[str], list[list[Any]]]:
 def _intervals_note(runs: list[RunReport], resamples: int) -> str:
     """What the brackets of the metric table are, for the kinds of runs in it."""
     kinds = {r.kind for r in runs}
+    if kinds & {"retrieval", "next_item"}:
+        kinds.add("ranked")
     said = []
     if any(r.intervals for r in runs):
         over = [w for k, w in (("binary", "of the split's rows for the AUC"),
-                               ("next_item", "of its users for a next-item run's ranking "
-                                "metrics")) if k in kinds]
+                               ("ranked", "of its users for a two-tower or next-item "
+                                "run's ranking metrics")) if k in kinds]
         said.append("In brackets: the 95 % interval (the 2.5 and 97.5 percentiles over "
                     f"{resamples} bootstrap resamples {', '.join(over)}).")
-    if "retrieval" in kinds:
-        said.append("A two-tower run's ranking metrics have no interval here.")
     if kinds & {"retrieval", "next_item"}:
         said.append("Ranking metrics are means over the queries (users with a positive "
                     "in the split); the curves show the popularity baseline of the one "

@@ -3,14 +3,27 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import numpy as np
 import typer
 import typer.core
 
 from sampan.cli.base import KeyFileOpt, app, console, err, fail
+
+
+def _significant(value: Any, digits: int = 6) -> Any:
+    """``value`` with every float to ``digits`` significant digits, for printing: a metric
+    reads 0.711123, not 0.7111234567890123 (the bootstrap's resolution is far coarser)."""
+    if isinstance(value, float):
+        return float(f"{value:.{digits}g}") if math.isfinite(value) else value
+    if isinstance(value, dict):
+        return {k: _significant(v, digits) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_significant(v, digits) for v in value]
+    return value
 
 
 @app.command("eval")
@@ -24,9 +37,9 @@ def eval_(
     bootstrap: Annotated[int, typer.Option(
         min=0, help="Resample the rows this many times (e.g. 1000) and add each AUC's 95 % "
                     "interval as auc_ci95 (auc_0_ci95, ... per task): on a small test set, "
-                    "AUCs that differ by less than this are not told apart. For a next-item "
-                    "model, the queries are resampled and each ranking metric gets its "
-                    "interval.")] = 0,
+                    "AUCs that differ by less than this are not told apart. For a two-tower "
+                    "or next-item model, the queries (users) are resampled and each ranking "
+                    "metric gets its interval.")] = 0,
     ranking: Annotated[str, typer.Option(
         "--ranking", metavar="K[,K...]", help="Ranking cut-offs, e.g. 5,10,20. A CTR model "
         "ranks each group's rows (features.group, e.g. the user) as one query: MRR, NDCG@K, "
@@ -51,7 +64,7 @@ def eval_(
     if data:
         log = art.last_log
         err.print(log.describe())
-    console.print_json(json.dumps(metrics))
+    console.print_json(json.dumps(_significant(metrics)))
 
 
 @app.command()
@@ -120,14 +133,16 @@ def compare(
     `diff_ci95` and `p_b_better` (the share of resamples where B wins). An interval that
     holds 0 means this data cannot tell the two apart.
 
-    Next-item runs (sasrec, hstu) are compared on every ranking metric instead (HitRate@K,
-    NDCG@K, MRR), resampling the queries (the users); the top-level `diff` is NDCG@K's.
+    Next-item runs (sasrec, hstu) and retrieval runs (two_tower) are compared on every
+    ranking metric instead (HitRate@K, NDCG@K, MRR, and Recall@K for retrieval), resampling
+    the queries (the users); the top-level `diff` is that of the metric early stopping
+    followed (NDCG@K, Recall@K).
     """
     from sampan.train.experiment import RunArtifacts, compare_runs
 
     result = compare_runs(RunArtifacts(run_a), RunArtifacts(run_b),
                           data if data else split, resamples, task)
-    console.print_json(json.dumps(result))
+    console.print_json(json.dumps(_significant(result)))
 
 
 @app.command()

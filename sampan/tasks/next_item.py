@@ -89,7 +89,15 @@ def rank_bootstrap(ranks: np.ndarray, cutoffs: tuple[int, ...], resamples: int,
     user under a leave-one-out split): ``{"ndcg@10_ci95": [lo, hi], ...}``."""
     if not len(ranks):
         return {}
-    names, per_query = per_query_metrics(ranks, cutoffs)
+    return query_bootstrap(*per_query_metrics(ranks, cutoffs), resamples, seed)
+
+
+def query_bootstrap(names: list[str], per_query: np.ndarray, resamples: int,
+                    seed: int = 0) -> dict[str, list[float]]:
+    """95 % bootstrap intervals of the means of per-query metrics ``[Q, metrics]`` over
+    the queries: ``{"<name>_ci95": [lo, hi], ...}`` (none without a query)."""
+    if not len(per_query):
+        return {}
     lo, hi = np.quantile(_resampled_means(per_query, resamples, seed), [0.025, 0.975], axis=0)
     return {f"{n}_ci95": [float(a), float(b)] for n, a, b in zip(names, lo, hi, strict=True)}
 
@@ -97,11 +105,19 @@ def rank_bootstrap(ranks: np.ndarray, cutoffs: tuple[int, ...], resamples: int,
 def paired_rank_comparison(ranks_a: np.ndarray, ranks_b: np.ndarray,
                            cutoffs: tuple[int, ...], resamples: int, seed: int = 0
                            ) -> dict[str, dict[str, Any]]:
-    """Two models' ranks of the same queries: per metric, both values, ``diff`` (b - a),
-    its 95 % paired bootstrap interval (the same resampled queries for both) and
-    ``p_b_better``, the share of resamples where b is ahead."""
+    """Two models' ranks of the same queries: :func:`paired_query_comparison` of their
+    :func:`per_query_metrics`."""
     names, qa = per_query_metrics(ranks_a, cutoffs)
     _, qb = per_query_metrics(ranks_b, cutoffs)
+    return paired_query_comparison(names, qa, qb, resamples, seed)
+
+
+def paired_query_comparison(names: list[str], qa: np.ndarray, qb: np.ndarray,
+                            resamples: int, seed: int = 0) -> dict[str, dict[str, Any]]:
+    """Two models' per-query metrics ``[Q, metrics]`` on the same queries (row for row):
+    per metric, both means, ``diff`` (b - a), its 95 % paired bootstrap interval (the same
+    resampled queries for both) and ``p_b_better``, the share of resamples where b is
+    ahead."""
     d = _resampled_means(qb - qa, resamples, seed)
     lo, hi = np.quantile(d, [0.025, 0.975], axis=0)
     return {n: {"a": float(qa[:, j].mean()), "b": float(qb[:, j].mean()),

@@ -29,7 +29,7 @@ from torch import nn
 from sampan import distributed
 from sampan.data.store import SplitArrays
 from sampan.embedding.collection import EmbeddingCollection
-from sampan.metrics import metrics_of_ranks, ranks_of_relevant
+from sampan.metrics import metrics_of_ranks, query_metrics_of_ranks, ranks_of_relevant
 
 
 def _csr(keys: np.ndarray, values: np.ndarray, n_keys: int) -> tuple[np.ndarray, np.ndarray]:
@@ -153,6 +153,47 @@ class RetrievalTask:
     # ----------------------------------------------------------------- evaluation
     def evaluate(self, model: nn.Module, data: SplitArrays,
                  infer: Callable[[Callable, Any], torch.Tensor]) -> dict[str, float]:
+        out, _, chunks = self._rank_queries(model, data, infer)
+        if not chunks:
+            return out
+        for prefix, which in (("", 0), ("pop_", 1)):
+            parts = [metrics_of_ranks(c[which], c[2], c[3], self.cutoffs, c[4]) for c in chunks]
+            n = sum(p["queries"] for p in parts)
+            for key in parts[0]:
+                if key != "queries":
+                    out[prefix + key] = float(sum(p[key] * p["queries"] for p in parts
+                                                  if p["queries"]) / max(n, 1))
+            if not which:
+                out["queries"] = float(n)
+        return out
+
+    def query_metrics(self, model: nn.Module, data: SplitArrays,
+                      infer: Callable[[Callable, Any], torch.Tensor],
+                      cutoffs: tuple[int, ...] | None = None
+                      ) -> tuple[np.ndarray, list[str], np.ndarray]:
+        """Each query's metrics, the ones :meth:`evaluate` averages: ``(users [Q] (the
+        user column's ids), names, [Q, metrics])``, for a paired comparison of two models
+        on the same users."""
+        _, q_users, chunks = self._rank_queries(model, data, infer)
+        names, users, rows = [], [], []
+        for ranks, _, r, n_q, n_rel, lo in chunks:
+            names, per_query, has = query_metrics_of_ranks(ranks, r, n_q, cutoffs or self.cutoffs,
+                                                           n_rel)
+            users.append(q_users[lo:lo + n_q][has.numpy()])
+            rows.append(per_query.numpy())
+        if not rows:
+            names = query_metrics_of_ranks(torch.zeros(0), torch.zeros(0, dtype=torch.long), 0,
+                                           cutoffs or self.cutoffs)[0]
+            return np.zeros(0, np.int64), names, np.zeros((0, len(names)))
+        return np.concatenate(users), names, np.concatenate(rows)
+
+    def _rank_queries(self, model: nn.Module, data: SplitArrays,
+                      infer: Callable[[Callable, Any], torch.Tensor]
+                      ) -> tuple[dict[str, float], np.ndarray, list[tuple[Any, ...]]]:
+        """Rank every query's relevant items under the model and under popularity:
+        ``(the counts evaluate reports, the query users, chunks)``, each chunk ``(model
+        ranks, popularity ranks, query of each rank, queries, relevant items per query,
+        first query)`` for the ``rows`` argument of :func:`~sampan.metrics.metrics_of_ranks`."""
         pos = data.positive_rows()
         users = np.asarray(data.sparse[pos, self.user_col])
         # users unknown to training (OOV id 1, or a dynamic table's key without a row: both
@@ -163,7 +204,7 @@ class RetrievalTask:
         pos, users = pos[query], users[query]
         items = np.asarray(data.sparse[pos, self.item_col])
         if not len(pos):
-            return out
+            return out, np.zeros(0, np.int64), []
         q_users, first = np.unique(users, return_index=True)
         U = infer(model.user_vectors, data.take(pos[first])).float()
         V = infer(model.item_vectors, self.corpus_rows).float()
@@ -176,7 +217,7 @@ class RetrievalTask:
         pop = torch.from_numpy(np.log1p(self.popularity[self.corpus_ids])).float()
         pop_rank = len(pop) - torch.searchsorted(torch.sort(pop).values, pop)
         n_items = len(self.corpus_ids)
-        model_m, pop_m = [], []
+        chunks = []
         step = max(1, (1 << 24) // max(n_items, 1))
         for lo in range(0, len(q_users), step):
             hi = min(lo + step, len(q_users))
@@ -203,13 +244,5 @@ class RetrievalTask:
                                                        minlength=len(cols)).long()
             rows_t = torch.from_numpy(rows)
             ranks = ranks_of_relevant(scores, rows_t, torch.from_numpy(cols))
-            for r, acc in ((ranks, model_m), (pop_ranks, pop_m)):
-                acc.append(metrics_of_ranks(r, rows_t, hi - lo, self.cutoffs, n_rel[lo:hi]))
-        for prefix, parts in (("", model_m), ("pop_", pop_m)):
-            n = sum(p["queries"] for p in parts)
-            for key in parts[0]:
-                if key != "queries":
-                    out[prefix + key] = float(sum(p[key] * p["queries"] for p in parts
-                                                  if p["queries"]) / max(n, 1))
-        out["queries"] = float(sum(p["queries"] for p in model_m))
-        return out
+            chunks.append((ranks, pop_ranks, rows_t, hi - lo, n_rel[lo:hi], lo))
+        return out, q_users, chunks

@@ -333,11 +333,12 @@ class RunArtifacts:
     def evaluate(self, split_or_files: str | list[str], bootstrap: int = 0,
                  ranking: int | list[int] | None = None) -> dict[str, Any]:
         """The run's metrics on a split or raw files; with ``bootstrap`` resamples of the
-        rows (of the queries, for a next-item model), each AUC (each ranking metric) also
-        gets ``<name>_ci95``: its 95 % bootstrap interval. With ``ranking`` = K (or several
-        Ks): a CTR model's groups (``features.group``, e.g. the user) are each ranked as a
-        query (MRR, NDCG@K, HitRate@K and Recall@K over the groups with a positive); a
-        retrieval or next-item model reports its ranking metrics at those cut-offs."""
+        rows (of the queries, for a next-item or retrieval model), each AUC (each ranking
+        metric) also gets ``<name>_ci95``: its 95 % bootstrap interval. With ``ranking`` = K
+        (or several Ks): a CTR model's groups (``features.group``, e.g. the user) are each
+        ranked as a query (MRR, NDCG@K, HitRate@K and Recall@K over the groups with a
+        positive); a retrieval or next-item model reports its ranking metrics at those
+        cut-offs."""
         data = self.labelled(split_or_files)
         outputs: list[torch.Tensor] = []
         ks = sorted({ranking} if isinstance(ranking, int) else set(ranking or []))
@@ -355,6 +356,11 @@ class RunArtifacts:
             from sampan.tasks.next_item import rank_bootstrap
 
             metrics.update(rank_bootstrap(task.last_ranks, task.cutoffs, bootstrap))
+        if bootstrap and getattr(task, "name", "") == "retrieval":
+            from sampan.tasks.next_item import query_bootstrap
+
+            _, names, per_query = task.query_metrics(self.model, data, self.evaluator.infer)
+            metrics.update(query_bootstrap(names, per_query, bootstrap))
         for ranking in ks:
             if data.group is None or not outputs:
                 raise RunError(f"{self.run}: ranking metrics rank each group's rows (set "
@@ -408,13 +414,16 @@ def compare_runs(a: RunArtifacts, b: RunArtifacts, split_or_files: str | list[st
     """Paired bootstrap of two runs' AUC on the same rows: a stored split of both runs
     (which must hold the same rows: same count and labels) or raw files read by each run's
     own pipeline. Returns both AUCs, ``diff`` (b - a), its 95 % interval and how often b
-    came out ahead, over ``resamples`` resamples shared by the two models. Next-item runs
-    are compared on their ranking metrics instead (:func:`_compare_rankings`)."""
+    came out ahead, over ``resamples`` resamples shared by the two models. Next-item and
+    retrieval runs are compared on their ranking metrics instead, query by query
+    (:func:`_compare_rankings`)."""
     kinds = {getattr(art.model, "task", "binary") for art in (a, b)}
-    if "next_item" in kinds:
-        if kinds != {"next_item"}:
-            raise RunError(f"{a.run} and {b.run} are not both next-item runs: a next-item "
-                           "model is compared with another on its ranking metrics")
+    for ranked, what in (("next_item", "next-item"), ("retrieval", "retrieval")):
+        if ranked not in kinds:
+            continue
+        if kinds != {ranked}:
+            raise RunError(f"{a.run} and {b.run} are not both {what} runs: a {what} model "
+                           "is compared with another on its ranking metrics")
         return _compare_rankings(a, b, split_or_files, resamples)
 
     def scored(art: RunArtifacts) -> tuple[torch.Tensor, np.ndarray, np.ndarray | None]:
@@ -442,40 +451,56 @@ def compare_runs(a: RunArtifacts, b: RunArtifacts, split_or_files: str | list[st
             "diff_ci95": r["diff_ci95"], "p_b_better": r["p_b_better"]}
 
 
-
 def _compare_rankings(a: RunArtifacts, b: RunArtifacts, split_or_files: str | list[str],
                       resamples: int) -> dict[str, Any]:
-    """Two next-item runs on the same queries (each positive row: a user's next item):
-    every ranking metric of both, with the paired bootstrap of its difference over the
-    queries; ``diff`` / ``diff_ci95`` / ``p_b_better`` at the top are those of a's
-    NDCG@K (the metric its early stopping followed)."""
-    from sampan.tasks.next_item import paired_rank_comparison
+    """Two next-item or two retrieval runs on the same queries (next-item: each positive
+    row, a user's next item; retrieval: each user with a positive row): every ranking
+    metric of both, with the paired bootstrap of its difference over the queries; ``diff``
+    / ``diff_ci95`` / ``p_b_better`` at the top are those of a's headline metric (the one
+    its early stopping followed)."""
+    from sampan.tasks.next_item import paired_query_comparison
 
-    ranked = []
-    for art in (a, b):
-        data = art.labelled(split_or_files)
-        task = art.evaluator.task
-        ranks, _ = task.ranks(art.model, data, art.evaluator.infer)
-        pos = np.asarray(data.labels[:, 0]) > 0.5 if data.labels is not None else None
-        rows = data if pos is None else data.take(np.flatnonzero(pos))
-        # the queries as raw values: the runs may number the items differently
-        items = _raw_values(art, task.target, np.asarray(rows.sparse[:, task.target]))
-        ranked.append((ranks, items, task))
-    (ra, ia, ta), (rb, ib, tb) = ranked
-    if len(ia) != len(ib) or not np.array_equal(ia, ib):
-        raise RunError(f"{a.run} and {b.run} do not rank the same queries ({len(ia):,} vs "
-                       f"{len(ib):,}, or different next items): a paired comparison needs "
-                       "the same data and split (or give the same --data files)")
-    cutoffs = tuple(sorted({*ta.cutoffs, *tb.cutoffs}))
-    metrics = paired_rank_comparison(ra, rb, cutoffs, resamples)
-    head = metrics[ta.default_metric]
+    tasks = [art.evaluator.task for art in (a, b)]
+    cutoffs = tuple(sorted({c for t in tasks for c in t.cutoffs}))
+    scored = [_query_metrics(art, split_or_files, cutoffs) for art in (a, b)]
+    (qa, names, ma), (qb, _, mb) = scored
+    if len(qa) != len(qb) or not np.array_equal(qa, qb):
+        raise RunError(f"{a.run} and {b.run} do not rank the same queries ({len(qa):,} vs "
+                       f"{len(qb):,}, or different users or next items): a paired comparison "
+                       "needs the same data and split (or give the same --data files)")
+    metrics = paired_query_comparison(names, ma, mb, resamples)
+    head = metrics[tasks[0].default_metric]
     return {"a": {"run": str(a.run), **{n: m["a"] for n, m in metrics.items()}},
             "b": {"run": str(b.run), **{n: m["b"] for n, m in metrics.items()}},
-            "queries": len(ra), "resamples": resamples, "metric": ta.default_metric,
+            "queries": len(qa), "resamples": resamples, "metric": tasks[0].default_metric,
             "diff": head["diff"], "diff_ci95": head["diff_ci95"],
             "p_b_better": head["p_b_better"],
             "metrics": {n: {k: m[k] for k in ("diff", "diff_ci95", "p_b_better")}
                         for n, m in metrics.items()}}
+
+
+def _query_metrics(art: RunArtifacts, split_or_files: str | list[str],
+                   cutoffs: tuple[int, ...]) -> tuple[np.ndarray, list[str], np.ndarray]:
+    """``(queries, metric names, [Q, metrics])`` of a ranking run, the queries as raw
+    values (the runs may number users and items differently): a retrieval query is its
+    user (sorted), a next-item query its row's next item (in the split's row order)."""
+    from sampan.tasks.next_item import per_query_metrics
+
+    data = art.labelled(split_or_files)
+    task = art.evaluator.task
+    if getattr(task, "name", "") == "retrieval":
+        users, names, per_query = task.query_metrics(art.model, data, art.evaluator.infer,
+                                                     cutoffs)
+        keys = _raw_values(art, task.user_col, users).astype(str)
+        order = np.argsort(keys, kind="stable")
+        return keys[order], names, per_query[order]
+    # next-item: the rows in the split's order, each named by its next item
+    ranks, _ = task.ranks(art.model, data, art.evaluator.infer)
+    names, per_query = per_query_metrics(ranks, cutoffs)
+    pos = np.asarray(data.labels[:, 0]) > 0.5 if data.labels is not None else None
+    rows = data if pos is None else data.take(np.flatnonzero(pos))
+    return _raw_values(art, task.target, np.asarray(rows.sparse[:, task.target])).astype(str), \
+        names, per_query
 
 
 def _raw_values(art: RunArtifacts, column: int, ids: np.ndarray) -> np.ndarray:
@@ -484,7 +509,7 @@ def _raw_values(art: RunArtifacts, column: int, ids: np.ndarray) -> np.ndarray:
     from sampan.data.transforms import FIRST_VOCAB_ID
 
     name = art.store.schema.sparse[column].name
-    enc = next(e for e in art.pipeline.categorical if e.spec.name == name)
+    enc = next((e for e in art.pipeline.categorical if e.spec.name == name), None)
     vocab = getattr(enc, "vocab_", None)
     if vocab is None:
         return ids.astype(str)

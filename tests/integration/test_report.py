@@ -12,7 +12,7 @@ from rich.console import Console
 
 from sampan.config import load_config
 from sampan.report import calibration, load_run, roc_curve, write_report
-from sampan.train.experiment import run_experiment
+from sampan.train.experiment import RunArtifacts, run_experiment
 from tests.conftest import tiny_config
 from tests.integration.test_cli import sampan_here
 
@@ -210,10 +210,15 @@ def test_a_retrieval_run_draws_and_tabulates_the_metrics_it_logged(ranking_runs,
                      "HitRate@10": [e["hitrate@10"] for e in evals],
                      "MRR": [e["mrr"] for e in evals]}
     # the table: its metrics, nothing of AUC (no interval column left empty), no ROC
+    # each ranking metric with its interval over the users, as `sampan eval` gives it
+    m = RunArtifacts(run).evaluate("test", bootstrap=50)
     for key, head in (("recall@10", "Recall@10"), ("ndcg@10", "NDCG@10"),
                       ("hitrate@10", "HitRate@10"), ("mrr", "MRR")):
-        assert f"<th>{head}</th>" in page and f"<td>{test[key]:.4f}</td>" in page
-    assert "AUC" not in page and "no interval here" in page
+        lo, hi = m[f"{key}_ci95"]
+        assert lo <= test[key] <= hi and lo < hi
+        assert f"<th>{head}</th>" in page
+        assert f"<td>{test[key]:.4f} [{lo:.4f}, {hi:.4f}]</td>" in page
+    assert "AUC" not in page and "users for a two-tower or next-item run" in page
     assert sorted(p.name for p in (tmp_path / "rep").iterdir()) == ["curves.png",
                                                                     "index.html"]
 
