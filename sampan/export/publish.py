@@ -46,7 +46,9 @@ def read_versions(directory: str | Path) -> dict[str, Any]:
 class Publisher:
     """Called after each checkpoint of a stream run: publishes a new version every
     ``every_windows`` windows or ``every_seconds`` seconds (whichever comes first), and at
-    the end of the stream."""
+    the end of the stream. A run's first checkpoint publishes, unless the run resumes and
+    already published: then its last version (``versions.json`` names each version's run)
+    is where the count goes on from."""
 
     def __init__(self, cfg: PublishConfig, run: Path, console: Any = None):
         self.cfg, self.run, self.console = cfg, Path(run), console
@@ -54,6 +56,12 @@ class Publisher:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.windows_at = -1  # the window count of the last version
         self.time_at = time.monotonic()
+        # a resumed run goes on from its own last version, not from a first push
+        mine = [v for v in read_versions(self.dir)["versions"]
+                if v.get("run") == str(self.run.resolve())]
+        if mine:
+            self.windows_at = int(mine[-1]["windows"])
+            self.time_at -= max(0.0, time.time() - float(mine[-1].get("created", time.time())))
         self.seconds: list[float] = []  # how long each export took
 
     def __call__(self, info: dict[str, Any]) -> dict[str, Any] | None:
@@ -78,7 +86,7 @@ class Publisher:
         out = export_run(self.run, self.dir / name, overwrite=True, feature_tables=False)
         manifest = json.loads((out / "manifest.json").read_text())
         entry = {"version": number, "parent": versions.get("latest") or None, "path": name,
-                 "windows": info["windows"], "rows": info["rows"],
+                 "run": str(self.run.resolve()), "windows": info["windows"], "rows": info["rows"],
                  "position": info["position"], "created": round(time.time(), 3),
                  "manifest_sha256": manifest.get("manifest_sha256"),
                  "bytes": sum(p.stat().st_size for p in out.rglob("*") if p.is_file())}

@@ -635,3 +635,32 @@ def test_a_resumed_stream_neither_counts_nor_writes_again_what_it_read_before(
     recs = [json.loads(x) for x in (tmp_path / "run" / "rejects.jsonl").read_text()
             .splitlines()]
     assert sorted(r["line"] for r in recs) == [12, 902]
+
+
+def test_a_resumed_stream_publishes_on_its_own_cadence(tmp_path: Path) -> None:
+    """Versions every 3 windows: a run stopped after window 2 (its first window and its
+    end published) resumes and publishes at window 5, then at its end. It used to publish
+    at its first checkpoint again (window 3), as a run that never had a version."""
+    from sampan.export.publish import Publisher, read_versions
+
+    parts, models = tmp_path / "parts", tmp_path / "models"
+    write_partitions(parts, drift_table(WINDOW * 7 + 1, seed=5), per=WINDOW * 7 + 1)
+    config = load_config(stream_config(tmp_path, {
+        "source": "directory", "directory": {"root": str(parts), "poll_seconds": 0.1},
+        "idle_stop_seconds": 1.0, "max_windows": 2,
+        "publish": {"dir": str(models), "every_windows": 3, "every_seconds": None}}))
+    run_stream(config, run_dir=tmp_path / "run", publisher=Publisher)
+    assert [v["windows"] for v in read_versions(models)["versions"]] == [1, 2]
+    out = run_stream(None, run_dir=tmp_path / "run", resume=True, publisher=Publisher,
+                     overrides=["stream.max_windows=null"])
+    assert out["windows"] == 8
+    versions = read_versions(models)["versions"]
+    assert [v["windows"] for v in versions] == [1, 2, 5, 8]
+    assert {v["run"] for v in versions} == {str((tmp_path / "run").resolve())}
+    # another run publishing to the same folder starts its own count: its first window
+    config = load_config(stream_config(tmp_path, {
+        "source": "directory", "directory": {"root": str(parts), "poll_seconds": 0.1},
+        "idle_stop_seconds": 1.0, "max_windows": 1,
+        "publish": {"dir": str(models), "every_windows": 3, "every_seconds": None}}))
+    run_stream(config, run_dir=tmp_path / "other", publisher=Publisher)
+    assert [v["windows"] for v in read_versions(models)["versions"]][-1:] == [1]
