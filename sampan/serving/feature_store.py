@@ -22,6 +22,7 @@ and its ids map to OOV, exactly as such rows did in training).
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 
 import numpy as np
@@ -155,8 +156,23 @@ class FeatureStore:
     seen by both models.
     """
 
+    RECENT = 4096  # single-key table lookups remembered for the request's warnings
+
     def __init__(self, tables: Any = None, live: Any = None):
         self.tables, self.live = tables, live
+        # (key column, key) -> whether its table held it, at the last lookup of that key
+        # alone (a request's user): the unknown-user warning reads it, not the table again
+        self._recent: dict[tuple[str, str], bool] = {}
+        self._recent_lock = threading.Lock()
+
+    def in_table(self, by: str, value: Any) -> bool:
+        """Whether the table keyed by ``by`` holds ``value``: as the last lookup of that key
+        found it (the request's own, moments ago), or read now."""
+        hit = self._recent.get((by, str(value)))
+        if hit is not None:
+            return hit
+        _, found = self.tables.columns(by, pa.array([value]))
+        return bool(found[0].as_py())
 
     @property
     def keys(self) -> list[str]:
@@ -188,11 +204,21 @@ class FeatureStore:
         found = pa.array(np.zeros(len(keys), bool))
         if self.tables is not None and by in self.tables.keys:
             out, found = self.tables.columns(by, keys)
+            if len(keys) == 1:
+                self._remember(by, keys[0].as_py(), bool(found[0].as_py()))
         if self.live is not None and by == self.live.key:
             hist, seen = self.live.lookup(keys)
             out = {**{c: v for c, v in out.items() if c not in hist}, **hist}
             found = pc.or_(found, seen)
         return out, found
+
+
+    def _remember(self, by: str, value: Any, found: bool) -> None:
+        with self._recent_lock:
+            self._recent.pop((by, str(value)), None)  # the newest last: the oldest goes
+            self._recent[(by, str(value))] = found
+            if len(self._recent) > self.RECENT:
+                del self._recent[next(iter(self._recent))]
 
 
 def bundle_tables(bundle: Any) -> list[KeyedTable]:

@@ -489,11 +489,11 @@ def create_app(state: ServerState):  # type: ignore[no-untyped-def]
                         response: Response) -> dict[str, Any]:
         """A context (the user) -> n candidates from the retrieval model's index, ranked
         by the ranking model; the k best, best first."""
-        warnings = state.context_warnings(req.context, recommend=True) \
-            + state.count_warnings(n=req.n, k=req.k)
         found, sub, arm, _, notes = await run_in_threadpool(
             state.recommend_future, req.context, req.n, forced(request, req.variant))
-        warnings += notes
+        # after the lookups: the unknown-user warning reads what they found
+        warnings = state.context_warnings(req.context, recommend=True) \
+            + state.count_warnings(n=req.n, k=req.k) + notes
         rid = state.request_id()
         if sub is None:
             return {"items": [], "retrieved": 0, "model_version": state.current(arm)[0].version,

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
-import pyarrow as pa
 
 from sampan.config import ServeConfig
 from sampan.errors import BundleError, ConfigError, ConflictError
@@ -638,13 +637,13 @@ class ServerState:
                 if value is None or isinstance(value, (dict, list)) or not cols:
                     continue
                 try:
-                    _, found = tables.columns(by, pa.array([value]))  # as a request's
+                    found = store.in_table(by, value)  # as the request's lookup found it
                 except Exception:  # noqa: BLE001 - a warning never fails the request
                     continue
                 note = (f"{by} {_short(str(value))!r} is not in the feature table keyed by "
                         f"{by}: its features ({', '.join(cols[:4])}"
                         f"{', ...' if len(cols) > 4 else ''}) were scored as missing values")
-                if not found[0].as_py() and note not in out:
+                if not found and note not in out:
                     out.append(note)
         return out
 

@@ -279,6 +279,17 @@ def test_redis_feature_store_matches_memory(bundles, redis_url):
         before = hmgets()
         red.rank_future({"user_id": "u3"}, cands + ["i7"] * 5).future.result()
         assert hmgets() - before == 1 + len(cands) + 1
+        # the reply's warnings read what the request's lookup found: no read of their own
+        for user, warned in (("u3", False), ("unknown-user", True)):
+            red.rank_future({"user_id": user}, cands).future.result()
+            before = hmgets()
+            notes = red.context_warnings({"user_id": user})
+            assert hmgets() == before
+            assert any("'unknown-user' is not in the feature table" in n
+                       for n in notes) == warned, notes
+        before = hmgets()  # a user no request looked up is read
+        assert any("'u-new' is not" in n for n in red.context_warnings({"user_id": "u-new"}))
+        assert hmgets() - before == 1
     finally:
         mem.close()
         red.close()
