@@ -24,16 +24,25 @@ row found *lower* at one seed is run again with seeds 1-3 (the first seed's figu
 kept under ``first_seed``), and the pooled interval, which holds the seeds' spread, decides.
 ``auto`` is the default for a model only where no row is *lower*.
 
+The ranking models (``--ranked``: the two-tower on MovieLens-100K, SASRec and HSTU on
+Amazon Beauty, their shipped configs) are compared on their headline metric (Recall@K,
+NDCG@K) over the test users, bf16 (``train.amp=bf16``) against fp32, whatever ``auto``
+chooses for them: their rows say whether bf16 may be their default. The interval is the
+paired bootstrap over the users (each user's metric in both runs of a seed, as ``sampan
+compare``), seeds pooled as above; the same verdicts, with the same margin of 0.001.
+
 Usage (from the repository root)::
 
     python benchmarks/amp.py                              # everything -> RESULTS.md section
     python benchmarks/amp.py --only criteo_10k world_small_mixed --models deepfm
+    python benchmarks/amp.py --only --ranked beauty_hstu --seeds 3 --merge
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -58,6 +67,17 @@ from defaults import (  # noqa: E402
 )
 
 PRECISIONS = {"fp32": "train.amp=none", "auto": "train.amp=auto"}
+# the ranking models: bf16 against fp32, whatever auto picks for them today
+RANKED_PRECISIONS = {"fp32": "train.amp=none", "bf16": "train.amp=bf16"}
+RANKED = {  # name: (config, overrides, what it is)
+    "ml100k_two_tower": ("configs/movielens100k_two_tower.yaml", [],
+                         "MovieLens-100K ratings >= 4, random 80/10/10; Recall@50 per user"),
+    "beauty_sasrec": ("configs/amazon_beauty_sasrec.yaml", [],
+                      "Amazon Beauty (S3-Rec), leave-one-out; NDCG@10 per user"),
+    "beauty_hstu": ("configs/amazon_beauty_sasrec.yaml", ["model.name=hstu", "model.heads=2"],
+                    "Amazon Beauty (S3-Rec), leave-one-out; NDCG@10 per user"),
+}
+BEAUTY = ROOT.parent / "shared/data/amazon_s3rec/Beauty.txt.gz"
 MARGIN = 0.001  # AUC: auto may not be lower than fp32 by this much (non-inferiority)
 # the same LR start in both runs of a pair (see the module docstring)
 SAME_START = ["train.first_order_seconds=null"]
@@ -142,6 +162,109 @@ def evaluate_dataset(ds: Dataset, run_root: Path, models: list[str] | None,
     return out
 
 
+def ranked_input(name: str) -> bool:
+    """Make the row's input where the config expects it (Beauty's events from the S3-Rec
+    file, as the config's comment says); False where ``../shared/data`` lacks it."""
+    config = ROOT / RANKED[name][0]
+    if "beauty" in name:
+        events = ROOT / "runs/beauty_events.parquet"
+        if not events.exists():
+            if not BEAUTY.exists():
+                return False
+            from sampan.data.behaviour import BuildOptions, build_sequences
+
+            events.parent.mkdir(parents=True, exist_ok=True)
+            build_sequences(str(BEAUTY), events, BuildOptions(format="sequence_lines",
+                                                              max_len=50))
+        return True
+    return (ROOT / "../shared/data/movielens/ml-100k/u.data").exists() and config.exists()
+
+
+def run_ranked(name: str, run_root: Path, seed: int, overrides: list[str]
+               ) -> dict[str, Any]:
+    """Train one ranking run and score its test users: ``(users, names, [Q, metrics])``
+    as ``sampan compare`` pairs them, with the run's headline metric and its seconds."""
+    import shutil
+
+    from rich.console import Console
+
+    from sampan.config import load_config
+    from sampan.train.experiment import RunArtifacts, _query_metrics, run_experiment
+
+    config, extra, _ = RANKED[name]
+    cfg = load_config(ROOT / config, overrides=[*extra, f"seed={seed}", *overrides])
+    run_dir = run_root / name / f"seed{seed}"
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    t0 = time.perf_counter()
+    res = run_experiment(cfg, run_dir=run_dir, console=Console(quiet=True))
+    art = RunArtifacts(run_dir)
+    task = art.evaluator.task
+    users, names, per_query = _query_metrics(art, "test", tuple(task.cutoffs))
+    return {"users": users, "names": names, "per_query": per_query,
+            "metric": task.default_metric, "steps": res["steps"],
+            "best_step": res["best_step"], "seconds": time.perf_counter() - t0,
+            "amp_auto": getattr(art.model, "amp_auto", "bf16")}
+
+
+def paired_ranked(fp32: list[dict[str, Any]], bf16: list[dict[str, Any]]) -> dict[str, Any]:
+    """bf16 - fp32 of the headline metric over seed pairs: each seed's two runs differenced
+    user by user and resampled over the users, the seeds' draws pooled."""
+    from sampan.tasks.next_item import _resampled_means
+
+    draws, vals = [], {"fp32": [], "bf16": []}
+    metric = fp32[0]["metric"]
+    for a, b in zip(fp32, bf16, strict=True):
+        if not np.array_equal(a["users"], b["users"]):
+            raise SystemExit(f"{metric}: the two runs of a seed ranked different users")
+        j = a["names"].index(metric)
+        qa, qb = a["per_query"][:, j], b["per_query"][:, j]
+        draws.append(_resampled_means((qb - qa)[:, None], RESAMPLES, 0)[:, 0])
+        vals["fp32"].append(float(qa.mean()))
+        vals["bf16"].append(float(qb.mean()))
+    lo, hi = (float(q) for q in np.quantile(np.concatenate(draws), [0.025, 0.975]))
+    diff = float(np.mean(vals["bf16"]) - np.mean(vals["fp32"]))
+    return {"metric": metric, "fp32": float(np.mean(vals["fp32"])),
+            "bf16": float(np.mean(vals["bf16"])), "fp32_runs": vals["fp32"],
+            "bf16_runs": vals["bf16"], "diff": diff, "diff_ci95": [lo, hi],
+            "verdict": verdict(lo, hi), "queries": int(len(fp32[0]["users"]))}
+
+
+def evaluate_ranked(name: str, run_root: Path, seeds: str, overrides: list[str]
+                    ) -> dict[str, Any]:
+    """One ranking row: seed 1 (or 1..N with ``--seeds N``), seeds 2-3 added where seed 1
+    finds bf16 lower, as for the AUC rows."""
+    print(f"== {name}: {RANKED[name][2]}", flush=True)
+    n = 1 if seeds == "auto" else int(seeds)
+    runs: dict[str, list[dict[str, Any]]] = {p: [] for p in RANKED_PRECISIONS}
+
+    def train(seed: int) -> None:
+        for p, override in RANKED_PRECISIONS.items():  # interleaved, as above
+            runs[p].append(run_ranked(name, run_root / p, seed, [*overrides, override]))
+
+    for seed in range(1, n + 1):
+        train(seed)
+    entry = paired_ranked(runs["fp32"], runs["bf16"])
+    if entry["verdict"] == "**lower**" and n == 1:
+        print(f"   lower at one seed ({entry['diff']:+.4f}): seeds 1-3 decide", flush=True)
+        first = entry
+        for seed in (2, 3):
+            train(seed)
+        entry = paired_ranked(runs["fp32"], runs["bf16"])
+        entry["first_seed"] = {k: first[k] for k in ("fp32", "bf16", "diff", "diff_ci95")}
+    entry |= {"about": RANKED[name][2], "seeds": len(runs["fp32"]),
+              "auto_chooses": runs["fp32"][0]["amp_auto"],
+              "best_step": {p: [r["best_step"] for r in rs] for p, rs in runs.items()},
+              "steps": {p: [r["steps"] for r in rs] for p, rs in runs.items()},
+              "seconds": {p: round(float(np.mean([r["seconds"] for r in rs])), 1)
+                          for p, rs in runs.items()}}
+    lo, hi = entry["diff_ci95"]
+    print(f"   {entry['metric']} fp32 {entry['fp32']:.4f}  bf16 {entry['bf16']:.4f}  "
+          f"diff {entry['diff']:+.4f} [{lo:+.4f}, {hi:+.4f}]  {entry['verdict']}  "
+          f"{entry['seconds']['fp32']:.1f} s / {entry['seconds']['bf16']:.1f} s", flush=True)
+    return entry
+
+
 def markdown(report: dict[str, Any]) -> str:
     m = report["machine"]
     lines = ["### Training precision: `train.amp: auto` (bf16 here) against fp32\n",
@@ -174,6 +297,22 @@ def markdown(report: dict[str, Any]) -> str:
     if again:
         lines.append("Lower at one seed, so run with seeds 1-3 (the row shows those): "
                      + "; ".join(again) + ".")
+    ranked = report.get("ranked") or {}
+    if ranked:
+        lines += ["\nThe ranking models, bf16 (`train.amp=bf16`) against fp32, whatever "
+                  "`auto` chooses for them (the last column): the test users' headline "
+                  "metric, the interval the paired bootstrap over the users (each user's "
+                  "metric in both runs of a seed; seeds pooled where there are several).\n",
+                  "| data | model | seeds | metric | fp32 | bf16 | bf16 - fp32 [95 %] | "
+                  "verdict | `auto` trains in |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for name, e in ranked.items():
+            lo, hi = e["diff_ci95"]
+            data, model = name.split("_", 1)
+            lines.append(f"| {data} | {model} | {e['seeds']} | {e['metric']} | "
+                         f"{e['fp32']:.4f} | {e['bf16']:.4f} | {e['diff']:+.4f} "
+                         f"[{lo:+.4f}, {hi:+.4f}] | {e['verdict']} | "
+                         f"{'fp32' if e['auto_chooses'] == 'none' else 'bf16'} |")
     return "\n".join(lines)
 
 
@@ -189,6 +328,8 @@ def main() -> None:
     ap.add_argument("--keep-budget", action="store_true",
                     help="keep the warm start's default time bound (by default both runs fit "
                     "their LR start without one, so that they start alike)")
+    ap.add_argument("--ranked", nargs="*", default=None, choices=list(RANKED),
+                    help="the ranking rows to run (default: all, when no --only is given)")
     ap.add_argument("--runs", default=str(ROOT / "runs/bench_amp"))
     ap.add_argument("--json", default=str(ROOT / "benchmarks/results/amp.json"))
     ap.add_argument("--out", default=str(ROOT / "RESULTS.md"))
@@ -212,18 +353,32 @@ def main() -> None:
                               "amp": f"bf16, {why}", "same_start": not args.keep_budget,
                               "datasets": {}}
     if args.merge and Path(args.json).exists():
-        report["datasets"] = json.loads(Path(args.json).read_text())["datasets"]
-    todo = args.only or names
+        kept = json.loads(Path(args.json).read_text())
+        report["datasets"], report["ranked"] = kept["datasets"], kept.get("ranked", {})
+    todo = names if args.only is None else args.only
+    ranked = list(RANKED) if args.ranked is None and args.only is None else args.ranked or []
 
     def evaluate(name: str, ds: Dataset) -> None:
         report["datasets"][name] = evaluate_dataset(ds, run_root, args.models, args.seeds,
                                                     args.overrides)
+        save()
+
+    def save() -> None:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=1))
         update_block(Path(args.out), "amp", markdown(report), after="<!-- /perf:defaults_fresh")
 
     for name, ds in prepared(todo, WORLDS, run_root):
         evaluate(name, ds)
+    report.setdefault("ranked", {})
+    os.chdir(ROOT)  # the shipped configs name their data from the repository root
+    for name in ranked:
+        if not ranked_input(name):
+            print(f"skipping {name}: its data is not in ../shared/data")
+            continue
+        report["ranked"][name] = evaluate_ranked(name, run_root / "ranked", args.seeds,
+                                                 args.overrides)
+        save()
     print(f"wrote {args.json} and the amp section of {args.out}")
 
 
