@@ -313,6 +313,14 @@ def markdown(report: dict[str, Any]) -> str:
                          f"{e['fp32']:.4f} | {e['bf16']:.4f} | {e['diff']:+.4f} "
                          f"[{lo:+.4f}, {hi:+.4f}] | {e['verdict']} | "
                          f"{'fp32' if e['auto_chooses'] == 'none' else 'bf16'} |")
+        how: dict[str, list[str]] = {}
+        for name, e in ranked.items():
+            m = e.get("machine") or report["machine"]
+            how.setdefault(f"`{e.get('command', report['command'])}` ({e.get('date', '?')}; "
+                           f"{m['cpu']}, {m['cores']} cores, torch {m['torch']})", []).append(
+                name)
+        lines.append("\n" + "; ".join(f"{', '.join(names)}: {h}" for h, names in how.items())
+                     + ".")
     return "\n".join(lines)
 
 
@@ -348,12 +356,15 @@ def main() -> None:
     run_root = Path(args.runs).resolve()
     if not args.keep_budget:
         args.overrides = SAME_START + args.overrides
-    report: dict[str, Any] = {"command": " ".join(["python benchmarks/amp.py", *sys.argv[1:]]),
-                              "date": time.strftime("%Y-%m-%d"), "machine": machine(),
-                              "amp": f"bf16, {why}", "same_start": not args.keep_budget,
-                              "datasets": {}}
+    # where and how: the AUC table's (kept from --json when this call adds no AUC row)
+    # and each ranking row's own
+    here = {"command": " ".join(["python benchmarks/amp.py", *sys.argv[1:]]),
+            "date": time.strftime("%Y-%m-%d"), "machine": machine(), "amp": f"bf16, {why}"}
+    report: dict[str, Any] = {**here, "same_start": not args.keep_budget, "datasets": {},
+                              "ranked": {}}
     if args.merge and Path(args.json).exists():
         kept = json.loads(Path(args.json).read_text())
+        report.update({k: kept[k] for k in (*here, "same_start") if k in kept})
         report["datasets"], report["ranked"] = kept["datasets"], kept.get("ranked", {})
     todo = names if args.only is None else args.only
     ranked = list(RANKED) if args.ranked is None and args.only is None else args.ranked or []
@@ -361,6 +372,7 @@ def main() -> None:
     def evaluate(name: str, ds: Dataset) -> None:
         report["datasets"][name] = evaluate_dataset(ds, run_root, args.models, args.seeds,
                                                     args.overrides)
+        report.update(here, same_start=not args.keep_budget)
         save()
 
     def save() -> None:
@@ -370,14 +382,13 @@ def main() -> None:
 
     for name, ds in prepared(todo, WORLDS, run_root):
         evaluate(name, ds)
-    report.setdefault("ranked", {})
     os.chdir(ROOT)  # the shipped configs name their data from the repository root
     for name in ranked:
         if not ranked_input(name):
             print(f"skipping {name}: its data is not in ../shared/data")
             continue
         report["ranked"][name] = evaluate_ranked(name, run_root / "ranked", args.seeds,
-                                                 args.overrides)
+                                                 args.overrides) | here
         save()
     print(f"wrote {args.json} and the amp section of {args.out}")
 
