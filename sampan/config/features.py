@@ -24,7 +24,8 @@ class DynamicAdmit(_Strict):
     min_count: int = Field(1, ge=1, description="sightings before a key gets a row (counted "
                            "in a sketch of 8 to 16 counters a row of capacity, 64 KB to 16 "
                            "MB, halved whenever a quarter of it is in use: in a stream of "
-                           "ever new keys old counts fade)")
+                           "ever new keys old counts fade); a run over a file counts its "
+                           "first pass over the training rows only, not later epochs")
     probability: float = Field(1.0, gt=0.0, le=1.0, description="chance a key that passed "
                                "min_count gets its row at a sighting")
 

@@ -17,7 +17,10 @@ the shared default row that keys not admitted (or evicted) read. It is tensor op
   admitted by collisions alone with a chance near 0.25 ** 4 = 0.4 % while a batch's new
   keys are a small share of the sketch, and, in a stream of ever new keys, a key must
   come back before its count fades), and then with probability ``probability`` (a hash
-  of the key and the step, so a resumed run makes the same draws);
+  of the key and the step, so a resumed run makes the same draws). A run over a file
+  counts in its first pass over the training rows only (:meth:`KeyIndex.stop_counting`
+  after it): ``min_count`` is then how often a key occurs in them, however many epochs
+  read them;
 * **eviction**: when a new key needs a row and none is free, the least recently used
   (``lru``, ``ttl``) or least frequently used (``lfu``; ties by recency) rows give theirs
   up, at least
@@ -182,6 +185,10 @@ class KeyIndex(nn.Module):
                                                  device))
         # sightings counted since the sketch's fill was last checked
         self.register_buffer("sketch_total", torch.tensor(0, dtype=i64))
+        # whether a new key's sightings are counted: a run over a file stops after its
+        # first pass (stop_counting), so min_count counts a key's training rows, not the
+        # epochs that read them again; a stream counts every record
+        self.register_buffer("counting", torch.tensor(True))
         self.register_buffer("freed_total", torch.zeros(len(caps), dtype=i64))  # ever freed
         self.register_buffer("_window", torch.arange(_LATE_WINDOW, device=device),
                              persistent=False)
@@ -530,11 +537,14 @@ class KeyIndex(nn.Module):
             h += torch.arange(0, self.sketch.numel(), w + 1, device=keys.device)[:, None]
             flat = self.sketch.view(-1)
             h = h.reshape(-1)
-            flat.index_add_(0, h, counts.int().repeat(len(_SKETCH_SALTS)))
+            counting = bool(self.counting)
+            if counting:
+                flat.index_add_(0, h, counts.int().repeat(len(_SKETCH_SALTS)))
             est = flat.index_select(0, h).view(len(_SKETCH_SALTS), -1).amin(0)
             ok &= est >= self.min_count
-            self.sketch_total += int(counts.sum())
-            if int(self.sketch_total) > (w + 1) // 32:  # crowded: old counts fade
+            if counting:
+                self.sketch_total += int(counts.sum())
+            if counting and int(self.sketch_total) > (w + 1) // 32:  # crowded: counts fade
                 if (float(self.sketch[0].count_nonzero()) > _SKETCH_FILL * (w + 1)
                         or int(self.sketch.max()) > 1 << 30):  # (int32 counters)
                     self.sketch.div_(2, rounding_mode="floor")
@@ -745,8 +755,16 @@ class KeyIndex(nn.Module):
         if len(live):
             self._insert(self._map_keys(live), live)
 
+    def stop_counting(self) -> None:
+        """Count no more sightings (the training rows have all been read once): a key's
+        count is then what its rows gave it, and a key whose rows gave it ``min_count``
+        sightings still gets its row when it comes again."""
+        self.counting.fill_(False)
+
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any,
                               **kwargs: Any) -> None:
+        if prefix + "counting" not in state_dict:  # saved before the flag: still counting
+            state_dict = {**state_dict, prefix + "counting": torch.tensor(True)}
         for name in ("n_free", "freed_total"):  # one number before tables shared a map
             old = state_dict.get(prefix + name)
             if old is not None and old.dim() == 0:

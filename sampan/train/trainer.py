@@ -28,6 +28,7 @@ from sampan.data.loader import Batch, BatchLoader
 from sampan.data.store import SplitArrays
 from sampan.distributed.strategy import SingleProcess, strategy_for
 from sampan.embedding import EmbeddingCollection, make_sparse_optimizer
+from sampan.embedding.dynamic import KeyIndex
 from sampan.layers.embed import FeatureEmbedding, lr_start_part
 from sampan.tasks import make_task
 from sampan.train import checkpoint as ckpt
@@ -335,6 +336,11 @@ class Trainer:
                 if self._done():
                     break
             if st.batch >= n_batches:  # a full epoch, not a max_steps / early stop cut
+                # every training row has been read once: dynamic tables' admission has
+                # counted each key's rows, and later epochs do not count them again
+                for m in self.model.modules():
+                    if isinstance(m, KeyIndex):
+                        m.stop_counting()
                 if not self.tc.eval_every_steps:
                     self._evaluate_and_track()
                 st.epoch += 1

@@ -89,6 +89,33 @@ def test_the_warm_start_hands_its_keys_to_the_model(tmp_path):
     assert step0["auc"] == pytest.approx(lr_auc, abs=0.005) and lr_auc > 0.65
 
 
+@pytest.mark.parametrize("warm_start", [False, True])
+def test_min_count_counts_training_rows_not_epochs(tmp_path, warm_start):
+    """min_count 2 over 3 epochs (and the LR warm start's passes before them): a table
+    holds exactly the values that occur twice or more in the training split. Every epoch
+    (every pass of the warm start) counted the same rows again, so every value got in."""
+    import pyarrow.compute as pc
+
+    from sampan.train.experiment import RunArtifacts
+
+    raw = dynamic_config(tmp_path, capacity=4000, epochs=3,
+                         first_order_warm_start=warm_start)
+    for f in raw["features"]["categorical"]:
+        if isinstance(f, dict) and f.get("dynamic"):
+            f["dynamic"]["admit"] = {"min_count": 2}
+    results = run_experiment(load_config(raw=raw), run_dir=tmp_path / "run")
+    art = RunArtifacts(tmp_path / "run")
+    keys = art.store.split("train").sparse  # the training split's values as keys
+    names = [s.name for s in art.store.schema.sparse]
+    for c in ("C3", "C4", "C10"):
+        col = np.asarray(keys[:, names.index(c)])
+        col = col[col != 0]  # padding: a missing value
+        values, counts = np.unique(col, return_counts=True)
+        want = int((counts >= 2).sum())
+        assert results["dynamic_tables"][c]["live"] == want, c
+        assert want < len(values)  # the column has values seen once
+
+
 def test_a_resumed_dynamic_run_continues_exactly_through_evictions(tmp_path):
     def cfg(max_steps):  # 40 rows a table: full within the first steps, evicting after
         return load_config(raw=dynamic_config(

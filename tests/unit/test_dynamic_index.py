@@ -61,6 +61,30 @@ def test_admission_by_count_waits_for_min_count_sightings():
     invariants(idx)
 
 
+def test_after_the_first_pass_sightings_are_no_longer_counted():
+    """Epochs after the first read the same rows again: a key the training rows show once
+    stays without a row under min_count 2, however many epochs; one they show twice has
+    its row, and one that reached its count keeps getting a row when it comes again."""
+    idx = KeyIndex(1000, min_count=2)
+    first = torch.tensor([1, 2, 2, 3])
+    rows, _ = idx.admit(first, step=1)
+    assert rows.tolist()[0] == 0 and rows.tolist()[1] > 0
+    idx.stop_counting()
+    sketch = idx.sketch.clone()
+    for step in range(2, 6):  # the later epochs
+        rows, _ = idx.admit(first, step=step)
+        assert rows.tolist()[0] == 0 and rows.tolist()[3] == 0
+    assert torch.equal(idx.sketch, sketch)
+    # saved and loaded (a resumed run): still not counting; an older save still counts
+    again = KeyIndex(1000, min_count=2)
+    again.load_state_dict(idx.state_dict())
+    assert not bool(again.counting) and again.admit(torch.tensor([1]), step=9)[0].item() == 0
+    old = {k: v for k, v in idx.state_dict().items() if k != "counting"}
+    again.load_state_dict(old)
+    assert bool(again.counting)
+    invariants(idx)
+
+
 def test_a_count_lasts_while_the_sketch_is_not_crowded():
     # a key seen once, then 200,000 sightings of 50 other keys that never all fit in the
     # 20 rows, so they go on being counted (far more sightings than the 4,096-counter
