@@ -52,8 +52,8 @@ class Publisher:
 
     def __init__(self, cfg: PublishConfig, run: Path, console: Any = None):
         self.cfg, self.run, self.console = cfg, Path(run), console
-        self.dir = Path(cfg.dir)
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.dir = Path(cfg.dir)  # made by the first version: a run that fails first
+        # (brokers down) leaves no empty folder behind
         self.windows_at = -1  # the window count of the last version
         self.time_at = time.monotonic()
         # a resumed run goes on from its own last version, not from a first push
@@ -78,6 +78,7 @@ class Publisher:
         from sampan.export.bundle import export_run
 
         t0 = time.perf_counter()
+        self.dir.mkdir(parents=True, exist_ok=True)
         versions = read_versions(self.dir)
         number = int(versions.get("latest", 0)) + 1
         name = f"v{number:06d}"

@@ -238,13 +238,12 @@ def print_placement(strategy: SingleProcess, model: torch.nn.Module,
     lives."""
     plan = strategy.describe(model)
     rows, nbytes = sum(r[1] for r in plan), sum(r[3] for r in plan)
-    # the features' tables are parts of one fused table a collection: the placement (and
-    # train.shard_min_bytes) is that table's
+    # the features' tables are parts of one fused table per collection: the placement
+    # (and train.shard_min_bytes) is that table's
     table = Table(title="embedding placement", caption=(
-        f"the features' rows share one fused table a collection ({rows:,} rows, "
-        f"{nbytes:,} bytes in all), replicated or row-sharded as one: train.shard_min_bytes "
-        "is compared with its size; dim includes a first-order weight where the model has "
-        "one"))
+        f"the features' rows are parts of one fused table ({rows:,} rows, {nbytes:,} bytes "
+        "in all), replicated or row-sharded as a whole: train.shard_min_bytes is compared "
+        "with its size; dim includes a first-order weight where the model has one"))
     for col in ("table", "rows", "dim", "bytes", "placement"):
         table.add_column(col, justify="left" if col in ("table", "placement") else "right")
     for name, n, dim, size, where in plan:
