@@ -65,7 +65,9 @@ def read_inputs(cfg: DataConfig, paths: list[Any], roles: ColumnRoles, log: Reje
         clash = sorted(provided & main_cols)
         if clash:
             raise DataError(f"data.joins: column(s) {clash} are both in the main data and in a "
-                            "side table; rename or drop one of them")
+                            "side table; rename or drop one of them (data that already holds "
+                            "the joined columns, such as a feedback log, needs no join: "
+                            "--set 'data.joins=[]')")
         if set(roles.labels) & provided:
             raise DataError("data.joins: labels must come from the main data, not a side "
                             "table")

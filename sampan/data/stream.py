@@ -67,6 +67,8 @@ def parse_config(data: DataConfig, stream: StreamConfig) -> DataConfig:
 class DirectorySource:
     """Time-partitioned directories (``root/20261201/13/part-*``), each partition read once,
     in path order, when complete (its done-file, or ``quiet_seconds`` without a change).
+    Files at the root are a partition of their own only when the root has no partition
+    folders; folders whose name starts with ``_`` or ``.`` are skipped.
 
     The position is ``{"partition": path relative to root, "rows": usable rows of it
     read, "done": whether it was read to its end}``; partitions that sort before it are done. A
@@ -112,6 +114,8 @@ class DirectorySource:
             if any(p.startswith((".", "_")) for p in parent.split("/") if p):
                 continue  # _temporary/ and hidden folders hold no partition
             folders.setdefault(parent, []).append(f)
+        if len(folders) > 1:  # partition folders: files beside them at the root (a feedback
+            folders.pop("", None)  # log's experiment.json) are no partition
         now = time.time()
         out = []
         for part in sorted(folders):

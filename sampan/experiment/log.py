@@ -51,7 +51,11 @@ def read_log(path: str | Path, columns: list[str] | None = None,
 
     files = [p] if p.is_file() else sorted(f for f in p.rglob("*.parquet") if wanted(f))
     if not files:
-        raise DataError(f"feedback log {p}: no .parquet files under it")
+        pending = p.is_dir() and (p / "_journal").exists()
+        raise DataError(f"feedback log {p}: no .parquet files under it" + (
+            " yet: a served request becomes a row when its feedback window closes "
+            "(feedback.window_seconds after it was served, 300 s by default), and the "
+            "joiner writes it at its next pass" if pending else ""))
     tables = [pq.read_table(f, columns=columns) for f in files]
     table = pa.concat_tables(tables, promote_options="default")
     missing = [c for c in REQUIRED if c not in table.column_names

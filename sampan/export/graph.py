@@ -8,7 +8,10 @@ sigmoid of the scaled cosine of the pair).
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
+import sys
 import warnings
 from pathlib import Path
 
@@ -67,8 +70,13 @@ def to_onnx(model: nn.Module, schema: DataSchema, example: Batch, path: Path,
     levels = [q.level for q in quiet]
     for q in quiet:
         q.setLevel(logging.ERROR)
+    # a failed torch.export prints its graphs to stderr (and symbolic shapes a warning):
+    # held back, and said in one line instead (_export_failure); written out on success
+    shapes = logging.getLogger("torch.fx.experimental.symbolic_shapes")
+    drop, held = _DropAll(), io.StringIO()
+    shapes.addFilter(drop)
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), contextlib.redirect_stderr(held):
             warnings.simplefilter("ignore")  # nor is the exporter's deprecation chatter
             torch.onnx.export(
                 graph, inputs, str(path),
@@ -76,11 +84,47 @@ def to_onnx(model: nn.Module, schema: DataSchema, example: Batch, path: Path,
                 dynamic_shapes=({0: batch_dim}, {0: batch_dim}) + (
                     (tuple({0: batch_dim} for _ in range(n_lists)),) if n_lists else ()),
                 dynamo=True, verbose=False, optimize=True)
+    except torch.onnx.OnnxExporterError as e:
+        raise _export_failure(type(model).__name__, e) from e
+    else:
+        sys.stderr.write(held.getvalue())
     finally:
+        shapes.removeFilter(drop)
         for q, level in zip(quiet, levels, strict=True):
             q.setLevel(level)
     _check_batch_dim(path)
     return path
+
+
+class _DropAll(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return False
+
+
+def _export_failure(name: str, error: BaseException) -> Exception:
+    """What stopped the exporter, said in a line: the root cause and the line of the
+    model's own code it was running (the exporter's message is a page of its internals)."""
+    import traceback
+
+    from sampan.errors import ExportError
+
+    cause = error
+    while cause.__cause__ is not None:
+        cause = cause.__cause__
+    torch_dir = str(Path(torch.__file__).parent)
+    ours = str(Path(__file__).resolve().parents[1])
+    frames = [f for f in traceback.extract_tb(cause.__traceback__)
+              if not f.filename.startswith((torch_dir, ours)) and "site-packages" not in
+              f.filename and not f.filename.startswith("<")]
+    at = f" at {frames[-1].filename}:{frames[-1].lineno} ({(frames[-1].line or '').strip()})" \
+        if frames else ""
+    text = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
+    hint = ""
+    if "data-dependent" in str(cause) or type(cause).__name__.startswith("GuardOnData"):
+        hint = ("; Python control flow on a tensor's values (an if on it) cannot be traced "
+                "into a graph: write it with tensor operations such as torch.where")
+    return ExportError(f"{name} cannot be exported to ONNX: torch.export stopped{at}: "
+                       f"{type(cause).__name__}: {text}{hint}")
 
 
 def _check_batch_dim(path: Path) -> None:

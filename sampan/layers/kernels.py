@@ -233,7 +233,8 @@ class KernelPlan:
 
     def describe(self) -> str:
         if not self.layers:
-            return "no linear layers on the CPU: nothing to choose"
+            return ("no sampan.layers.Linear on the CPU: nothing to choose (torch.nn.Linear "
+                    "runs on PyTorch's own GEMM)")
         count: dict[str, int] = {}
         for k in self.layers.values():
             count[k] = count.get(k, 0) + 1

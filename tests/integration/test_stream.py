@@ -664,3 +664,17 @@ def test_a_resumed_stream_publishes_on_its_own_cadence(tmp_path: Path) -> None:
         "publish": {"dir": str(models), "every_windows": 3, "every_seconds": None}}))
     run_stream(config, run_dir=tmp_path / "other", publisher=Publisher)
     assert [v["windows"] for v in read_versions(models)["versions"]][-1:] == [1]
+
+
+def test_files_beside_the_partitions_are_not_a_partition(tmp_path: Path) -> None:
+    """A feedback log holds experiment.json at its root, beside its hour folders: it was
+    read as a partition of its own that sorts first and never completes, and the stream
+    waited on it for ever."""
+    parts = tmp_path / "parts"
+    write_partitions(parts, drift_table(900, seed=6), per=450)
+    (parts / "experiment.json").write_text("{}")
+    config = load_config(stream_config(tmp_path, {
+        "source": "directory", "directory": {"root": str(parts), "poll_seconds": 0.1},
+        "idle_stop_seconds": 1.0}))
+    out = run_stream(config, run_dir=tmp_path / "run")
+    assert out["rows"] == 900 and out["stopped"] == "the stream went quiet"
