@@ -94,7 +94,6 @@ def test_min_count_counts_training_rows_not_epochs(tmp_path, warm_start):
     """min_count 2 over 3 epochs (and the LR warm start's passes before them): a table
     holds exactly the values that occur twice or more in the training split. Every epoch
     (every pass of the warm start) counted the same rows again, so every value got in."""
-    import pyarrow.compute as pc
 
     from sampan.train.experiment import RunArtifacts
 

@@ -1,5 +1,9 @@
-import torch, pytest
+"""A model the ONNX exporter cannot trace fails in one line that names its own code."""
+
+import pytest
+import torch
 from torch import nn
+
 from sampan.batch import Batch
 from sampan.schema import DataSchema, SparseFeatureSpec
 
