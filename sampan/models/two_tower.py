@@ -34,10 +34,11 @@ class TwoTower(nn.Module):
 
     task = "retrieval"
     # cosine scores over a temperature of 0.05: bf16's 8-bit mantissa moves a logit by up to
-    # ~0.08, which the sampled softmax over the batch's items feels
+    # ~0.08, which the sampled softmax over the batch's items feels (benchmarks/amp.py)
     amp_auto = "none"
-    amp_why = ("the two-tower model's softmax over cosine scores / temperature loses recall "
-               "in bf16")
+    amp_why = ("the two-tower model's softmax over cosine scores / temperature feels bf16's "
+               "rounding: its recall is lower after a short training, level at best once "
+               "converged")
 
     class Config(ModelConfig):
         name: Literal["two_tower"] = Field("two_tower", description="the model's registered "
