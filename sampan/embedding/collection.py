@@ -513,7 +513,7 @@ class _KeyGroup(NamedTuple):
 
 
 _MAP_STATE = ("row_key", "row_stamp", "free", "n_free", "sketch", "sketch_total",
-              "freed_total")
+              "freed_total", "counting")
 
 
 def _join_old_key_maps(coll: EmbeddingCollection, state: dict[str, Any], prefix: str) -> None:
@@ -541,3 +541,4 @@ def _join_old_key_maps(coll: EmbeddingCollection, state: dict[str, Any], prefix:
             state[new + k] = torch.stack([x.reshape(()) for x in parts[k]])
         state[new + "sketch"] = index.sketch.clone()
         state[new + "sketch_total"] = torch.zeros((), dtype=torch.int64)
+        state[new + "counting"] = torch.tensor(True)  # the sketch starts again: so do counts
