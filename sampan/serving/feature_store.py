@@ -212,7 +212,6 @@ class FeatureStore:
             found = pc.or_(found, seen)
         return out, found
 
-
     def _remember(self, by: str, value: Any, found: bool) -> None:
         with self._recent_lock:
             self._recent.pop((by, str(value)), None)  # the newest last: the oldest goes
