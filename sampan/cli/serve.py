@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -127,9 +130,10 @@ def serve(
         try:
             from sampan.serving.http import JSONErrorsProtocol
 
-            uvicorn.run("sampan.serving.workers:app_from_env", factory=True, host=cfg.host,
-                        port=cfg.port, workers=cfg.workers, log_level="warning",
-                        http=JSONErrorsProtocol)
+            with _closing_on_sigterm():
+                uvicorn.run("sampan.serving.workers:app_from_env", factory=True,
+                            host=cfg.host, port=cfg.port, workers=cfg.workers,
+                            log_level="warning", http=JSONErrorsProtocol)
         finally:
             if joiner is not None:
                 joiner.stop()
@@ -156,12 +160,29 @@ def serve(
     for line in _serving_notes(state):
         console.print(line, highlight=False)
     try:
-        uvicorn.run(create_app(state), host=cfg.host, port=cfg.port, log_level="warning",
-                    http=JSONErrorsProtocol)
+        with _closing_on_sigterm():
+            uvicorn.run(create_app(state), host=cfg.host, port=cfg.port, log_level="warning",
+                        http=JSONErrorsProtocol)
     finally:
         if grpc_server is not None:
             grpc_server.stop(grace=1)
         state.close()
+
+
+@contextlib.contextmanager
+def _closing_on_sigterm() -> Iterator[None]:
+    """SIGTERM stops the server as Ctrl-C does, and the process then closes what it holds
+    (the feedback journal's last records, the joiner, the watchers) and exits 0. uvicorn
+    shuts down gracefully on it, then raises it again for the handler it found: the
+    default one killed the process before any of that closing ran."""
+    def stop(signum: int, frame: Any) -> None:
+        raise SystemExit(0)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _serving_notes(state: Any) -> list[str]:

@@ -1379,3 +1379,47 @@ def test_serve_on_a_port_in_use_fails_before_it_says_it_serves(bundles):
             assert r.returncode == 2, r.stdout + r.stderr
             assert f"cannot listen on 127.0.0.1:{port}" in r.stderr and key in r.stderr
             assert "serving" not in r.stdout
+
+
+def test_sigterm_closes_the_server_journal_and_joiner_then_exits_0(bundles, tmp_path):
+    """SIGTERM (what a container runtime sends) stops the server gracefully and then
+    closes it: the journal writes the records it still held, the joiner stops with the
+    server, and the exit status is 0. uvicorn raised the signal again after its shutdown,
+    and the default handler killed the process before any of that (the journal's last
+    second of requests lost, the joiner orphaned)."""
+    import signal
+
+    from benchmarks.serve_load import start_server
+
+    log = tmp_path / "feedback"
+    proc, url = start_server(bundles[0], "--set", f"feedback.dir={log}",
+                             "--set", "feedback.flush_seconds=600")  # only a close writes
+    try:
+        joiner = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
+                  and _ppid(p) == proc.pid and b"spawn_main" in _cmdline(p)]
+        r = web.post(f"{url}/v1/rank", json={"context": {"user_id": "u3"},
+                                             "candidates": ["i1", "i2"], "k": 2})
+        assert r.status_code == 200
+        rid = r.json()["request_id"]
+        assert rid not in "".join(f.read_text() for f in (log / "_journal").glob("*.jsonl"))
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rid in "".join(f.read_text() for f in (log / "_journal").glob("*.jsonl"))
+    assert len(joiner) == 1 and not Path(f"/proc/{joiner[0]}").exists()  # gone with it
+
+
+def _ppid(proc_dir: Path) -> int | None:
+    try:
+        return int((proc_dir / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _cmdline(proc_dir: Path) -> bytes:
+    try:
+        return (proc_dir / "cmdline").read_bytes()
+    except OSError:
+        return b""
