@@ -45,6 +45,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from _readme import update_block  # noqa: E402
 from accuracy import machine  # noqa: E402
 from defaults import (  # noqa: E402
+    DATA,
     RESAMPLES,
     WORLDS,
     Dataset,
@@ -77,7 +79,7 @@ RANKED = {  # name: (config, overrides, what it is)
     "beauty_hstu": ("configs/amazon_beauty_sasrec.yaml", ["model.name=hstu", "model.heads=2"],
                     "Amazon Beauty (S3-Rec), leave-one-out; NDCG@10 per user"),
 }
-BEAUTY = ROOT.parent / "shared/data/amazon_s3rec/Beauty.txt.gz"
+BEAUTY = DATA / "amazon_s3rec/Beauty.txt.gz"
 MARGIN = 0.001  # AUC: auto may not be lower than fp32 by this much (non-inferiority)
 # the same LR start in both runs of a pair (see the module docstring)
 SAME_START = ["train.first_order_seconds=null"]
@@ -107,6 +109,40 @@ def paired_runs(fp32: list[dict[str, Any]], auto: list[dict[str, Any]],
             "verdict": verdict(lo, hi)}
 
 
+def decided(precisions: dict[str, str], seeds: list[int],
+            run: Callable[[str, int, str], dict[str, Any]],
+            pair: Callable[[dict[str, list[dict[str, Any]]]], dict[str, Any]],
+            label: str) -> dict[str, Any]:
+    """One row: ``run(precision, seed, override)`` for both precisions at each seed
+    (interleaved: drift hits both alike), then ``pair`` of the runs. A row lower at its one
+    seed is run again at seeds 2-3 and the pooled pair decides; the first seed's figures
+    are kept under ``first_seed``."""
+    runs: dict[str, list[dict[str, Any]]] = {p: [] for p in precisions}
+
+    def train(seed: int) -> None:
+        for p, override in precisions.items():
+            runs[p].append(run(p, seed, override))
+
+    for seed in seeds:
+        train(seed)
+    entry = pair(runs)
+    a, b = precisions
+    if entry["verdict"] == "**lower**" and len(seeds) == 1:
+        print(f"   {label} lower at one seed ({entry['diff']:+.4f}): seeds 1-3 decide",
+              flush=True)
+        first = entry
+        for seed in (2, 3):
+            train(seed)
+        entry = pair(runs)
+        entry["first_seed"] = {k: first[k] for k in (a, b, "diff", "diff_ci95")}
+    entry |= {"seeds": len(runs[a]),
+              "best_step": {p: [r["best_step"] for r in rs] for p, rs in runs.items()},
+              "seconds": {p: round(float(np.mean([r["seconds"] for r in rs])), 1)
+                          for p, rs in runs.items()},
+              "steps": {p: [r["steps"] for r in rs] for p, rs in runs.items()}}
+    return entry
+
+
 def verdict(lo: float, hi: float) -> str:
     """The row's word: level (the interval holds 0), higher, lower within the margin, or
     lower (beyond it: auto does not hold)."""
@@ -129,30 +165,17 @@ def evaluate_dataset(ds: Dataset, run_root: Path, models: list[str] | None,
     for model in ds.models:
         if models and model not in models:
             continue
-        runs: dict[str, list[dict[str, Any]]] = {p: [] for p in PRECISIONS}
-        for seed in seeds_for(rows["train"], seeds):
-            for p, override in PRECISIONS.items():  # interleaved: drift hits both alike
-                r = run_sampan(ds, model, run_root / p, seed, [*overrides, override])
-                if not np.array_equal(r["labels"], labels):
-                    raise SystemExit(f"{ds.name}/{model}: the run's test rows differ from the "
-                                     "file's; a paired comparison needs the same rows")
-                runs[p].append(r)
-        entry = paired_runs(runs["fp32"], runs["auto"], labels)
-        if entry["verdict"] == "**lower**" and len(runs["fp32"]) == 1:
-            print(f"   {model:<8} lower at one seed ({entry['diff']:+.4f}): seeds 1-3 decide",
-                  flush=True)
-            first = entry
-            for seed in (2, 3):
-                for p, override in PRECISIONS.items():
-                    runs[p].append(run_sampan(ds, model, run_root / p, seed,
-                                              [*overrides, override]))
-            entry = paired_runs(runs["fp32"], runs["auto"], labels)
-            entry["first_seed"] = {k: first[k] for k in ("fp32", "auto", "diff", "diff_ci95")}
-        entry |= {"seeds": len(runs["fp32"]),
-                  "best_step": {p: [r["best_step"] for r in rs] for p, rs in runs.items()},
-                  "seconds": {p: round(float(np.mean([r["seconds"] for r in rs])), 1)
-                              for p, rs in runs.items()},
-                  "steps": {p: [r["steps"] for r in rs] for p, rs in runs.items()}}
+
+        def run(p: str, seed: int, override: str, model: str = model) -> dict[str, Any]:
+            r = run_sampan(ds, model, run_root / p, seed, [*overrides, override])
+            if not np.array_equal(r["labels"], labels):
+                raise SystemExit(f"{ds.name}/{model}: the run's test rows differ from the "
+                                 "file's; a paired comparison needs the same rows")
+            return r
+
+        entry = decided(PRECISIONS, seeds_for(rows["train"], seeds), run,
+                        lambda runs: paired_runs(runs["fp32"], runs["auto"], labels),
+                        f"{model:<8}")
         out["models"][model] = entry
         lo, hi = entry["diff_ci95"]
         print(f"   {model:<8} fp32 {entry['fp32']:.4f}  auto {entry['auto']:.4f}  "
@@ -177,7 +200,7 @@ def ranked_input(name: str) -> bool:
             build_sequences(str(BEAUTY), events, BuildOptions(format="sequence_lines",
                                                               max_len=50))
         return True
-    return (ROOT / "../shared/data/movielens/ml-100k/u.data").exists() and config.exists()
+    return (DATA / "movielens/ml-100k/u.data").exists() and config.exists()
 
 
 def run_ranked(name: str, run_root: Path, seed: int, overrides: list[str]
@@ -227,7 +250,8 @@ def paired_ranked(fp32: list[dict[str, Any]], bf16: list[dict[str, Any]]) -> dic
     return {"metric": metric, "fp32": float(np.mean(vals["fp32"])),
             "bf16": float(np.mean(vals["bf16"])), "fp32_runs": vals["fp32"],
             "bf16_runs": vals["bf16"], "diff": diff, "diff_ci95": [lo, hi],
-            "verdict": verdict(lo, hi), "queries": int(len(fp32[0]["users"]))}
+            "verdict": verdict(lo, hi), "queries": int(len(fp32[0]["users"])),
+            "auto_chooses": fp32[0]["amp_auto"]}
 
 
 def evaluate_ranked(name: str, run_root: Path, seeds: str, overrides: list[str]
@@ -236,28 +260,11 @@ def evaluate_ranked(name: str, run_root: Path, seeds: str, overrides: list[str]
     finds bf16 lower, as for the AUC rows."""
     print(f"== {name}: {RANKED[name][2]}", flush=True)
     n = 1 if seeds == "auto" else int(seeds)
-    runs: dict[str, list[dict[str, Any]]] = {p: [] for p in RANKED_PRECISIONS}
-
-    def train(seed: int) -> None:
-        for p, override in RANKED_PRECISIONS.items():  # interleaved, as above
-            runs[p].append(run_ranked(name, run_root / p, seed, [*overrides, override]))
-
-    for seed in range(1, n + 1):
-        train(seed)
-    entry = paired_ranked(runs["fp32"], runs["bf16"])
-    if entry["verdict"] == "**lower**" and n == 1:
-        print(f"   lower at one seed ({entry['diff']:+.4f}): seeds 1-3 decide", flush=True)
-        first = entry
-        for seed in (2, 3):
-            train(seed)
-        entry = paired_ranked(runs["fp32"], runs["bf16"])
-        entry["first_seed"] = {k: first[k] for k in ("fp32", "bf16", "diff", "diff_ci95")}
-    entry |= {"about": RANKED[name][2], "seeds": len(runs["fp32"]),
-              "auto_chooses": runs["fp32"][0]["amp_auto"],
-              "best_step": {p: [r["best_step"] for r in rs] for p, rs in runs.items()},
-              "steps": {p: [r["steps"] for r in rs] for p, rs in runs.items()},
-              "seconds": {p: round(float(np.mean([r["seconds"] for r in rs])), 1)
-                          for p, rs in runs.items()}}
+    entry = decided(RANKED_PRECISIONS, list(range(1, n + 1)),
+                    lambda p, seed, override: run_ranked(name, run_root / p, seed,
+                                                         [*overrides, override]),
+                    lambda runs: paired_ranked(runs["fp32"], runs["bf16"]), "  ")
+    entry |= {"about": RANKED[name][2]}
     lo, hi = entry["diff_ci95"]
     print(f"   {entry['metric']} fp32 {entry['fp32']:.4f}  bf16 {entry['bf16']:.4f}  "
           f"diff {entry['diff']:+.4f} [{lo:+.4f}, {hi:+.4f}]  {entry['verdict']}  "
