@@ -372,16 +372,15 @@ def _metrics_rows(runs: list[RunReport]) -> tuple[list[str], list[list[Any]]]:
 def _intervals_note(runs: list[RunReport], resamples: int) -> str:
     """What the brackets of the metric table are, for the kinds of runs in it."""
     kinds = {r.kind for r in runs}
-    if kinds & {"retrieval", "next_item"}:
-        kinds.add("ranked")
+    ranked = bool(kinds & {"retrieval", "next_item"})
     said = []
     if any(r.intervals for r in runs):
-        over = [w for k, w in (("binary", "of the split's rows for the AUC"),
-                               ("ranked", "of its users for a two-tower or next-item "
-                                "run's ranking metrics")) if k in kinds]
+        over = [w for w, there in (("of the split's rows for the AUC", "binary" in kinds),
+                                   ("of its users for a two-tower or next-item run's "
+                                    "ranking metrics", ranked)) if there]
         said.append("In brackets: the 95 % interval (the 2.5 and 97.5 percentiles over "
                     f"{resamples} bootstrap resamples {', '.join(over)}).")
-    if kinds & {"retrieval", "next_item"}:
+    if ranked:
         said.append("Ranking metrics are means over the queries (users with a positive "
                     "in the split); the curves show the popularity baseline of the one "
                     "early stopping followed.")
